@@ -1,0 +1,118 @@
+"""The isolation policy: the values of the sealed-container template, as data.
+
+One model states them; the docker provider applies them, the inspect checks and
+probes verify them, and the policy used is stored with each run's evidence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+def host_cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+def default_cpus() -> float:
+    return float(min(4, host_cpu_count()))
+
+
+class TmpfsMount(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    path: str = "/tmp"
+    options: str = "rw,nosuid,nodev,size=1g"
+
+
+class IsolationPolicy(BaseModel):
+    """Everything `docker create` is told, and everything verification expects."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    network_mode: Literal["none"] = "none"
+    read_only_rootfs: bool = True
+    cap_drop: tuple[str, ...] = ("ALL",)
+    cap_add: tuple[str, ...] = ()
+    no_new_privileges: bool = True
+    ipc_mode: Literal["private", "none"] = "private"
+    cgroupns_mode: Literal["private"] = "private"
+    pids_limit: int = Field(256, gt=0)
+    memory_bytes: int = Field(8 * GIB, gt=16 * MIB)
+    cpus: float = Field(default_factory=default_cpus, gt=0)
+    user: str = "1000:1000"
+    tmpfs: tuple[TmpfsMount, ...] = (TmpfsMount(),)
+    log_max_size: str = "10m"
+    runtime: str = "runc"
+    env_allowlist: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONDONTWRITEBYTECODE")
+
+    @field_validator("cpus")
+    @classmethod
+    def _fits_host(cls, v: float) -> float:
+        n = host_cpu_count()
+        if v > n:
+            raise ValueError(
+                f"cpus={v} exceeds this host's {n} CPU(s); Docker refuses it. Use cpus <= {n}."
+            )
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _numeric_non_root(cls, v: str) -> str:
+        parts = v.split(":")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"user must be numeric 'uid:gid', got {v!r}")
+        if parts[0] == "0":
+            raise ValueError("user must not be root (uid 0)")
+        return v
+
+    @property
+    def uid(self) -> int:
+        return int(self.user.split(":")[0])
+
+    @property
+    def gid(self) -> int:
+        return int(self.user.split(":")[1])
+
+    @property
+    def nano_cpus(self) -> int:
+        return int(round(self.cpus * 1e9))
+
+    @property
+    def memory_swap_bytes(self) -> int:
+        return self.memory_bytes
+
+    def digest(self) -> str:
+        import hashlib
+
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+
+    @classmethod
+    def load(cls, path: str | Path | None) -> IsolationPolicy:
+        """Load from a JSON or YAML file; None gives the defaults for this host."""
+        if path is None:
+            return cls()
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as e:
+            raise ValueError(f"cannot read isolation policy {p}: {e}") from e
+        try:
+            data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        except (json.JSONDecodeError, yaml.YAMLError) as e:
+            raise ValueError(f"isolation policy {p} is not valid JSON/YAML: {e}") from e
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ValueError(f"isolation policy {p} must be a mapping, got {type(data).__name__}")
+        return cls.model_validate(data)

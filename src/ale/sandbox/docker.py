@@ -1,0 +1,375 @@
+"""The docker provider: one sealed container per run, through the Docker SDK.
+
+Every container ale creates carries the label ``ale.managed=1`` plus the run id
+(and experiment id where there is one); cleanup selects by those labels only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterable
+from contextlib import suppress
+from typing import Any
+
+import docker
+import docker.errors
+from docker.types import LogConfig
+from docker.types import Mount as DockerMount
+
+from ale.isolation.policy import IsolationPolicy
+from ale.sandbox.base import DEFAULT_OUTPUT_LIMIT, ExecResult, Mount, SandboxError
+
+LABEL_MANAGED = "ale.managed"
+LABEL_RUN = "ale.run_id"
+LABEL_EXPERIMENT = "ale.experiment"
+LABEL_ROLE = "ale.role"
+
+# Grace on top of a command's own timeout before the host gives up waiting on
+# the exec stream (a daemonised child can hold stdout open after the kill).
+_HOST_GRACE_S = 5.0
+
+
+def connect() -> docker.DockerClient:
+    """A client for the local engine, or a SandboxError saying how to start one."""
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+        return client
+    except Exception as e:  # docker raises several unrelated types here
+        raise SandboxError(
+            "cannot reach the Docker engine "
+            f"({type(e).__name__}: {e}). Start it (as root: `dockerd &` or "
+            "`service docker start`), or set DOCKER_HOST."
+        ) from e
+
+
+def container_create_kwargs(
+    *,
+    name: str,
+    image: str,
+    policy: IsolationPolicy,
+    mounts: Iterable[Mount],
+    labels: dict[str, str],
+    workdir: str,
+    environment: dict[str, str] | None = None,
+    command: list[str] | None = None,
+) -> dict[str, Any]:
+    """The `containers.create` arguments that implement the policy (one place)."""
+    security_opt = ["no-new-privileges"] if policy.no_new_privileges else []
+    return dict(
+        image=image,
+        name=name,
+        command=command or ["sleep", "infinity"],
+        user=policy.user,
+        working_dir=workdir,
+        labels=labels,
+        environment=environment or {},
+        network_mode=policy.network_mode,
+        read_only=policy.read_only_rootfs,
+        cap_drop=list(policy.cap_drop),
+        cap_add=list(policy.cap_add) or None,
+        security_opt=security_opt,
+        ipc_mode=policy.ipc_mode,
+        cgroupns=policy.cgroupns_mode,
+        pids_limit=policy.pids_limit,
+        mem_limit=policy.memory_bytes,
+        memswap_limit=policy.memory_swap_bytes,
+        nano_cpus=policy.nano_cpus,
+        tmpfs={t.path: t.options for t in policy.tmpfs},
+        log_config=LogConfig(type="json-file", config={"max-size": policy.log_max_size}),
+        mounts=[
+            DockerMount(
+                target=m.target,
+                source=m.source,
+                type="bind",
+                read_only=m.read_only,
+                propagation="rprivate",
+            )
+            for m in mounts
+        ],
+        runtime=policy.runtime,
+        auto_remove=False,
+        detach=True,
+        stdin_open=False,
+        tty=False,
+    )
+
+
+class DockerSandbox:
+    """A running container and the exec channel into it."""
+
+    def __init__(self, client: docker.DockerClient, container: Any, policy: IsolationPolicy):
+        self.client = client
+        self.container = container
+        self.policy = policy
+        self.name: str = container.name
+        self.id: str = container.id
+
+    # -- lifecycle -----------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        client: docker.DockerClient,
+        *,
+        name: str,
+        image: str,
+        policy: IsolationPolicy,
+        mounts: list[Mount],
+        labels: dict[str, str],
+        workdir: str,
+        environment: dict[str, str] | None = None,
+    ) -> DockerSandbox:
+        kwargs = container_create_kwargs(
+            name=name,
+            image=image,
+            policy=policy,
+            mounts=mounts,
+            labels={LABEL_MANAGED: "1", **labels},
+            workdir=workdir,
+            environment=environment,
+        )
+        try:
+            container = client.containers.create(**kwargs)
+        except docker.errors.ImageNotFound as e:
+            raise SandboxError(
+                f"image {image!r} not found in the local engine; build it with "
+                "`ale image build` (or pass --image)"
+            ) from e
+        except docker.errors.APIError as e:
+            raise SandboxError(f"docker refused to create container {name!r}: {e.explanation or e}") from e
+        return cls(client, container, policy)
+
+    def inspect(self) -> dict[str, Any]:
+        """The raw `docker inspect` document (never cached)."""
+        return self.client.api.inspect_container(self.id)
+
+    async def start(self) -> None:
+        try:
+            await asyncio.to_thread(self.container.start)
+        except docker.errors.APIError as e:
+            raise SandboxError(f"docker could not start {self.name}: {e.explanation or e}") from e
+
+    async def stop(self) -> None:
+        """Kill the container (every process in it dies with its PID namespace)."""
+        def _kill() -> None:
+            with suppress(docker.errors.NotFound):
+                self.container.reload()
+                if self.container.status == "running":
+                    with suppress(docker.errors.APIError):
+                        self.container.kill()
+                    self.container.wait(timeout=60)
+
+        await asyncio.to_thread(_kill)
+
+    async def remove(self) -> None:
+        def _rm() -> None:
+            with suppress(docker.errors.NotFound):
+                self.container.remove(force=True)
+
+        await asyncio.to_thread(_rm)
+
+    # -- exec ----------------------------------------------------------------
+    async def exec(
+        self,
+        argv: list[str],
+        *,
+        user: str | None = None,
+        workdir: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        """Run argv; on timeout the process group is killed (coreutils `timeout`)
+        and, should the stream still not close, every candidate process is."""
+        if timeout is not None:
+            t = max(timeout, 0.1)
+            argv = ["timeout", "-s", "KILL", f"{t:.3f}", *argv]
+        started = time.monotonic()
+        try:
+            exec_id = await asyncio.to_thread(
+                self.client.api.exec_create,
+                self.id,
+                argv,
+                stdin=stdin is not None,
+                user=user or self.policy.user,
+                workdir=workdir,
+                environment=env,
+            )
+        except docker.errors.NotFound as e:
+            raise SandboxError(f"container {self.name} is gone") from e
+        except docker.errors.APIError as e:
+            raise SandboxError(f"exec in {self.name} failed: {e.explanation or e}") from e
+
+        collector = _StreamCollector(output_limit)
+        worker = threading.Thread(
+            target=self._pump, args=(exec_id["Id"], stdin, collector), daemon=True
+        )
+        worker.start()
+        host_deadline = None if timeout is None else timeout + _HOST_GRACE_S
+        forced = False
+        exited_at: float | None = None
+        polls = 0
+        while worker.is_alive():
+            await asyncio.sleep(0.02)
+            polls += 1
+            now = time.monotonic()
+            if host_deadline is not None and now - started > host_deadline and not forced:
+                forced = True
+                await self.kill_user_processes()
+                collector.close()
+            elif exited_at is None and polls % 5 == 0:
+                # A background child can keep the stream open after the command
+                # exited; stop waiting for it shortly after the exit.
+                state = await asyncio.to_thread(self.client.api.exec_inspect, exec_id["Id"])
+                if not state.get("Running"):
+                    exited_at = now
+            elif exited_at is not None and now - exited_at > 0.2:
+                collector.close()
+        worker.join(timeout=5)
+        info = await asyncio.to_thread(self.client.api.exec_inspect, exec_id["Id"])
+        duration = time.monotonic() - started
+        exit_code = info.get("ExitCode")
+        if exit_code is None:
+            exit_code = -1
+        timed_out = forced or (
+            timeout is not None and exit_code in (124, 137) and duration >= timeout * 0.95
+        )
+        if collector.error is not None and not forced:
+            raise SandboxError(f"exec stream from {self.name} failed: {collector.error}")
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=bytes(collector.out),
+            stderr=bytes(collector.err),
+            timed_out=timed_out,
+            stdout_truncated=collector.out_truncated,
+            stderr_truncated=collector.err_truncated,
+            duration_s=duration,
+        )
+
+    def _pump(self, exec_id: str, stdin: bytes | None, collector: _StreamCollector) -> None:
+        try:
+            sock = self.client.api.exec_start(exec_id, socket=True)
+            raw = getattr(sock, "_sock", sock)
+            collector.sock = raw
+            if stdin is not None:
+                raw.sendall(stdin)
+            with suppress(OSError):
+                raw.shutdown(socket.SHUT_WR)
+            _read_frames(raw, collector)
+        except Exception as e:  # recorded, raised by the caller
+            if not collector.closed:
+                collector.error = e
+        finally:
+            with suppress(Exception):
+                collector.sock.close()  # type: ignore[union-attr]
+
+    async def kill_user_processes(self) -> int:
+        """Kill every candidate process (all but PID 1) and report how many remain.
+
+        Runs as the candidate user: no-new-privileges and no capabilities mean
+        every process in the container runs as that uid, and kill(-1) reaches
+        all of them except init. Repeated to catch processes forked mid-sweep.
+        """
+        script = (
+            "i=0; while :; do kill -9 -1 2>/dev/null; sleep 0.05; n=0; "
+            "for p in /proc/[0-9]*; do p=${p#/proc/}; "
+            "[ \"$p\" = 1 ] || [ \"$p\" = $$ ] && continue; "
+            "read -r l < /proc/$p/stat 2>/dev/null || continue; "
+            "case \"${l##*) }\" in Z*|X*) continue;; esac; n=$((n+1)); done; "
+            "i=$((i+1)); { [ $n = 0 ] || [ $i -ge 40 ]; } && break; done; echo $n"
+        )
+        try:
+            exec_id = await asyncio.to_thread(
+                self.client.api.exec_create, self.id, ["sh", "-c", script], user=self.policy.user
+            )
+            out = await asyncio.to_thread(self.client.api.exec_start, exec_id["Id"])
+        except docker.errors.APIError:
+            return -1
+        try:
+            return int(out.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return -1
+
+
+class _StreamCollector:
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.out = bytearray()
+        self.err = bytearray()
+        self.out_truncated = False
+        self.err_truncated = False
+        self.error: Exception | None = None
+        self.sock: Any = None
+        self.closed = False
+
+    def add(self, stream: int, data: bytes) -> None:
+        buf = self.err if stream == 2 else self.out
+        room = self.limit - len(buf)
+        if room >= len(data):
+            buf.extend(data)
+            return
+        if room > 0:
+            buf.extend(data[:room])
+        if stream == 2:
+            self.err_truncated = True
+        else:
+            self.out_truncated = True
+
+    def close(self) -> None:
+        self.closed = True
+        if self.sock is not None:
+            with suppress(Exception):
+                self.sock.shutdown(socket.SHUT_RDWR)
+
+
+def _read_exact(sock: Any, n: int) -> bytes | None:
+    chunks = bytearray()
+    while len(chunks) < n:
+        chunk = sock.recv(n - len(chunks))
+        if not chunk:
+            return None
+        chunks.extend(chunk)
+    return bytes(chunks)
+
+
+def _read_frames(sock: Any, collector: _StreamCollector) -> None:
+    """Docker's multiplexed stream: 8-byte header (stream, 0,0,0, size BE32)."""
+    while True:
+        header = _read_exact(sock, 8)
+        if header is None:
+            return
+        stream, size = header[0], struct.unpack(">I", header[4:])[0]
+        remaining = size
+        while remaining:
+            chunk = sock.recv(min(remaining, 65536))
+            if not chunk:
+                return
+            remaining -= len(chunk)
+            collector.add(stream, chunk)
+
+
+def remove_containers(
+    client: docker.DockerClient, *, run_id: str | None = None, experiment: str | None = None
+) -> list[str]:
+    """Remove ale's containers (optionally of one run or experiment); never others."""
+    filters = [f"{LABEL_MANAGED}=1"]
+    if run_id:
+        filters.append(f"{LABEL_RUN}={run_id}")
+    if experiment:
+        filters.append(f"{LABEL_EXPERIMENT}={experiment}")
+    removed = []
+    for c in client.containers.list(all=True, filters={"label": filters}):
+        with suppress(docker.errors.NotFound):
+            c.remove(force=True)
+            removed.append(c.name)
+    return removed
+
+
+def shell_quote(args: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in args)

@@ -1,0 +1,124 @@
+"""Build the tools image, FROM a pullable base or a Debian base bootstrapped here.
+
+Both images are cached by content: the base by its bootstrap recipe, the tools
+image by its Dockerfile and the base image's id. A second build is a lookup.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from ale.paths import repo_root
+from ale.sandbox.base import SandboxError
+
+DEFAULT_BASE = "python:3.11-slim"
+TOOLS_REPO = "ale-tools"
+DEFAULT_TOOLS_IMAGE = f"{TOOLS_REPO}:latest"
+BOOTSTRAP_SUITE = "bookworm"
+BOOTSTRAP_PACKAGES = "python3,python3-numpy,procps"
+
+Say = Callable[[str], None]
+
+
+def images_dir() -> Path:
+    root = repo_root()
+    if root is None:
+        raise SandboxError("cannot find images/Dockerfile: run ale from its source checkout")
+    return root / "images"
+
+
+def _has_image(client: docker.DockerClient, ref: str) -> str | None:
+    try:
+        return client.images.get(ref).id
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def _sha(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode() if isinstance(p, str) else p)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def bootstrap_base(client: docker.DockerClient, say: Say = print) -> str:
+    """A Debian base image made from Debian packages (debootstrap + docker import)."""
+    script = images_dir() / "bootstrap-base.sh"
+    mirror = os.environ.get("ALE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+    key = _sha(script.read_bytes(), BOOTSTRAP_SUITE, mirror, BOOTSTRAP_PACKAGES)[:12]
+    tag = f"ale-base:{BOOTSTRAP_SUITE}-{key}"
+    if _has_image(client, tag):
+        say(f"base image {tag} is cached")
+        return tag
+    say(f"bootstrapping a Debian {BOOTSTRAP_SUITE} base from {mirror} (about a minute)...")
+    proc = subprocess.run(
+        ["sh", str(script), tag, BOOTSTRAP_SUITE, mirror, BOOTSTRAP_PACKAGES],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0 or not _has_image(client, tag):
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise SandboxError(f"bootstrapping the base image failed (exit {proc.returncode}):\n{tail}")
+    return tag
+
+
+def resolve_base(client: docker.DockerClient, base: str | None, say: Say = print) -> str:
+    """Use `base` if present locally or pullable; otherwise bootstrap a Debian base."""
+    if base == "debian-bootstrap":
+        return bootstrap_base(client, say)
+    base = base or DEFAULT_BASE
+    if _has_image(client, base):
+        return base
+    try:
+        say(f"pulling {base}...")
+        client.images.pull(base)
+        return base
+    except docker.errors.APIError as e:
+        say(f"cannot pull {base} ({str(e.explanation or e)[:120]}); bootstrapping instead")
+    return bootstrap_base(client, say)
+
+
+def build_tools_image(
+    client: docker.DockerClient,
+    base: str | None = None,
+    tag: str = DEFAULT_TOOLS_IMAGE,
+    say: Say = print,
+) -> str:
+    """Build (or find cached) the tools image; returns its content tag."""
+    base_ref = resolve_base(client, base, say)
+    base_id = _has_image(client, base_ref) or ""
+    dockerfile = images_dir() / "Dockerfile"
+    key = _sha(dockerfile.read_bytes(), base_id)[:12]
+    content_tag = f"{TOOLS_REPO}:{key}"
+    image_id = _has_image(client, content_tag)
+    if image_id is None:
+        say(f"building {content_tag} FROM {base_ref}...")
+        try:
+            image, _logs = client.images.build(
+                path=str(images_dir()),
+                dockerfile="Dockerfile",
+                buildargs={"BASE": base_ref},
+                tag=content_tag,
+                rm=True,
+                pull=False,
+                labels={"org.ale.content-key": key},
+            )
+        except docker.errors.BuildError as e:
+            log = "".join(str(x.get("stream", x.get("error", ""))) for x in e.build_log)
+            raise SandboxError(f"building the tools image failed: {e.msg}\n{log[-2000:]}") from e
+        image_id = image.id
+    else:
+        say(f"tools image {content_tag} is cached")
+    volumes = (client.images.get(content_tag).attrs.get("Config") or {}).get("Volumes")
+    if volumes:
+        raise SandboxError(f"{content_tag} declares VOLUME {sorted(volumes)}; it must declare none")
+    client.images.get(content_tag).tag(*tag.split(":", 1))
+    return content_tag
