@@ -1,0 +1,45 @@
+"""What an agent is: something that works on a task through a ToolBox, outside the sandbox."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+from ale.agents.tools import ToolBox
+
+
+class AgentEnd(StrEnum):
+    FINISHED = "finished"
+    FAILED = "failed"  # the agent crashed -> run status agent_failed
+    TIMEOUT = "timeout"  # wall time or step limit -> run status timeout
+
+
+@dataclass
+class AgentContext:
+    """Everything an agent may use. No grader secret, no reference path, ever."""
+
+    prompt: str
+    tools: ToolBox
+    workdir: str  # the workspace path inside the sandbox
+    input_dir: str  # the input path inside the sandbox
+    run_dir: Path  # the run folder on the controller side (for raw logs)
+    wall_time_s: float
+    max_steps: int | None = None
+    task_cfg: Any = None  # the variant's config object (oracle only)
+    task: Any = None  # the loaded task definition (oracle only)
+
+
+@dataclass
+class AgentOutcome:
+    end: AgentEnd
+    detail: str | None = None
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+class Agent(Protocol):
+    name: str
+    config: dict[str, Any]  # recorded as evidence, secrets redacted
+
+    async def run(self, ctx: AgentContext) -> AgentOutcome: ...

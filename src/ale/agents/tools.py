@@ -1,0 +1,221 @@
+"""The one tool interface every agent uses to reach the sandbox.
+
+Tools (names are what an allowlist names): ``shell``, ``read_file``,
+``write_file``, ``list_dir``. Every call runs inside the container as the
+candidate user, is checked against the allowlist and is recorded as a
+trajectory step. Limits: stdout and stderr of ``shell`` are each capped at
+``output_limit`` bytes (cut with a marker); ``read_file`` refuses files past
+``read_limit``; ``shell`` kills the command's process group on timeout.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from ale.sandbox.base import DEFAULT_OUTPUT_LIMIT, Sandbox
+
+ALL_TOOLS = ("shell", "read_file", "write_file", "list_dir")
+TRUNCATION_MARKER = "\n[... output truncated by ale at {limit} bytes ...]\n"
+DEFAULT_READ_LIMIT = 10 * 1024 * 1024
+DEFAULT_SHELL_TIMEOUT = 600.0
+
+
+class ToolRefused(Exception):
+    """A call outside the allowlist, or with unusable arguments."""
+
+
+@dataclass
+class ToolOutcome:
+    """What a tool returns to the agent (also stored in the trajectory)."""
+
+    ok: bool
+    output: str = ""
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    truncated: bool = False
+    timed_out: bool = False
+    data: bytes | None = None
+    error: str | None = None
+
+    def for_model(self) -> str:
+        """A plain-text rendering for language models and MCP clients."""
+        if self.error:
+            return f"error: {self.error}"
+        if self.exit_code is not None:
+            parts = [f"exit_code: {self.exit_code}" + (" (timed out)" if self.timed_out else "")]
+            if self.stdout:
+                parts.append(f"stdout:\n{self.stdout}")
+            if self.stderr:
+                parts.append(f"stderr:\n{self.stderr}")
+            return "\n".join(parts)
+        return self.output
+
+
+StepRecorder = Callable[[dict[str, Any]], None]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def _decode(data: bytes, truncated: bool, limit: int) -> str:
+    text = data.decode("utf-8", errors="replace")
+    return text + TRUNCATION_MARKER.format(limit=limit) if truncated else text
+
+
+class ToolBox:
+    """The constrained execution interface over one sandbox."""
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        *,
+        workdir: str,
+        allowlist: tuple[str, ...] = ALL_TOOLS,
+        recorder: StepRecorder | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+        read_limit: int = DEFAULT_READ_LIMIT,
+        default_timeout: float = DEFAULT_SHELL_TIMEOUT,
+        deadline: float | None = None,
+    ):
+        unknown = set(allowlist) - set(ALL_TOOLS)
+        if unknown:
+            raise ValueError(f"unknown tools in allowlist: {sorted(unknown)}; known: {ALL_TOOLS}")
+        self.sandbox = sandbox
+        self.workdir = workdir
+        self.allowlist = tuple(allowlist)
+        self.recorder = recorder
+        self.output_limit = output_limit
+        self.read_limit = read_limit
+        self.default_timeout = default_timeout
+        self.deadline = deadline  # time.monotonic() value after which commands get no time
+        self.steps = 0
+
+    # -- dispatch --------------------------------------------------------------
+    async def call(self, tool: str, args: dict[str, Any]) -> ToolOutcome:
+        """Run one tool call by name (the path every agent takes); always recorded."""
+        started = _now()
+        t0 = time.monotonic()
+        if tool not in self.allowlist:
+            outcome = ToolOutcome(ok=False, error=f"tool {tool!r} is not allowed (allowed: {', '.join(self.allowlist)})")
+            self._record(tool, args, outcome, started, t0, refused=True)
+            return outcome
+        try:
+            outcome = await self._dispatch(tool, args)
+        except ToolRefused as e:
+            outcome = ToolOutcome(ok=False, error=str(e))
+            self._record(tool, args, outcome, started, t0, refused=True)
+            return outcome
+        self._record(tool, args, outcome, started, t0)
+        return outcome
+
+    async def _dispatch(self, tool: str, args: dict[str, Any]) -> ToolOutcome:
+        try:
+            if tool == "shell":
+                return await self.shell(str(args["command"]), args.get("timeout"))
+            if tool == "read_file":
+                return await self.read_file(str(args["path"]))
+            if tool == "write_file":
+                content = args.get("content", "")
+                if "content_b64" in args:
+                    content = base64.b64decode(args["content_b64"])
+                return await self.write_file(str(args["path"]), content)
+            if tool == "list_dir":
+                return await self.list_dir(str(args.get("path", self.workdir)))
+        except KeyError as e:
+            raise ToolRefused(f"{tool}: missing argument {e.args[0]!r}") from e
+        raise ToolRefused(f"unknown tool {tool!r}")
+
+    def _record(self, tool: str, args: dict, outcome: ToolOutcome, started: str, t0: float, refused: bool = False) -> None:
+        self.steps += 1
+        if self.recorder is None:
+            return
+        self.recorder(
+            {
+                "index": self.steps,
+                "tool": tool,
+                "args": {k: v for k, v in args.items()},
+                "ok": outcome.ok,
+                "refused": refused,
+                "exit_code": outcome.exit_code,
+                "stdout": outcome.stdout,
+                "stderr": outcome.stderr,
+                "output": outcome.output if outcome.data is None else f"<{len(outcome.data)} bytes>",
+                "truncated": outcome.truncated,
+                "timed_out": outcome.timed_out,
+                "error": outcome.error,
+                "started_at": started,
+                "ended_at": _now(),
+                "seconds": round(time.monotonic() - t0, 4),
+            }
+        )
+
+    def _time_left(self, wanted: float | None) -> float:
+        t = float(wanted) if wanted else self.default_timeout
+        if self.deadline is not None:
+            t = min(t, max(0.1, self.deadline - time.monotonic()))
+        return t
+
+    # -- tools -----------------------------------------------------------------
+    async def shell(self, command: str, timeout: float | None = None) -> ToolOutcome:
+        r = await self.sandbox.exec(
+            ["sh", "-c", command],
+            workdir=self.workdir,
+            timeout=self._time_left(timeout),
+            output_limit=self.output_limit,
+        )
+        out = _decode(r.stdout, r.stdout_truncated, self.output_limit)
+        err = _decode(r.stderr, r.stderr_truncated, self.output_limit)
+        return ToolOutcome(
+            ok=r.ok,
+            exit_code=r.exit_code,
+            stdout=out,
+            stderr=err,
+            truncated=r.stdout_truncated or r.stderr_truncated,
+            timed_out=r.timed_out,
+        )
+
+    async def read_bytes(self, path: str) -> bytes:
+        r = await self.sandbox.exec(
+            ["sh", "-c", 'test -f "$1" || { echo "not a regular file: $1" >&2; exit 2; }; '
+             'head -c "$2" -- "$1"', "read", path, str(self.read_limit + 1)],
+            workdir=self.workdir, timeout=self._time_left(120), output_limit=self.read_limit + 1,
+        )
+        if r.exit_code != 0:
+            raise ToolRefused(r.stderr.decode(errors="replace").strip() or f"cannot read {path} (exit {r.exit_code})")
+        if len(r.stdout) > self.read_limit:
+            raise ToolRefused(f"{path} is larger than the read limit of {self.read_limit} bytes")
+        return r.stdout
+
+    async def read_file(self, path: str) -> ToolOutcome:
+        data = await self.read_bytes(path)
+        return ToolOutcome(ok=True, output=data.decode("utf-8", errors="replace"), data=data)
+
+    async def write_file(self, path: str, content: str | bytes) -> ToolOutcome:
+        data = content.encode() if isinstance(content, str) else content
+        r = await self.sandbox.exec(
+            ["sh", "-c", 'd=$(dirname -- "$1"); mkdir -p -- "$d" && cat > "$1"', "write", path],
+            workdir=self.workdir, timeout=self._time_left(120), stdin=data,
+        )
+        if r.exit_code != 0:
+            raise ToolRefused(r.stderr.decode(errors="replace").strip() or f"cannot write {path} (exit {r.exit_code})")
+        return ToolOutcome(ok=True, output=f"wrote {len(data)} bytes to {path}")
+
+    async def list_dir(self, path: str) -> ToolOutcome:
+        r = await self.sandbox.exec(
+            ["sh", "-c", 'test -d "$1" || { echo "not a directory: $1" >&2; exit 2; }; ls -1A -- "$1"', "ls", path],
+            workdir=self.workdir, timeout=self._time_left(60), output_limit=self.output_limit,
+        )
+        if r.exit_code != 0:
+            raise ToolRefused(r.stderr.decode(errors="replace").strip() or f"cannot list {path}")
+        return ToolOutcome(ok=True, output=_decode(r.stdout, r.stdout_truncated, self.output_limit))
+
+    async def exists(self, path: str, kind: str) -> bool:
+        r = await self.sandbox.exec(["test", "-" + kind, path], workdir=self.workdir, timeout=self._time_left(30))
+        return r.exit_code == 0

@@ -1,0 +1,66 @@
+"""The run plan: everything a run needs, resolved once, immutable, hashed."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ale.isolation.policy import IsolationPolicy
+from ale.sandbox.image import DEFAULT_TOOLS_IMAGE
+
+
+class AgentSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str  # oracle | nop | replay | command | llm
+    label: str | None = None  # how reports name this agent configuration
+    config: dict[str, Any] = Field(default_factory=dict)
+    allowlist: tuple[str, ...] = ("shell", "read_file", "write_file", "list_dir")
+
+    @property
+    def display(self) -> str:
+        return self.label or self.name
+
+
+class Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    wall_time_s: float | None = None  # None: the task card's timeout, else 1800
+    max_steps: int | None = None
+    command_timeout_s: float = 600.0
+    deliverable_max_files: int = 10_000
+    deliverable_max_bytes: int = 2 * 1024**3
+    grading_timeout_s: float = 1800.0
+
+
+class RunPlan(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str
+    task_dir: str
+    variant: int = 0
+    agent: AgentSpec
+    data_source: str | None = None  # None: the task card's, else none
+    image: str = DEFAULT_TOOLS_IMAGE
+    policy: IsolationPolicy = Field(default_factory=IsolationPolicy)
+    limits: Limits = Field(default_factory=Limits)
+    runs_dir: str = "runs"
+    experiment: str | None = None
+    attempt: int = 1
+    signing_key: str | None = None
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.runs_dir) / self.run_id
+
+
+def new_run_id(task_name: str, variant: int, agent: str) -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in f"{task_name}-v{variant}-{agent}")
+    return f"{stamp}-{safe[:60]}-{uuid.uuid4().hex[:8]}"
