@@ -1,0 +1,20 @@
+# The few verbs people use. Each one sets up what it needs first.
+.PHONY: setup demo test lint bench clean
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	bash scripts/demo.sh
+
+test: setup
+	bash scripts/test.sh
+
+lint:
+	.venv/bin/ruff check .
+
+bench: setup
+	.venv/bin/python bench/overhead.py
+
+clean:
+	.venv/bin/ale cleanup || true

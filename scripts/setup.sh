@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Install what ale needs on a Debian machine and make sure a Docker engine runs.
+# Idempotent: a second call only checks. Used by `make demo`, `make test` and CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
+
+apt_ready=0
+apt_install() {
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ $apt_ready = 0 ]; then as_root apt-get update -qq; apt_ready=1; fi
+  say "installing Debian packages: ${missing[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# 1. Debian packages: the Docker engine, debootstrap (base images without a
+#    registry), chromium (the HTML report's browser test), python venv.
+if command -v apt-get >/dev/null; then
+  pkgs=(debootstrap python3-venv)
+  command -v dockerd >/dev/null || pkgs+=(docker.io)
+  [ "${ALE_SKIP_CHROMIUM:-0}" = 1 ] || pkgs+=(chromium)
+  apt_install "${pkgs[@]}" || say "could not install ${pkgs[*]} (not root?); continuing"
+fi
+
+# 2. A running Docker engine.
+if ! docker info >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null; then
+    say "starting dockerd"
+    mkdir -p /var/log
+    nohup dockerd >/var/log/ale-dockerd.log 2>&1 &
+    for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  fi
+  docker info >/dev/null 2>&1 || { say "no Docker engine is reachable; start one (dockerd) and retry"; exit 1; }
+fi
+
+# 3. The Python environment.
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv"
+  "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c "import ale, pytest" >/dev/null 2>&1 || [ pyproject.toml -nt .venv/.installed ]; then
+  say "installing ale into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+  touch .venv/.installed
+fi
+
+# 4. The sandbox image (content-cached: quick when nothing changed).
+.venv/bin/ale image build

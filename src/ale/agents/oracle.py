@@ -1,0 +1,25 @@
+"""The oracle agent: the task's own `solve(cfg, session)`, through the agent's tool box."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
+from ale.sandbox.session import ContainerSession
+
+
+class OracleAgent:
+    name = "oracle"
+
+    def __init__(self, config: dict[str, Any] | None = None):
+        self.config = dict(config or {})
+
+    async def run(self, ctx: AgentContext) -> AgentOutcome:
+        solve = getattr(ctx.task, "solve_fn", None)
+        if solve is None:
+            return AgentOutcome(AgentEnd.FAILED, detail="the task defines no solve() oracle")
+        from ale.tasks.loader import call_task_fn
+
+        session = ContainerSession(ctx.tools, default_timeout=ctx.tools.default_timeout)
+        await call_task_fn(solve, ctx.task_cfg, session)
+        return AgentOutcome(AgentEnd.FINISHED)

@@ -1,0 +1,182 @@
+"""The `ale` command: thin; every verb calls into the packages."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Run AI agents on benchmark tasks in sandboxes proven sealed.")
+image_app = typer.Typer(no_args_is_help=True, help="Build the sandbox images.")
+task_app = typer.Typer(no_args_is_help=True, help="Check task folders before publishing them.")
+app.add_typer(image_app, name="image")
+app.add_typer(task_app, name="task")
+
+err = Console(stderr=True)
+out = Console()
+
+RunsDir = Annotated[Path, typer.Option("--runs-dir", envvar="ALE_RUNS_DIR", help="Where run folders are written.")]
+ImageOpt = Annotated[str, typer.Option("--image", envvar="ALE_IMAGE", help="The sandbox image.")]
+PolicyOpt = Annotated[Path | None, typer.Option("--policy", envvar="ALE_POLICY", help="Isolation policy file (JSON/YAML).")]
+KeyOpt = Annotated[Path | None, typer.Option("--signing-key", envvar="ALE_SIGNING_KEY", help="Ed25519 PEM key that signs evidence (default: created in the config dir).")]
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: Path, script: Path | None,
+          image: str, policy: Path | None, signing_key: Path | None, timeout: float | None, config: dict | None = None):
+    from ale.isolation.policy import IsolationPolicy
+    from ale.runs.plan import AgentSpec, Limits, RunPlan, new_run_id
+
+    cfg = dict(config or {})
+    if script is not None:
+        cfg["script"] = str(script.resolve())
+    try:
+        pol = IsolationPolicy.load(policy)
+    except ValueError as e:
+        _fail(str(e))
+    return RunPlan(
+        run_id=new_run_id(task_dir.resolve().name, variant, agent),
+        task_dir=str(task_dir.resolve()),
+        variant=variant,
+        agent=AgentSpec(name=agent, config=cfg),
+        data_source=data,
+        image=image,
+        policy=pol,
+        limits=Limits(wall_time_s=timeout),
+        runs_dir=str(runs_dir),
+        signing_key=str(signing_key) if signing_key else None,
+    )
+
+
+def _execute(plan):
+    from ale.runs.lifecycle import PreflightError, execute_run
+
+    try:
+        return asyncio.run(execute_run(plan))
+    except PreflightError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        err.print("interrupted: the run's containers were removed")
+        raise typer.Exit(130) from None
+
+
+def _print_result(result, run_dir: Path) -> None:
+    colour = {"scored": "green", "invalid_evaluation_environment": "red", "grading_failed": "red", "infrastructure_error": "red"}.get(result.status.value, "yellow")
+    score = "-" if result.score is None else f"{result.score:.3f}"
+    err.print(f"[bold {colour}]{result.status.value}[/]  score={score}  scores={result.scores}  task={result.task_id} variant={result.variant} agent={result.agent}")
+    for v in result.violations:
+        err.print(f"  [red]violation[/] {v}")
+    if result.error and result.status.value != "scored":
+        err.print(f"  [yellow]{result.error.strip().splitlines()[0][:300]}[/]")
+    print(run_dir)
+
+
+@app.command()
+def run(
+    task_dir: Annotated[Path, typer.Argument(help="The task folder (holding main.py).")],
+    agent: Annotated[str, typer.Option("--agent", "-a", help="oracle | nop | replay | command | llm")] = "oracle",
+    variant: Annotated[int, typer.Option("--variant", "-v")] = 0,
+    data: Annotated[str | None, typer.Option("--data", envvar="ALE_DATA", help="Data source: local:<dir>, s3://, gs://, hf://, image:<ref>.")] = None,
+    runs_dir: RunsDir = Path("runs"),
+    script: Annotated[Path | None, typer.Option("--script", help="Replay agent: JSON file of tool calls.")] = None,
+    image: ImageOpt = "ale-tools:latest",
+    policy: PolicyOpt = None,
+    signing_key: KeyOpt = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Agent wall time in seconds (default: the task card's).")] = None,
+    agent_config: Annotated[str | None, typer.Option("--agent-config", help="Agent configuration as JSON.")] = None,
+) -> None:
+    """Run one task variant with one agent; print the run folder last."""
+    cfg = None
+    if agent_config:
+        try:
+            cfg = json.loads(agent_config)
+        except json.JSONDecodeError as e:
+            _fail(f"--agent-config is not valid JSON: {e}")
+    plan = _plan(task_dir, agent, variant, data, runs_dir, script, image, policy, signing_key, timeout, cfg)
+    result = _execute(plan)
+    _print_result(result, plan.run_dir)
+    if result.status.value in ("infrastructure_error", "invalid_evaluation_environment", "grading_failed"):
+        raise typer.Exit(1)
+
+
+@task_app.command("check")
+def task_check(
+    task_dir: Annotated[Path, typer.Argument(help="The task folder.")],
+    data: Annotated[str | None, typer.Option("--data", envvar="ALE_DATA")] = None,
+    runs_dir: RunsDir = Path("runs"),
+    image: ImageOpt = "ale-tools:latest",
+    policy: PolicyOpt = None,
+) -> None:
+    """Oracle must score 1.0 on every component, nop must score 0, on every variant."""
+    from ale.runs.lifecycle import PreflightError
+    from ale.tasks.loader import TaskError, load_task, load_variants
+
+    try:
+        n = len(load_variants(load_task(task_dir)))
+    except (TaskError, PreflightError) as e:
+        _fail(str(e))
+    problems = []
+    for v in range(n):
+        for agent in ("oracle", "nop"):
+            plan = _plan(task_dir, agent, v, data, runs_dir, None, image, policy, None, None)
+            result = _execute(plan)
+            ok = (
+                result.status.value == "scored"
+                and result.scores is not None
+                and (all(s == 1.0 for s in result.scores) if agent == "oracle" else max(result.scores) <= 0.0)
+            )
+            mark = "[green]ok[/]" if ok else "[red]FAIL[/]"
+            err.print(f"{mark} variant {v} {agent}: {result.status.value} scores={result.scores}  {plan.run_dir}")
+            if not ok:
+                problems.append(f"variant {v} {agent}: {result.status.value} {result.scores} {result.error or ''}".strip())
+    if problems:
+        for p in problems:
+            err.print(f"[red]- {p}[/]")
+        raise typer.Exit(1)
+    err.print(f"[green]{task_dir}: {n} variant(s) pass (oracle 1.0, nop 0)[/]")
+
+
+@image_app.command("build")
+def image_build(
+    base: Annotated[str | None, typer.Option("--base", envvar="ALE_BASE_IMAGE", help="Base image (default python:3.11-slim; 'debian-bootstrap' forces a local Debian bootstrap).")] = None,
+    tag: Annotated[str, typer.Option("--tag")] = "ale-tools:latest",
+) -> None:
+    """Build the tools image (cached by content: a second build is a lookup)."""
+    from ale.sandbox.base import SandboxError
+    from ale.sandbox.docker import connect
+    from ale.sandbox.image import build_tools_image
+
+    try:
+        ref = build_tools_image(connect(), base=base, tag=tag, say=lambda m: err.print(m))
+    except SandboxError as e:
+        _fail(str(e), 1)
+    err.print(f"tools image: {ref} (tagged {tag})")
+
+
+@app.command()
+def schema(out_dir: Annotated[Path, typer.Argument()] = Path("schemas")) -> None:
+    """Write the JSON Schemas of result.json and trajectory.json."""
+    from ale.runs.result import write_schema
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_schema(str(out_dir / "result.schema.json"))
+    try:
+        from ale.agents.trajectory import write_schema as write_traj_schema
+
+        write_traj_schema(str(out_dir / "trajectory.schema.json"))
+    except ImportError:
+        pass
+    print(out_dir)
+
+
+def main() -> None:  # pragma: no cover
+    sys.exit(app())

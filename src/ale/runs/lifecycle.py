@@ -1,0 +1,619 @@
+"""One run, as a sequence of small phases.
+
+    prepare ─► stage input ─► provision ─► inspect (before) ─► start ─► task start()
+      ─► probes (before) ─► commit reference ─► agent ─► kill everything ─► probes (after)
+      ─► stop ─► inspect (after) ─► deliverables ─► remove sandbox ─► stage reference
+      ─► evaluate() ─► result + evidence + signature
+
+Each phase does one job and records its times. A phase that finds the sandbox
+not sealed adds violations; any violation makes the run
+`invalid_evaluation_environment` and no score is produced. Containers are
+removed on every path out, cancellation (Ctrl-C) included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shutil
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import docker
+
+import ale
+from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
+from ale.agents.tools import ToolBox
+from ale.data.base import DataError, ReferenceCommitment
+from ale.grading.deliverables import extract_deliverables
+from ale.grading.grader import Grader, GradingError, GradingInputs
+from ale.isolation import evidence as ev
+from ale.isolation.checks import Check, check_inspect, diff_captures, failures
+from ale.isolation.probes import parse_probes, probe_argv, workspace_listing
+from ale.isolation.signing import load_or_create_signing_key
+from ale.runs.plan import RunPlan
+from ale.runs.result import PhaseTiming, RunResult
+from ale.sandbox.base import Mount, SandboxError
+from ale.sandbox.docker import LABEL_EXPERIMENT, LABEL_ROLE, LABEL_RUN, DockerSandbox, connect
+from ale.sandbox.session import ContainerSession, Route, RoutedSession
+from ale.status import RunStatus
+from ale.tasks.loader import (
+    TaskDefinition,
+    TaskError,
+    TaskVariant,
+    call_task_fn,
+    load_task,
+    load_variants,
+    select_variant,
+)
+
+DEFAULT_WALL_TIME_S = 1800.0
+
+
+class PreflightError(ValueError):
+    """The run cannot begin: a malformed task, a bad variant, no engine, no image.
+    Raised before anything is created."""
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class Prepared:
+    plan: RunPlan
+    task: TaskDefinition
+    variant: TaskVariant
+    data_spec: str | None
+    wall_time_s: float
+    client: docker.DockerClient
+
+
+@dataclass
+class RunState:
+    """What the phases share while one run goes on."""
+
+    prep: Prepared
+    run_dir: Path
+    scratch: Path
+    events: Any
+    store: Any
+    phases: list[PhaseTiming] = field(default_factory=list)
+    checks: list[dict] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    sandbox: DockerSandbox | None = None
+    grader: Grader | None = None
+    source: Any = None
+    commitment: ReferenceCommitment | None = None
+    agent_outcome: AgentOutcome | None = None
+    trajectory: Any = None
+
+    @property
+    def plan(self) -> RunPlan:
+        return self.prep.plan
+
+    @property
+    def variant(self) -> TaskVariant:
+        return self.prep.variant
+
+    @property
+    def input_host(self) -> Path:
+        return self.scratch / "input"
+
+    @property
+    def workspace_host(self) -> Path:
+        return self.scratch / "workspace"
+
+    @property
+    def setup_reference_host(self) -> Path:
+        return self.scratch / "private" / "setup-reference"
+
+    @property
+    def reference_host(self) -> Path:
+        return self.scratch / "private" / "reference"
+
+    def mounts(self) -> list[Mount]:
+        return [
+            Mount(str(self.input_host.resolve()), self.variant.input_dir, True),
+            Mount(str(self.workspace_host.resolve()), self.variant.output_dir, False),
+        ]
+
+    @contextlib.asynccontextmanager
+    async def phase(self, name: str) -> AsyncIterator[None]:
+        started = _now()
+        t0 = time.monotonic()
+        self.events.append("phase.start", phase=name)
+        try:
+            yield
+        finally:
+            ended = _now()
+            self.phases.append(PhaseTiming(name=name, started_at=started, ended_at=ended, seconds=round(time.monotonic() - t0, 4)))
+            self.events.append("phase.end", phase=name)
+
+    def add_checks(self, phase: str, checks: list[Check]) -> None:
+        for c in checks:
+            self.checks.append({"phase": phase, **c.to_dict()})
+        for c in failures(checks):
+            self.violations.append(f"[{phase}] {c.id}: expected {c.expected!r}, observed {c.observed!r}" + (f" ({c.detail})" if c.detail else ""))
+        if failures(checks):
+            self.events.append("verify.failed", phase=phase, ids=[c.id for c in failures(checks)])
+
+
+class SealBroken(Exception):
+    """Verification found violations: the agent must not (or no longer) run."""
+
+
+# -- preflight -----------------------------------------------------------------
+def prepare(plan: RunPlan, client: docker.DockerClient | None = None) -> Prepared:
+    """Load the task once, pick the variant, check the engine and image."""
+    try:
+        task = load_task(plan.task_dir)
+        variants = load_variants(task)
+        variant = select_variant(variants, plan.variant)
+    except TaskError as e:
+        raise PreflightError(str(e)) from e
+    data_spec = plan.data_source or task.card.data_source
+    wall = plan.limits.wall_time_s or task.card.timeout_s or DEFAULT_WALL_TIME_S
+    try:
+        client = client or connect()
+    except SandboxError as e:
+        raise PreflightError(str(e)) from e
+    try:
+        client.images.get(plan.image)
+    except docker.errors.ImageNotFound as e:
+        raise PreflightError(
+            f"image {plan.image!r} is not in the local Docker engine: build it with `ale image build`"
+        ) from e
+    return Prepared(plan, task, variant, data_spec, float(wall), client)
+
+
+# -- phases --------------------------------------------------------------------
+def _make_dirs(state: RunState) -> None:
+    state.scratch.mkdir(parents=True, mode=0o700)
+    os.chmod(state.scratch, 0o700)
+    state.input_host.mkdir(mode=0o755)
+    state.workspace_host.mkdir(mode=0o755)
+    try:
+        os.chown(state.workspace_host, state.plan.policy.uid, state.plan.policy.gid)
+    except PermissionError:
+        os.chmod(state.workspace_host, 0o777)
+    (state.scratch / "private").mkdir(mode=0o700)
+    state.setup_reference_host.mkdir(mode=0o700)
+
+
+async def stage_input(state: RunState) -> None:
+    from ale.data.sources import open_source
+
+    spec = state.prep.data_spec
+    if spec is None:
+        state.store.write_json("input-staged.json", {"source": None, "note": "task has no data source"})
+        return
+    state.source = open_source(spec, base_dir=state.prep.task.path)
+    tree = await asyncio.to_thread(state.source.stage_input, state.variant.data_key, state.input_host)
+    state.store.write_json("input-staged.json", {"source": spec, "key": state.variant.data_key.relpath, "tree": tree})
+
+
+async def provision(state: RunState) -> None:
+    plan = state.plan
+    labels = {LABEL_RUN: plan.run_id, LABEL_ROLE: "candidate"}
+    if plan.experiment:
+        labels[LABEL_EXPERIMENT] = plan.experiment
+    mounts = state.mounts()
+    state.store.write_json(
+        "mounts.json",
+        [
+            {"source": m.source, "inode": os.stat(m.source).st_ino, "target": m.target, "read_only": m.read_only}
+            for m in mounts
+        ],
+    )
+    state.store.write_json("workspace-empty.json", {"at_creation": workspace_listing(state.workspace_host)})
+    state.sandbox = await asyncio.to_thread(
+        DockerSandbox.create,
+        state.prep.client,
+        name=f"ale-{plan.run_id}"[:120],
+        image=plan.image,
+        policy=plan.policy,
+        mounts=mounts,
+        labels=labels,
+        workdir=state.variant.output_dir,
+        environment={},
+    )
+    state.events.append("sandbox.created", name=state.sandbox.name, id=state.sandbox.id)
+
+
+def _mount_inodes(state: RunState) -> dict[str, int]:
+    return {m.source: os.stat(m.source).st_ino for m in state.mounts()}
+
+
+async def verify_created(state: RunState) -> None:
+    assert state.sandbox is not None
+    client = state.prep.client
+    inspect = await asyncio.to_thread(state.sandbox.inspect)
+    state.store.write_json("inspect-before.json", inspect)
+    image = await asyncio.to_thread(client.api.inspect_image, inspect.get("Image", state.plan.image))
+    state.store.write_json("image.json", image)
+    checks = check_inspect(
+        inspect, state.plan.policy, state.mounts(), phase="before", image_inspect=image, mount_inodes=_mount_inodes(state)
+    )
+    state.add_checks("inspect-before", checks)
+
+
+async def run_task_setup(state: RunState) -> None:
+    """The task's start(cfg, session): input and reference writes land on the host."""
+    start_fn = state.prep.task.start_fn
+    if start_fn is None:
+        return
+    assert state.sandbox is not None
+    v = state.variant
+    tools = ToolBox(state.sandbox, workdir=v.output_dir, default_timeout=state.plan.limits.command_timeout_s)
+    container = ContainerSession(tools, default_timeout=state.plan.limits.command_timeout_s)
+
+    async def factory() -> ContainerSession:
+        return container
+
+    session = RoutedSession(
+        [Route(v.input_dir, state.input_host, writable=True), Route(v.reference_dir, state.setup_reference_host, writable=True)],
+        factory,
+    )
+    await call_task_fn(start_fn, v.cfg, session)
+
+
+async def verify_running(state: RunState, phase: str) -> None:
+    assert state.sandbox is not None
+    v = state.variant
+    r = await state.sandbox.exec(probe_argv(v.input_dir, v.output_dir), user=state.plan.policy.user, timeout=60)
+    raw = r.stdout.decode(errors="replace") + (f"\n#stderr\n{r.stderr.decode(errors='replace')}" if r.stderr else "")
+    state.store.write_text(f"probes-{phase}.txt", raw)
+    state.add_checks(f"probes-{phase}", parse_probes(r.stdout.decode(errors="replace"), state.plan.policy, input_dir=v.input_dir, workspace_dir=v.output_dir))
+
+
+def seal_input_and_workspace(state: RunState) -> None:
+    """After start(): hash the input, prove the workspace is still empty."""
+    state.store.write_json("input-after-start.json", ev.hash_tree(state.input_host))
+    listing = workspace_listing(state.workspace_host)
+    proof = json.loads(state.store.path("workspace-empty.json").read_text())
+    proof["at_agent_start"] = listing
+    state.store.path("workspace-empty.json").unlink()
+    state.store.write_json("workspace-empty.json", proof)
+    if listing.get("entries"):
+        state.violations.append(f"[agent-start] ws.empty_at_start: workspace holds {listing['entries'][:5]}")
+    if listing.get("inode") != proof["at_creation"].get("inode"):
+        state.violations.append("[agent-start] ws.same_inode: the workspace folder was replaced")
+
+
+async def commit_reference(state: RunState) -> None:
+    src_commit = None
+    if state.source is not None:
+        src_commit = await asyncio.to_thread(state.source.commit_reference, state.variant.data_key)
+    state.commitment = src_commit
+    setup_tree = ev.hash_tree(state.setup_reference_host)
+    state.store.write_json(
+        "reference-commit.json",
+        {
+            "source": None if src_commit is None else {"kind": src_commit.kind, "sha256": src_commit.sha256, "files": src_commit.files},
+            "setup_written": setup_tree,
+            "committed_at": _now().isoformat(),
+        },
+    )
+    state.events.append("reference.committed", sha256=None if src_commit is None else src_commit.sha256, setup_digest=setup_tree["digest"])
+
+
+async def run_agent(state: RunState) -> None:
+    from ale.agents.registry import agent_evidence, make_agent
+    from ale.agents.trajectory import TrajectoryWriter
+
+    assert state.sandbox is not None
+    plan, v = state.plan, state.variant
+    agent = make_agent(plan.agent)
+    state.store.write_json("agent.json", agent_evidence(plan.agent))
+    state.store.write_json("network.json", {"network_mode": plan.policy.network_mode, "controller": "outside the sandbox; tools reach it only through docker exec"})
+    state.trajectory = TrajectoryWriter(state.run_dir, plan.run_id, plan.agent.display)
+    deadline = time.monotonic() + state.prep.wall_time_s
+    tools = ToolBox(
+        state.sandbox,
+        workdir=v.output_dir,
+        allowlist=plan.agent.allowlist,
+        recorder=state.trajectory,
+        default_timeout=plan.limits.command_timeout_s,
+        deadline=deadline,
+    )
+    ctx = AgentContext(
+        prompt=v.description,
+        tools=tools,
+        workdir=v.output_dir,
+        input_dir=v.input_dir,
+        run_dir=state.run_dir,
+        wall_time_s=state.prep.wall_time_s,
+        max_steps=plan.limits.max_steps,
+        task_cfg=v.cfg if plan.agent.name == "oracle" else None,
+        task=state.prep.task if plan.agent.name == "oracle" else None,
+    )
+    try:
+        state.agent_outcome = await asyncio.wait_for(agent.run(ctx), state.prep.wall_time_s)
+    except TimeoutError:
+        state.agent_outcome = AgentOutcome(AgentEnd.TIMEOUT, detail=f"wall time of {state.prep.wall_time_s:.0f}s reached")
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        import traceback
+
+        state.agent_outcome = AgentOutcome(AgentEnd.FAILED, detail=f"{type(e).__name__}: {e}\n{traceback.format_exc()[-4000:]}")
+    state.events.append("agent.ended", end=state.agent_outcome.end.value, detail=(state.agent_outcome.detail or "")[:2000])
+
+
+async def kill_agent_processes(state: RunState) -> None:
+    assert state.sandbox is not None
+    remaining = await state.sandbox.kill_user_processes()
+    state.events.append("agent.processes_killed", remaining=remaining)
+
+
+async def stop_and_verify_exited(state: RunState) -> None:
+    assert state.sandbox is not None
+    await state.sandbox.stop()
+    after = await asyncio.to_thread(state.sandbox.inspect)
+    state.store.write_json("inspect-after.json", after)
+    before = json.loads(state.store.path("inspect-before.json").read_text())
+    checks = check_inspect(after, state.plan.policy, state.mounts(), phase="after", mount_inodes=_mount_inodes(state))
+    checks += diff_captures(before, after)
+    state.add_checks("inspect-after", checks)
+
+
+def collect_deliverables(state: RunState) -> None:
+    lim = state.plan.limits
+    manifest = extract_deliverables(
+        state.workspace_host, state.run_dir / "deliverables", max_files=lim.deliverable_max_files, max_bytes=lim.deliverable_max_bytes
+    )
+    (state.run_dir / "deliverables.json").write_text(manifest.model_dump_json(indent=2))
+    state.events.append("deliverables.collected", files=len(manifest.files), skipped=len(manifest.skipped), digest=manifest.digest)
+
+
+async def remove_sandbox(state: RunState) -> None:
+    if state.sandbox is not None:
+        await state.sandbox.remove()
+        state.events.append("sandbox.removed", name=state.sandbox.name)
+
+
+def check_input_unchanged(state: RunState) -> None:
+    after = ev.hash_tree(state.input_host)
+    state.store.write_json("input-after-run.json", after)
+    start = json.loads(state.store.path("input-after-start.json").read_text())
+    if after["digest"] != start["digest"]:
+        state.violations.append("[after-run] input.unchanged: the staged input changed during the run")
+
+
+async def stage_reference(state: RunState) -> None:
+    """Trusted side, candidate container gone: source reference + start()'s writes."""
+    dest = state.reference_host
+    if state.source is not None:
+        await asyncio.to_thread(state.source.stage_reference, state.variant.data_key, dest, state.commitment)
+    else:
+        dest.mkdir(mode=0o700)
+    setup_tree = ev.hash_tree(state.setup_reference_host)
+    committed = json.loads(state.store.path("reference-commit.json").read_text())
+    if setup_tree["digest"] != committed["setup_written"]["digest"]:
+        raise GradingError("reference written by start() changed after it was committed")
+    for rel in setup_tree["files"]:
+        target = dest / rel
+        if target.exists():
+            raise GradingError(f"start() wrote {rel} into the reference, which the data source also holds")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(state.setup_reference_host / rel, target)
+    # The grading container reads it as the candidate uid: readable, on the trusted side only.
+    for root, _dirs, files in os.walk(dest):
+        os.chmod(root, 0o755)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o644)
+    state.store.write_json(
+        "reference-check.json",
+        {
+            "source_sha256": None if state.commitment is None else state.commitment.sha256,
+            "setup_written_digest": setup_tree["digest"],
+            "staged_tree": ev.hash_tree(dest),
+            "unpacked_at": _now().isoformat(),
+        },
+    )
+    state.events.append("reference.staged")
+
+
+async def grade(state: RunState) -> list[float]:
+    plan, v = state.plan, state.variant
+    state.grader = Grader(
+        state.prep.client,
+        image=plan.image,
+        policy=plan.policy,
+        run_id=plan.run_id,
+        experiment=plan.experiment,
+        inputs=GradingInputs(
+            input_host=state.input_host.resolve(),
+            deliverables_host=(state.run_dir / "deliverables").resolve(),
+            reference_host=state.reference_host.resolve(),
+            input_dir=v.input_dir,
+            output_dir=v.output_dir,
+            reference_dir=v.reference_dir,
+        ),
+        command_timeout=plan.limits.command_timeout_s,
+    )
+    try:
+        return await state.grader.grade(state.prep.task.evaluate_fn, v.cfg, plan.limits.grading_timeout_s)
+    finally:
+        await state.grader.close()
+
+
+# -- the run -------------------------------------------------------------------
+def _status_after_agent(outcome: AgentOutcome | None) -> RunStatus:
+    if outcome is None:
+        return RunStatus.AGENT_FAILED
+    return {AgentEnd.FINISHED: RunStatus.SCORED, AgentEnd.FAILED: RunStatus.AGENT_FAILED, AgentEnd.TIMEOUT: RunStatus.TIMEOUT}[outcome.end]
+
+
+async def execute_run(
+    plan: RunPlan, *, client: docker.DockerClient | None = None, prepared: Prepared | None = None
+) -> RunResult:
+    """Run one plan to its end and return the result (written last, atomically).
+
+    Raises PreflightError (nothing created) for a bad task, variant, engine or
+    image. Every later failure becomes a status; containers are always removed.
+    """
+    prep = prepared or await asyncio.to_thread(prepare, plan, client)
+    run_dir = plan.run_dir
+    run_dir.mkdir(parents=True, exist_ok=False)
+    (run_dir / "plan.json").write_text(plan.model_dump_json(indent=2))
+    scratch = Path(plan.runs_dir) / ".scratch" / plan.run_id
+    state = RunState(prep=prep, run_dir=run_dir, scratch=scratch, events=ev.EventLog(run_dir / "events.jsonl"), store=ev.EvidenceStore(run_dir))
+    started = _now()
+    status: RunStatus = RunStatus.INFRASTRUCTURE_ERROR
+    scores: list[float] | None = None
+    error: str | None = None
+    extra: dict[str, Any] = {}
+    state.events.append("run.start", run_id=plan.run_id, plan_digest=plan.digest())
+    _record_static_evidence(state)
+    try:
+        _make_dirs(state)
+        async with state.phase("stage_input"):
+            await stage_input(state)
+        async with state.phase("provision"):
+            await provision(state)
+            await verify_created(state)
+            assert state.sandbox is not None
+            await state.sandbox.start()
+            state.events.append("sandbox.started")
+        async with state.phase("task_start"):
+            await run_task_setup(state)
+        async with state.phase("verify_before"):
+            await verify_running(state, "before")
+            seal_input_and_workspace(state)
+            await commit_reference(state)
+        if state.violations:
+            raise SealBroken()
+        async with state.phase("agent"):
+            await run_agent(state)
+        async with state.phase("stop"):
+            await kill_agent_processes(state)
+            await verify_running(state, "after")
+            await stop_and_verify_exited(state)
+        async with state.phase("deliverables"):
+            collect_deliverables(state)
+            await remove_sandbox(state)
+            check_input_unchanged(state)
+        if state.violations:
+            raise SealBroken()
+        status = _status_after_agent(state.agent_outcome)
+        if state.agent_outcome and state.agent_outcome.detail:
+            error = state.agent_outcome.detail
+        async with state.phase("grade"):
+            await stage_reference(state)
+            scores = await grade(state)
+    except SealBroken:
+        status, scores = RunStatus.INVALID_EVALUATION_ENVIRONMENT, None
+        error = "the sandbox was not proven sealed; see violations"
+    except GradingError as e:
+        status, scores, error = RunStatus.GRADING_FAILED, None, str(e)
+        if e.traceback:
+            extra["grading_traceback"] = e.traceback
+    except TaskError as e:
+        status, scores, error = RunStatus.GRADING_FAILED if state.agent_outcome else RunStatus.INFRASTRUCTURE_ERROR, None, f"task error: {e}"
+    except (SandboxError, DataError, docker.errors.DockerException, OSError) as e:
+        status, scores, error = RunStatus.INFRASTRUCTURE_ERROR, None, f"{type(e).__name__}: {e}"
+    except Exception as e:  # the task's own start() raising lands here
+        import traceback
+
+        status, scores = RunStatus.INFRASTRUCTURE_ERROR, None
+        error = f"{type(e).__name__}: {e}"
+        extra["traceback"] = traceback.format_exc()[-8000:]
+    finally:
+        await _cleanup(state)
+    if state.violations:
+        status, scores = RunStatus.INVALID_EVALUATION_ENVIRONMENT, None
+    if state.agent_outcome and state.agent_outcome.usage:
+        extra["usage"] = state.agent_outcome.usage
+    result = RunResult(
+        run_id=plan.run_id,
+        task_id=prep.variant.task_id,
+        task_dir=str(prep.task.path),
+        variant=prep.variant.index,
+        agent=plan.agent.display,
+        status=status,
+        scores=scores,
+        score=(sum(scores) / len(scores)) if scores else None,
+        error=error,
+        violations=state.violations,
+        phases=state.phases,
+        started_at=started,
+        ended_at=_now(),
+        harness_version=ale.__version__,
+        experiment=plan.experiment,
+        attempt=plan.attempt,
+        extra=extra,
+    )
+    _finish_record(state, result)
+    return result
+
+
+def _record_static_evidence(state: RunState) -> None:
+    plan = state.plan
+    state.store.write_json("policy.json", json.loads(plan.policy.model_dump_json()))
+    state.store.write_json(
+        "harness.json",
+        {
+            "ale_version": ale.__version__,
+            "python": platform.python_version(),
+            "task_dir": str(state.prep.task.path),
+            "task_code_sha256": state.prep.task.code_hash,
+            "plan_sha256": plan.digest(),
+        },
+    )
+    try:
+        client = state.prep.client
+        info = client.info()
+        state.store.write_json(
+            "engine.json",
+            {
+                "version": client.version(),
+                "security_options": info.get("SecurityOptions"),
+                "cgroup_version": info.get("CgroupVersion"),
+                "driver": info.get("Driver"),
+                "default_runtime": info.get("DefaultRuntime"),
+            },
+        )
+    except docker.errors.DockerException as e:
+        state.store.write_json("engine.json", {"error": str(e)})
+
+
+async def _cleanup(state: RunState) -> None:
+    """Always: close the trajectory, remove containers, drop the scratch folders.
+    Shielded so that Ctrl-C during a run still removes what the run created."""
+
+    async def _do() -> None:
+        if state.trajectory is not None:
+            with contextlib.suppress(Exception):
+                state.trajectory.close(
+                    usage=(state.agent_outcome.usage if state.agent_outcome else {}),
+                    end=(state.agent_outcome.end.value if state.agent_outcome else "interrupted"),
+                )
+        if state.sandbox is not None:
+            with contextlib.suppress(Exception):
+                await state.sandbox.remove()
+        if state.grader is not None:
+            with contextlib.suppress(Exception):
+                await state.grader.close()
+        await asyncio.to_thread(shutil.rmtree, state.scratch, True)
+
+    await asyncio.shield(_do())
+
+
+def _finish_record(state: RunState, result: RunResult) -> None:
+    state.store.write_json("checks.json", state.checks)
+    state.store.write_json("phases.json", [p.model_dump(mode="json") for p in state.phases])
+    state.events.append("run.end", status=result.status.value, score=result.score)
+    tmp = state.run_dir / "result.json.tmp"
+    tmp.write_text(result.model_dump_json(indent=2))
+    os.replace(tmp, state.run_dir / "result.json")
+    key = load_or_create_signing_key(Path(state.plan.signing_key) if state.plan.signing_key else None)
+    ev.write_manifest_and_sign(state.run_dir, key)
