@@ -20,7 +20,7 @@ import os
 import platform
 import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -94,6 +94,16 @@ class RunState:
     commitment: ReferenceCommitment | None = None
     agent_outcome: AgentOutcome | None = None
     trajectory: Any = None
+    costs: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def cost(self, what: str) -> Iterator[None]:
+        """Accumulate wall time spent on `what` (verify, evidence) for the benchmarks."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.costs[what] = self.costs.get(what, 0.0) + time.perf_counter() - t0
 
     @property
     def plan(self) -> RunPlan:
@@ -234,6 +244,12 @@ def _mount_inodes(state: RunState) -> dict[str, int]:
 
 async def verify_created(state: RunState) -> None:
     assert state.sandbox is not None
+    with state.cost("verify"):
+        await _verify_created(state)
+
+
+async def _verify_created(state: RunState) -> None:
+    assert state.sandbox is not None
     client = state.prep.client
     inspect = await asyncio.to_thread(state.sandbox.inspect)
     state.store.write_json("inspect-before.json", inspect)
@@ -267,6 +283,12 @@ async def run_task_setup(state: RunState) -> None:
 
 async def verify_running(state: RunState, phase: str) -> None:
     assert state.sandbox is not None
+    with state.cost("verify"):
+        await _verify_running(state, phase)
+
+
+async def _verify_running(state: RunState, phase: str) -> None:
+    assert state.sandbox is not None
     v = state.variant
     r = await state.sandbox.exec(probe_argv(v.input_dir, v.output_dir), user=state.plan.policy.user, timeout=60)
     raw = r.stdout.decode(errors="replace") + (f"\n#stderr\n{r.stderr.decode(errors='replace')}" if r.stderr else "")
@@ -276,6 +298,11 @@ async def verify_running(state: RunState, phase: str) -> None:
 
 def seal_input_and_workspace(state: RunState) -> None:
     """After start(): hash the input, prove the workspace is still empty."""
+    with state.cost("evidence"):
+        _seal_input_and_workspace(state)
+
+
+def _seal_input_and_workspace(state: RunState) -> None:
     state.store.write_json("input-after-start.json", ev.hash_tree(state.input_host))
     listing = workspace_listing(state.workspace_host)
     proof = json.loads(state.store.path("workspace-empty.json").read_text())
@@ -357,12 +384,13 @@ async def kill_agent_processes(state: RunState) -> None:
 async def stop_and_verify_exited(state: RunState) -> None:
     assert state.sandbox is not None
     await state.sandbox.stop()
-    after = await asyncio.to_thread(state.sandbox.inspect)
-    state.store.write_json("inspect-after.json", after)
-    before = json.loads(state.store.path("inspect-before.json").read_text())
-    checks = check_inspect(after, state.plan.policy, state.mounts(), phase="after", mount_inodes=_mount_inodes(state))
-    checks += diff_captures(before, after)
-    state.add_checks("inspect-after", checks)
+    with state.cost("verify"):
+        after = await asyncio.to_thread(state.sandbox.inspect)
+        state.store.write_json("inspect-after.json", after)
+        before = json.loads(state.store.path("inspect-before.json").read_text())
+        checks = check_inspect(after, state.plan.policy, state.mounts(), phase="after", mount_inodes=_mount_inodes(state))
+        checks += diff_captures(before, after)
+        state.add_checks("inspect-after", checks)
 
 
 def collect_deliverables(state: RunState) -> None:
@@ -381,7 +409,8 @@ async def remove_sandbox(state: RunState) -> None:
 
 
 def check_input_unchanged(state: RunState) -> None:
-    after = ev.hash_tree(state.input_host)
+    with state.cost("evidence"):
+        after = ev.hash_tree(state.input_host)
     state.store.write_json("input-after-run.json", after)
     start = json.loads(state.store.path("input-after-start.json").read_text())
     if after["digest"] != start["digest"]:
@@ -473,7 +502,8 @@ async def execute_run(
     error: str | None = None
     extra: dict[str, Any] = {}
     state.events.append("run.start", run_id=plan.run_id, plan_digest=plan.digest())
-    _record_static_evidence(state)
+    with state.cost("evidence"):
+        _record_static_evidence(state)
     try:
         _make_dirs(state)
         async with state.phase("stage_input"):
@@ -533,6 +563,7 @@ async def execute_run(
         status, scores = RunStatus.INVALID_EVALUATION_ENVIRONMENT, None
     if state.agent_outcome and state.agent_outcome.usage:
         extra["usage"] = state.agent_outcome.usage
+    extra["costs"] = {k: round(v, 4) for k, v in state.costs.items()}
     result = RunResult(
         run_id=plan.run_id,
         task_id=prep.variant.task_id,
@@ -615,5 +646,6 @@ def _finish_record(state: RunState, result: RunResult) -> None:
     tmp = state.run_dir / "result.json.tmp"
     tmp.write_text(result.model_dump_json(indent=2))
     os.replace(tmp, state.run_dir / "result.json")
+    # Nothing may be written into the run folder after this: the manifest covers it all.
     key = load_or_create_signing_key(Path(state.plan.signing_key) if state.plan.signing_key else None)
     ev.write_manifest_and_sign(state.run_dir, key)

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from ale.grading.deliverables import extract_deliverables
+
+
+def test_copies_regular_files_and_skips_everything_else(tmp_path):
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "a.txt").write_text("alpha")
+    (ws / "sub" / "b.bin").write_bytes(b"\x00\x01")
+    (ws / "link").symlink_to("/etc/passwd")
+    os.link(ws / "a.txt", ws / "hard")
+    os.mkfifo(ws / "fifo")
+    (ws / "suid").write_text("x")
+    os.chmod(ws / "suid", 0o4755)
+    m = extract_deliverables(ws, tmp_path / "out", max_files=100, max_bytes=10**6)
+    paths = {f.path for f in m.files}
+    assert paths == {"sub/b.bin"}  # a.txt has a second hard link now, so it is skipped too
+    reasons = {s.path: s.reason for s in m.skipped}
+    assert reasons["link"] == "symlink" and reasons["hard"] == "hard link" and reasons["a.txt"] == "hard link"
+    assert "regular" in reasons["fifo"] and reasons["suid"] == "setuid/setgid"
+    assert not (tmp_path / "out" / "link").exists()
+    f = next(f for f in m.files if f.path == "sub/b.bin")
+    assert f.sha256 == hashlib.sha256(b"\x00\x01").hexdigest()
+
+
+def test_caps_on_count_and_size(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for i in range(5):
+        (ws / f"f{i}").write_bytes(b"x" * 100)
+    m = extract_deliverables(ws, tmp_path / "o1", max_files=3, max_bytes=10**6)
+    assert len(m.files) == 3 and sum("count cap" in s.reason for s in m.skipped) == 2
+    m = extract_deliverables(ws, tmp_path / "o2", max_files=100, max_bytes=250)
+    assert len(m.files) == 2 and m.total_bytes == 200
+
+
+def test_refuses_existing_destination(tmp_path):
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "out").mkdir()
+    with pytest.raises(FileExistsError):
+        extract_deliverables(tmp_path / "ws", tmp_path / "out", max_files=1, max_bytes=1)
