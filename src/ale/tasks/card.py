@@ -1,0 +1,190 @@
+"""The task card (`task_card.json`): the few fields the harness reads, plus the raw card.
+
+ALE cards put the run limits under ``vm`` (``timeout_s``, ``vcpus``, ``memory_gb``);
+other cards state ``timeout_s`` at the top level or a ``resources`` block. The card
+is optional: a task folder without one gets the defaults (no timeout, no resource
+hints, no data source).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+CARD_FILE = "task_card.json"
+
+_MEMORY_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1024,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1024**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1024**3,
+    "gib": 1024**3,
+    "t": 1024**4,
+    "tb": 1024**4,
+    "tib": 1024**4,
+}
+_MEMORY_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+class TaskCard(BaseModel):
+    """What the harness takes from a task card.
+
+    - ``timeout_s``: the agent's wall time for this task, in seconds (None: not stated).
+    - ``resources``: hints for the sandbox, keys ``cpus`` (float) and ``memory``
+      (int, bytes), each present only when the card states it.
+    - ``data_source``: where the task's data lives (``local:`` paths resolved
+      against the task folder, so the value works from any working directory).
+    - ``raw``: the whole card as parsed, for reports.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout_s: float | None = None
+    resources: dict[str, Any] = Field(default_factory=dict)
+    data_source: str | None = None
+    raw: dict[str, Any] = Field(default_factory=dict)
+
+
+class _CardError(ValueError):
+    pass
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _positive_number(value: Any, where: str) -> float:
+    if _is_number(value):
+        num = float(value)
+    elif isinstance(value, str):
+        try:
+            num = float(value.strip())
+        except ValueError:
+            raise _CardError(f"{where} must be a number of seconds, got {value!r}") from None
+    else:
+        raise _CardError(f"{where} must be a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(num) or num <= 0:
+        raise _CardError(f"{where} must be a positive finite number, got {value!r}")
+    return num
+
+
+def _memory_bytes(value: Any, where: str, default_unit: str = "") -> int:
+    """Numbers are taken in ``default_unit``; strings may carry a unit ("512m", "8GiB")."""
+    if _is_number(value):
+        amount, unit = float(value), default_unit
+    elif isinstance(value, str):
+        m = _MEMORY_RE.match(value)
+        if not m or m.group(2).lower() not in _MEMORY_UNITS:
+            raise _CardError(f"{where} must be a size like 8g, 512m or 1073741824, got {value!r}")
+        amount, unit = float(m.group(1)), (m.group(2).lower() or default_unit)
+    else:
+        raise _CardError(f"{where} must be a size, got {type(value).__name__} {value!r}")
+    out = int(amount * _MEMORY_UNITS[unit])
+    if out <= 0:
+        raise _CardError(f"{where} must be positive, got {value!r}")
+    return out
+
+
+def _parse_timeout(card: dict[str, Any], vm: dict[str, Any]) -> float | None:
+    # The vm block is where ALE cards state it; it wins over a top-level value.
+    for where, block, key in (
+        ("vm.timeout_s", vm, "timeout_s"),
+        ("vm.timeout", vm, "timeout"),
+        ("timeout_s", card, "timeout_s"),
+    ):
+        if block.get(key) is not None:
+            return _positive_number(block[key], where)
+    return None
+
+
+def _parse_resources(card: dict[str, Any], vm: dict[str, Any]) -> dict[str, Any]:
+    res = card.get("resources")
+    if res is None:
+        res = {}
+    if not isinstance(res, dict):
+        raise _CardError(f"resources must be an object, got {type(res).__name__}")
+    out: dict[str, Any] = {}
+    for where, block, key in (
+        ("resources.cpus", res, "cpus"),
+        ("vm.cpus", vm, "cpus"),
+        ("vm.vcpus", vm, "vcpus"),
+    ):
+        if block.get(key) is not None:
+            out["cpus"] = _positive_number(block[key], where)
+            break
+    for where, block, key, unit in (
+        ("resources.memory", res, "memory", ""),
+        ("vm.memory", vm, "memory", ""),
+        ("vm.memory_gb", vm, "memory_gb", "g"),
+    ):
+        if block.get(key) is not None:
+            out["memory"] = _memory_bytes(block[key], where, unit)
+            break
+    return out
+
+
+def _parse_data_source(card: dict[str, Any], task_dir: Path) -> str | None:
+    for key in ("data_source", "task_data_source"):
+        value = card.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value.strip():
+            raise _CardError(f"{key} must be a non-empty string, got {value!r}")
+        value = value.strip()
+        if value.startswith("local:"):
+            p = Path(value[len("local:") :])
+            if not p.is_absolute():
+                p = (task_dir / p).resolve()
+            return f"local:{p}"
+        return value
+    return None
+
+
+def load_card(task_dir: str | Path) -> TaskCard:
+    """Read ``task_dir/task_card.json``; an absent card gives the defaults.
+
+    Raises ``TaskError`` naming the file (and the line, for malformed JSON).
+    """
+    from ale.tasks.loader import TaskError
+
+    task_dir = Path(task_dir).resolve()
+    path = task_dir / CARD_FILE
+    if not path.exists():
+        return TaskCard()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaskError(f"{path}: cannot read the task card: {e}") from e
+    try:
+        card = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TaskError(
+            f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}"
+        ) from e
+    if not isinstance(card, dict):
+        raise TaskError(f"{path}: the task card must be a JSON object, got {type(card).__name__}")
+    vm = card.get("vm")
+    if vm is None:
+        vm = {}
+    if not isinstance(vm, dict):
+        raise TaskError(f"{path}: vm must be an object, got {type(vm).__name__}")
+    try:
+        return TaskCard(
+            timeout_s=_parse_timeout(card, vm),
+            resources=_parse_resources(card, vm),
+            data_source=_parse_data_source(card, task_dir),
+            raw=card,
+        )
+    except _CardError as e:
+        raise TaskError(f"{path}: {e}") from e
