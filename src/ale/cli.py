@@ -178,5 +178,63 @@ def schema(out_dir: Annotated[Path, typer.Argument()] = Path("schemas")) -> None
     print(out_dir)
 
 
+@app.command()
+def verify(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (or a copy of one).")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    public_key: Annotated[Path | None, typer.Option("--public-key", help="Verify against this Ed25519 public key (PEM) instead of the recorded one.")] = None,
+) -> None:
+    """Re-check a run from its evidence alone. Exit 0 valid, 1 invalid, 2 unusable."""
+    from ale.cli_verify import verify_command
+
+    raise typer.Exit(verify_command(run_dir, json_out, public_key))
+
+
+@app.command("verify-container")
+def verify_container_cmd(
+    name_or_id: Annotated[str, typer.Argument(help="The container to check.")],
+    input_dir: Annotated[Path, typer.Option("--input", help="Host folder that must be mounted read-only.")],
+    workspace: Annotated[Path, typer.Option("--workspace", help="Host folder that must be mounted read-write.")],
+    policy: PolicyOpt = None,
+    input_target: Annotated[str, typer.Option("--input-target")] = "/input",
+    workspace_target: Annotated[str, typer.Option("--workspace-target")] = "/workspace",
+    save_inspect: Annotated[Path | None, typer.Option("--save-inspect", help="Write the raw inspect JSON here.")] = None,
+    json_out: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Check a container someone created from the template. Exit 0 sealed, 1 not."""
+    from ale.isolation.policy import IsolationPolicy
+    from ale.isolation.verify_container import render_report, verify_container
+    from ale.sandbox.base import SandboxError
+    from ale.sandbox.docker import connect
+
+    try:
+        pol = IsolationPolicy.load(policy)
+        client = connect()
+    except (ValueError, SandboxError) as e:
+        _fail(str(e))
+    report = verify_container(
+        client, name_or_id, input_dir=str(input_dir.resolve()), workspace_dir=str(workspace.resolve()),
+        policy=pol, input_target=input_target, workspace_target=workspace_target, save_inspect=save_inspect,
+    )
+    print(report.model_dump_json(indent=2) if json_out else render_report(report))
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def _register_subcommands() -> None:
+    from ale.cli_agents import app as agents_app
+    from ale.cli_data import bake_command, data_app
+    from ale.cli_exp import cleanup_command, exp_app, report_command
+
+    app.add_typer(exp_app, name="exp")
+    app.add_typer(data_app, name="data")
+    app.add_typer(agents_app, name="agents")
+    app.command("report")(report_command)
+    app.command("cleanup")(cleanup_command)
+    image_app.command("bake")(bake_command)
+
+
+_register_subcommands()
+
+
 def main() -> None:  # pragma: no cover
     sys.exit(app())
