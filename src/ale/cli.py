@@ -238,3 +238,7 @@ _register_subcommands()
 
 def main() -> None:  # pragma: no cover
     sys.exit(app())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
