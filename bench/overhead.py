@@ -41,7 +41,7 @@ async def bare(client, policy: IsolationPolicy, tmp: Path) -> float:
     sb = DockerSandbox.create(
         client, name=f"ale-bench-{rid}", image=DEFAULT_TOOLS_IMAGE, policy=policy,
         mounts=[Mount(str(inp), "/input", True), Mount(str(ws), "/workspace", False)],
-        labels={"ale.run_id": f"bench-{rid}"}, workdir="/workspace",
+        labels={"ale.run_id": f"bench-{rid}", "ale.experiment": "bench-overhead"}, workdir="/workspace",
     )
     await sb.start()
     await sb.exec(["true"])
@@ -53,7 +53,7 @@ async def bare(client, policy: IsolationPolicy, tmp: Path) -> float:
 async def full(client, policy: IsolationPolicy, runs_dir: Path) -> tuple[float, dict]:
     plan = RunPlan(
         run_id=f"bench-{uuid.uuid4().hex[:10]}", task_dir=str(HERE / "tasks" / "noop"),
-        agent=AgentSpec(name="nop"), policy=policy, runs_dir=str(runs_dir),
+        agent=AgentSpec(name="nop"), policy=policy, runs_dir=str(runs_dir), experiment="bench-overhead",
     )
     t0 = time.perf_counter()
     result = await execute_run(plan, client=client)
@@ -92,7 +92,7 @@ async def main(repeats: int) -> None:
                 f.append(t)
                 costs.append(c)
         finally:
-            remove_containers(client)
+            remove_containers(client, experiment="bench-overhead")
     mb, mf = statistics.median(b), statistics.median(f)
     verify = statistics.median([c.get("verify", 0.0) for c in costs])
     evidence = statistics.median([c.get("evidence", 0.0) for c in costs])

@@ -10,7 +10,6 @@ import asyncio
 import shlex
 import socket
 import struct
-import threading
 import time
 from collections.abc import Iterable
 from contextlib import suppress
@@ -207,31 +206,28 @@ class DockerSandbox:
             raise SandboxError(f"exec in {self.name} failed: {e.explanation or e}") from e
 
         collector = _StreamCollector(output_limit)
-        worker = threading.Thread(
-            target=self._pump, args=(exec_id["Id"], stdin, collector), daemon=True
-        )
-        worker.start()
-        host_deadline = None if timeout is None else timeout + _HOST_GRACE_S
+        pump = asyncio.ensure_future(asyncio.to_thread(self._pump, exec_id["Id"], stdin, collector))
+        host_deadline = None if timeout is None else started + timeout + _HOST_GRACE_S
         forced = False
         exited_at: float | None = None
-        polls = 0
-        while worker.is_alive():
-            await asyncio.sleep(0.02)
-            polls += 1
+        while True:
+            done, _ = await asyncio.wait({pump}, timeout=0.1)
+            if done:
+                break
             now = time.monotonic()
-            if host_deadline is not None and now - started > host_deadline and not forced:
+            if host_deadline is not None and now > host_deadline and not forced:
                 forced = True
                 await self.kill_user_processes()
                 collector.close()
-            elif exited_at is None and polls % 5 == 0:
+            elif exited_at is None:
                 # A background child can keep the stream open after the command
                 # exited; stop waiting for it shortly after the exit.
                 state = await asyncio.to_thread(self.client.api.exec_inspect, exec_id["Id"])
                 if not state.get("Running"):
                     exited_at = now
-            elif exited_at is not None and now - exited_at > 0.2:
+            elif now - exited_at > 0.2:
                 collector.close()
-        worker.join(timeout=5)
+        await pump
         info = await asyncio.to_thread(self.client.api.exec_inspect, exec_id["Id"])
         duration = time.monotonic() - started
         exit_code = info.get("ExitCode")
