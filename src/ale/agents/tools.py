@@ -109,10 +109,16 @@ class ToolBox:
         try:
             outcome = await self._dispatch(tool, args)
         except ToolRefused as e:
+            # The call ran and failed (unreadable path, read-only target, bad args):
+            # not an allowlist refusal, so `refused` stays False.
             outcome = ToolOutcome(ok=False, error=str(e))
-            self._record(tool, args, outcome, started, t0, refused=True)
-            return outcome
         self._record(tool, args, outcome, started, t0)
+        return outcome
+
+    def refuse(self, tool: str, args: dict[str, Any], reason: str) -> ToolOutcome:
+        """Record a call refused before it could run (a step limit, unusable arguments)."""
+        outcome = ToolOutcome(ok=False, error=reason)
+        self._record(tool, args, outcome, _now(), time.monotonic(), refused=True)
         return outcome
 
     async def _dispatch(self, tool: str, args: dict[str, Any]) -> ToolOutcome:
@@ -146,7 +152,7 @@ class ToolBox:
                 "exit_code": outcome.exit_code,
                 "stdout": outcome.stdout,
                 "stderr": outcome.stderr,
-                "output": outcome.output if outcome.data is None else f"<{len(outcome.data)} bytes>",
+                "output": outcome.output,
                 "truncated": outcome.truncated,
                 "timed_out": outcome.timed_out,
                 "error": outcome.error,

@@ -54,6 +54,9 @@ class IsolationPolicy(BaseModel):
     tmpfs: tuple[TmpfsMount, ...] = (TmpfsMount(),)
     log_max_size: str = "10m"
     runtime: str = "runc"
+    # Writable mounts the engine adds on its own and probes accept (not require):
+    # /dev/shm stays writable under --read-only.
+    runtime_writable_mounts: tuple[str, ...] = ("/dev/shm",)
     env_allowlist: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONDONTWRITEBYTECODE")
 
     @field_validator("cpus")

@@ -36,7 +36,7 @@ from ale.grading.deliverables import extract_deliverables
 from ale.grading.grader import Grader, GradingError, GradingInputs
 from ale.isolation import evidence as ev
 from ale.isolation.checks import Check, check_inspect, diff_captures, failures
-from ale.isolation.probes import parse_probes, probe_argv, workspace_listing
+from ale.isolation.probes import parse_probes, probe_argv, workspace_empty_checks, workspace_listing
 from ale.isolation.signing import load_or_create_signing_key
 from ale.runs.plan import RunPlan
 from ale.runs.result import PhaseTiming, RunResult
@@ -74,6 +74,7 @@ class Prepared:
     data_spec: str | None
     wall_time_s: float
     client: docker.DockerClient
+    agent: Any
 
 
 @dataclass
@@ -169,6 +170,13 @@ def prepare(plan: RunPlan, client: docker.DockerClient | None = None) -> Prepare
         variant = select_variant(variants, plan.variant)
     except TaskError as e:
         raise PreflightError(str(e)) from e
+    from ale.agents.errors import AgentConfigError
+    from ale.agents.registry import make_agent
+
+    try:
+        agent = make_agent(plan.agent)
+    except AgentConfigError as e:
+        raise PreflightError(str(e)) from e
     data_spec = plan.data_source or task.card.data_source
     wall = plan.limits.wall_time_s or task.card.timeout_s or DEFAULT_WALL_TIME_S
     try:
@@ -181,7 +189,7 @@ def prepare(plan: RunPlan, client: docker.DockerClient | None = None) -> Prepare
         raise PreflightError(
             f"image {plan.image!r} is not in the local Docker engine: build it with `ale image build`"
         ) from e
-    return Prepared(plan, task, variant, data_spec, float(wall), client)
+    return Prepared(plan, task, variant, data_spec, float(wall), client, agent)
 
 
 # -- phases --------------------------------------------------------------------
@@ -309,10 +317,7 @@ def _seal_input_and_workspace(state: RunState) -> None:
     proof["at_agent_start"] = listing
     state.store.path("workspace-empty.json").unlink()
     state.store.write_json("workspace-empty.json", proof)
-    if listing.get("entries"):
-        state.violations.append(f"[agent-start] ws.empty_at_start: workspace holds {listing['entries'][:5]}")
-    if listing.get("inode") != proof["at_creation"].get("inode"):
-        state.violations.append("[agent-start] ws.same_inode: the workspace folder was replaced")
+    state.add_checks("agent-start", workspace_empty_checks(listing, expected_inode=proof["at_creation"].get("inode")))
 
 
 async def commit_reference(state: RunState) -> None:
@@ -333,12 +338,12 @@ async def commit_reference(state: RunState) -> None:
 
 
 async def run_agent(state: RunState) -> None:
-    from ale.agents.registry import agent_evidence, make_agent
+    from ale.agents.registry import agent_evidence
     from ale.agents.trajectory import TrajectoryWriter
 
     assert state.sandbox is not None
     plan, v = state.plan, state.variant
-    agent = make_agent(plan.agent)
+    agent = state.prep.agent
     state.store.write_json("agent.json", agent_evidence(plan.agent))
     state.store.write_json("network.json", {"network_mode": plan.policy.network_mode, "controller": "outside the sandbox; tools reach it only through docker exec"})
     state.trajectory = TrajectoryWriter(state.run_dir, plan.run_id, plan.agent.display)

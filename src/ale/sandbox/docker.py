@@ -168,7 +168,7 @@ class DockerSandbox:
     async def remove(self) -> None:
         def _rm() -> None:
             with suppress(docker.errors.NotFound):
-                self.container.remove(force=True)
+                self.container.remove(force=True, v=True)
 
         await asyncio.to_thread(_rm)
 
@@ -362,7 +362,7 @@ def remove_containers(
     removed = []
     for c in client.containers.list(all=True, filters={"label": filters}):
         with suppress(docker.errors.NotFound):
-            c.remove(force=True)
+            c.remove(force=True, v=True)
             removed.append(c.name)
     return removed
 

@@ -1,0 +1,256 @@
+"""Throughput of the orchestrator against a bare Docker loop, and its memory.
+
+1. ``--runs`` no-op runs (a task that does nothing, the ``nop`` agent) at
+   ``--concurrency`` through the orchestrator and the real lifecycle
+   (plan, stage, create, verify, probes, agent, stop, deliverables, grade,
+   evidence, signing).
+2. A bare loop of the same containers at the same concurrency: create (same
+   flags: the policy's ``container_create_kwargs``, two bind mounts), start, one
+   exec, kill, remove. No verification, no evidence: the floor Docker itself sets.
+3. The orchestrator's resident memory with ``--queued`` runs planned and queued
+   (measured in a child process while its first runs execute).
+
+The ratio is orchestrator runs/s ÷ bare runs/s (target ≥ 0.6); the memory
+target is ≤ 300 MB RSS. Results are printed and, with ``--write``, put under
+``## Throughput`` in docs/benchmarks.md (that section only).
+
+    .venv/bin/python bench/throughput.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+NOOP_TASK = textwrap.dedent("""\
+    import cua_bench as cb
+
+
+    @cb.tasks_config
+    def load():
+        return [cb.Task(description="Do nothing.", task_id="noop")]
+
+
+    @cb.evaluate_task
+    async def evaluate(cfg, session):
+        return [0.0]
+""")
+
+
+def write_experiment(root: Path, name: str, n_tasks: int, repeats: int, concurrency: int) -> Path:
+    for i in range(n_tasks):
+        d = root / "tasks" / f"noop{i:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "main.py").write_text(NOOP_TASK)
+    f = root / "exp.yaml"
+    f.write_text(textwrap.dedent(f"""\
+        name: {name}
+        tasks_root: tasks
+        agents: [{{name: nop}}]
+        tasks: [{{glob: "noop*"}}]
+        repeats: {repeats}
+        concurrency: {concurrency}
+        environment:
+          policy: {{cpus: 1, memory_bytes: 268435456}}
+        output: out
+    """))
+    return f
+
+
+def bench_orchestrator(runs: int, concurrency: int) -> dict:
+    from ale.runs.experiment import load_experiment
+    from ale.runs.orchestrator import Orchestrator
+
+    with tempfile.TemporaryDirectory(prefix="ale-bench-") as tmp:
+        name = f"bench-{uuid.uuid4().hex[:8]}"
+        exp = load_experiment(write_experiment(Path(tmp), name, 10, runs // 10, concurrency))
+        orch = Orchestrator(exp)
+        t0 = time.perf_counter()
+        summary = asyncio.run(orch.run())
+        dt = time.perf_counter() - t0
+        return {
+            "runs": summary.total,
+            "seconds": dt,
+            "runs_per_s": summary.total / dt,
+            "statuses": summary.statuses,
+            "max_in_flight": orch.max_in_flight,
+        }
+
+
+def bench_bare(runs: int, concurrency: int) -> dict:
+    import docker
+
+    from ale.isolation.policy import IsolationPolicy
+    from ale.sandbox.base import Mount
+    from ale.sandbox.docker import (
+        LABEL_EXPERIMENT,
+        LABEL_MANAGED,
+        container_create_kwargs,
+        remove_containers,
+    )
+    from ale.sandbox.image import DEFAULT_TOOLS_IMAGE
+
+    client = docker.from_env(timeout=120)
+    policy = IsolationPolicy(cpus=1, memory_bytes=268435456)
+    label = f"bench-bare-{uuid.uuid4().hex[:8]}"
+
+    def one(i: int, tmp: Path) -> None:
+        inp, ws = tmp / f"in{i}", tmp / f"ws{i}"
+        inp.mkdir()
+        ws.mkdir()
+        os.chown(ws, policy.uid, policy.gid)
+        kwargs = container_create_kwargs(
+            name=f"{label}-{i}",
+            image=DEFAULT_TOOLS_IMAGE,
+            policy=policy,
+            mounts=[Mount(str(inp), "/input", True), Mount(str(ws), "/workspace", False)],
+            labels={LABEL_MANAGED: "1", LABEL_EXPERIMENT: label},
+            workdir="/workspace",
+        )
+        c = client.containers.create(**kwargs)
+        try:
+            c.start()
+            c.exec_run(["true"], user=policy.user)
+            c.kill()
+            c.wait(timeout=60)
+        finally:
+            c.remove(force=True)
+
+    async def main(tmp: Path) -> None:
+        sem = asyncio.Semaphore(concurrency)
+
+        async def guarded(i: int) -> None:
+            async with sem:
+                await asyncio.to_thread(one, i, tmp)
+
+        await asyncio.gather(*(guarded(i) for i in range(runs)))
+
+    with tempfile.TemporaryDirectory(prefix="ale-bench-bare-") as tmp:
+        t0 = time.perf_counter()
+        try:
+            asyncio.run(main(Path(tmp)))
+        finally:
+            remove_containers(client, experiment=label)
+        dt = time.perf_counter() - t0
+    return {"runs": runs, "seconds": dt, "runs_per_s": runs / dt}
+
+
+def memory_child(queued: int, seconds: float) -> None:
+    """In a fresh process: plan ``queued`` runs, start the orchestrator, sample RSS."""
+    import psutil
+
+    from ale.runs.experiment import load_experiment
+    from ale.runs.orchestrator import Orchestrator
+
+    proc = psutil.Process()
+    base = proc.memory_info().rss
+    with tempfile.TemporaryDirectory(prefix="ale-bench-mem-") as tmp:
+        name = f"benchmem-{uuid.uuid4().hex[:8]}"
+        exp = load_experiment(write_experiment(Path(tmp), name, 10, queued // 10, 2))
+        orch = Orchestrator(exp)
+        peak = [proc.memory_info().rss]
+
+        async def main() -> None:
+            task = asyncio.create_task(orch.run())
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < seconds:
+                await asyncio.sleep(0.25)
+                peak[0] = max(peak[0], proc.memory_info().rss)
+            orch.request_stop()
+            await task
+
+        asyncio.run(main())
+    print(json.dumps({"queued": len(orch.units), "rss_start_mb": base / 2**20, "rss_peak_mb": peak[0] / 2**20}))
+
+
+def bench_memory(queued: int, seconds: float) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory-child", "--queued", str(queued), "--seconds", str(seconds)],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def write_section(text: str) -> Path:
+    path = REPO / "docs" / "benchmarks.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = path.read_text() if path.exists() else "# Benchmarks\n"
+    marker = "## Throughput"
+    if marker in doc:
+        start = doc.index(marker)
+        nxt = doc.find("\n## ", start + len(marker))
+        doc = doc[:start] + text + (doc[nxt + 1 :] if nxt != -1 else "")
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + text
+    path.write_text(doc.rstrip("\n") + "\n")
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--queued", type=int, default=1000)
+    ap.add_argument("--seconds", type=float, default=8.0, help="memory sampling time")
+    ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    ap.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.memory_child:
+        memory_child(args.queued, args.seconds)
+        return
+
+    bare = bench_bare(args.runs, args.concurrency)
+    print(f"bare docker loop: {bare['runs']} runs in {bare['seconds']:.1f}s = {bare['runs_per_s']:.2f} runs/s", flush=True)
+    orch = bench_orchestrator(args.runs, args.concurrency)
+    print(f"orchestrator:     {orch['runs']} runs in {orch['seconds']:.1f}s = {orch['runs_per_s']:.2f} runs/s "
+          f"{orch['statuses']} (max in flight {orch['max_in_flight']})", flush=True)
+    ratio = orch["runs_per_s"] / bare["runs_per_s"]
+    print(f"ratio: {ratio:.2f}x (target >= 0.6x)", flush=True)
+    mem = bench_memory(args.queued, args.seconds)
+    print(f"memory with {mem['queued']} runs queued: peak RSS {mem['rss_peak_mb']:.0f} MB "
+          f"(interpreter at start {mem['rss_start_mb']:.0f} MB; target <= 300 MB)", flush=True)
+
+    if args.write:
+        import docker
+
+        info = docker.from_env().version()
+        text = textwrap.dedent(f"""\
+            ## Throughput
+
+            `bench/throughput.py` ({time.strftime('%Y-%m-%d')}; Docker {info.get('Version')},
+            {os.cpu_count()} CPUs, Python {platform.python_version()}). A no-op task (its
+            `evaluate` returns 0 at once) with the `nop` agent, {args.runs} runs at concurrency
+            {args.concurrency}, both loops in the same process run, same containers (the
+            policy's create flags, two bind mounts).
+
+            | what | runs | seconds | runs/s |
+            | --- | ---: | ---: | ---: |
+            | bare Docker loop (create, start, 1 exec, kill, rm) | {bare['runs']} | {bare['seconds']:.1f} | {bare['runs_per_s']:.2f} |
+            | orchestrator + full lifecycle | {orch['runs']} | {orch['seconds']:.1f} | {orch['runs_per_s']:.2f} |
+
+            **Ratio: {ratio:.2f}x** of the bare loop (target ≥ 0.6x). The orchestrator's runs
+            each also inspect the container twice, run the isolation probes before and after,
+            hash input and deliverables, grade, and write and sign the evidence.
+            Final statuses: {orch['statuses']}; at most {orch['max_in_flight']} runs in flight.
+
+            **Memory with {mem['queued']} runs queued**: peak RSS {mem['rss_peak_mb']:.0f} MB
+            (the interpreter before importing ale: {mem['rss_start_mb']:.0f} MB; target ≤ 300 MB),
+            sampled every 0.25 s for {args.seconds:.0f} s while the first runs execute.
+            """)
+        print(f"wrote {write_section(text)}")
+
+
+if __name__ == "__main__":
+    main()

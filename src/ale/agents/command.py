@@ -1,0 +1,216 @@
+"""The `command` agent: an external harness (Claude Code, Codex CLI, Gemini CLI, ...)
+launched on the controller side, reaching the sandbox only through the MCP bridge.
+
+Configuration (``AgentSpec.config``):
+
+- ``command`` (required): argv list, or one string split like a shell would
+  (no shell runs it). Placeholders, substituted inside each argument:
+  ``{prompt}``, ``{prompt_file}``, ``{workdir}``, ``{input_dir}``,
+  ``{mcp_config}`` (path of the MCP client config written to the run's
+  ``agent/`` folder), ``{mcp_url}``, ``{agent_dir}``.
+- ``env_pass``: names copied from the controller's environment besides
+  ``PATH``, ``HOME``, ``LANG`` (e.g. ``ANTHROPIC_API_KEY``).
+- ``env``: constants to set (placeholders allowed), e.g.
+  ``{"GEMINI_CLI_SYSTEM_SETTINGS_PATH": "{mcp_config}"}``.
+- ``mcp_config_format``: ``claude`` (default) or ``gemini``.
+- ``cwd``: where the harness starts (default: an empty ``agent/cwd`` folder, so
+  it sees no repository around it).
+- ``max_steps``: tool calls allowed (the run's step limit applies too).
+- ``kill_grace_s``: seconds between SIGTERM and SIGKILL at the end (default 2).
+
+The harness also gets ``ALE_MCP_URL``, ``ALE_MCP_TOKEN`` and ``ALE_MCP_CONFIG``.
+Grader keys and cloud credentials are never passed (see ``secrets.py``). Its
+stdout and stderr are kept as ``agent/stdout.log`` and ``agent/stderr.log``.
+It runs in its own process group, and that whole group is killed when the
+agent's turn ends, however it ends (exit, step limit, wall time, cancel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
+from ale.agents.errors import AgentConfigError
+from ale.agents.mcp_bridge import ToolBridge, mcp_config, serve_http
+from ale.agents.secrets import BASE_ENV, REDACTED, build_agent_env
+
+_KNOWN_KEYS = {"command", "env_pass", "env", "mcp_config_format", "cwd", "max_steps", "kill_grace_s"}
+PLACEHOLDERS = ("prompt", "prompt_file", "workdir", "input_dir", "mcp_config", "mcp_url", "agent_dir")
+
+
+def _substitute(template: str, values: dict[str, str]) -> str:
+    """Replace ``{name}`` placeholders; literal braces elsewhere are kept."""
+    out = template
+    for name, value in values.items():
+        out = out.replace("{" + name + "}", value)
+    return out
+
+
+class CommandAgent:
+    name = "command"
+
+    def __init__(self, config: dict[str, Any] | None = None):
+        self.config = dict(config or {})
+        unknown = set(self.config) - _KNOWN_KEYS
+        if unknown:
+            raise AgentConfigError(f"command agent: unknown config keys {sorted(unknown)}; known: {sorted(_KNOWN_KEYS)}")
+        cmd = self.config.get("command")
+        if isinstance(cmd, str):
+            try:
+                cmd = shlex.split(cmd)
+            except ValueError as e:
+                raise AgentConfigError(f"command agent: config 'command' cannot be split ({e}): {self.config['command']!r}") from e
+        if not isinstance(cmd, list) or not cmd or not all(isinstance(a, str) for a in cmd):
+            raise AgentConfigError("command agent: config 'command' must be a non-empty list of strings (or one string)")
+        self.argv_template: list[str] = cmd
+        self.env_pass = list(self.config.get("env_pass", []))
+        self.env_constants = {str(k): str(v) for k, v in dict(self.config.get("env", {})).items()}
+        self.mcp_format = str(self.config.get("mcp_config_format", "claude"))
+        if self.mcp_format not in ("claude", "gemini"):
+            raise AgentConfigError(f"command agent: mcp_config_format {self.mcp_format!r} unknown; use 'claude' or 'gemini'")
+        self.max_steps = self.config.get("max_steps")
+        self.kill_grace_s = float(self.config.get("kill_grace_s", 2.0))
+        # Validate the environment now, so a forbidden name fails before any run starts.
+        build_agent_env(passthrough=self.env_pass, constants=self.env_constants)
+
+    def evidence(self) -> dict[str, Any]:
+        """What the harness is given, for the run's evidence (names, never values)."""
+        return {
+            "argv_template": self.argv_template,
+            "env_names": sorted({*BASE_ENV, *self.env_pass, *self.env_constants, "ALE_MCP_URL", "ALE_MCP_TOKEN", "ALE_MCP_CONFIG"}),
+            "mcp_config_format": self.mcp_format,
+            "process_group_killed_at_end": True,
+        }
+
+    async def run(self, ctx: AgentContext) -> AgentOutcome:
+        agent_dir = Path(ctx.run_dir) / "agent"
+        agent_dir.mkdir(parents=True, exist_ok=True)
+        cwd = Path(self.config["cwd"]) if self.config.get("cwd") else agent_dir / "cwd"
+        cwd.mkdir(parents=True, exist_ok=True)
+        prompt_file = agent_dir / "prompt.txt"
+        prompt_file.write_text(ctx.prompt)
+        limits = [n for n in (self.max_steps, ctx.max_steps) if n is not None]
+        bridge = ToolBridge(ctx.tools, max_steps=min(limits) if limits else None)
+        config_path = agent_dir / ("mcp-settings.json" if self.mcp_format == "gemini" else "mcp-config.json")
+        async with serve_http(bridge) as (url, token):
+            config_path.write_text(json.dumps(mcp_config(url, token, fmt=self.mcp_format), indent=2))
+            os.chmod(config_path, 0o600)
+            try:
+                return await self._run_harness(ctx, bridge, agent_dir, cwd, url, token, config_path, prompt_file)
+            finally:
+                # The token dies with the bridge; the file keeps the shape, not the secret.
+                with contextlib.suppress(OSError):
+                    doc = mcp_config(url, REDACTED, fmt=self.mcp_format)
+                    config_path.write_text(json.dumps(doc, indent=2))
+
+    async def _run_harness(
+        self,
+        ctx: AgentContext,
+        bridge: ToolBridge,
+        agent_dir: Path,
+        cwd: Path,
+        url: str,
+        token: str,
+        config_path: Path,
+        prompt_file: Path,
+    ) -> AgentOutcome:
+        values = {
+            "prompt": ctx.prompt,
+            "prompt_file": str(prompt_file),
+            "workdir": ctx.workdir,
+            "input_dir": ctx.input_dir,
+            "mcp_config": str(config_path),
+            "mcp_url": url,
+            "agent_dir": str(agent_dir),
+        }
+        argv = [_substitute(a, values) for a in self.argv_template]
+        env = build_agent_env(
+            passthrough=self.env_pass,
+            constants={k: _substitute(v, values) for k, v in self.env_constants.items()},
+        )
+        env.update({"ALE_MCP_URL": url, "ALE_MCP_TOKEN": token, "ALE_MCP_CONFIG": str(config_path)})
+        (agent_dir / "command.json").write_text(
+            json.dumps({"argv": argv, "cwd": str(cwd), "env_names": sorted(env)}, indent=2)
+        )
+        started = time.monotonic()
+        with open(agent_dir / "stdout.log", "wb") as out, open(agent_dir / "stderr.log", "wb") as err:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    cwd=str(cwd),
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,  # its own process group, killed as a whole at the end
+                )
+            except OSError as e:
+                return AgentOutcome(AgentEnd.FAILED, detail=f"cannot start the harness {argv[0]!r}: {e}")
+            try:
+                return await self._supervise(ctx, bridge, proc, started, agent_dir)
+            finally:
+                await _kill_group(proc, self.kill_grace_s)
+
+    async def _supervise(
+        self, ctx: AgentContext, bridge: ToolBridge, proc: asyncio.subprocess.Process, started: float, agent_dir: Path
+    ) -> AgentOutcome:
+        exited = asyncio.ensure_future(proc.wait())
+        limited = asyncio.ensure_future(bridge.limit_reached.wait())
+        try:
+            done, _ = await asyncio.wait({exited, limited}, timeout=ctx.wall_time_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            limited.cancel()
+            if not exited.done():
+                exited.cancel()
+        usage = {"tool_calls": bridge.executed, "rejected_http_requests": bridge.rejected_requests, "seconds": round(time.monotonic() - started, 3)}
+        if exited in done:
+            rc = proc.returncode
+            usage["exit_code"] = rc
+            if bridge.failures:
+                return AgentOutcome(AgentEnd.FAILED, detail="tool calls failed in the provider: " + "; ".join(bridge.failures[:5]), usage=usage)
+            if rc != 0:
+                tail = _tail(agent_dir / "stderr.log")
+                return AgentOutcome(AgentEnd.FAILED, detail=f"harness exited with code {rc}" + (f"; stderr ends:\n{tail}" if tail else ""), usage=usage)
+            return AgentOutcome(AgentEnd.FINISHED, detail="harness exited with code 0", usage=usage)
+        if limited in done:
+            return AgentOutcome(AgentEnd.TIMEOUT, detail=f"step limit of {bridge.max_steps} tool calls reached; harness stopped", usage=usage)
+        return AgentOutcome(AgentEnd.TIMEOUT, detail=f"wall time of {ctx.wall_time_s:.0f}s reached; harness stopped", usage=usage)
+
+
+async def _kill_group(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+    """SIGTERM the harness's process group, then SIGKILL whatever is left of it."""
+    pgid = proc.pid  # start_new_session: the leader's pid is the group id
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _group_alive(pgid):
+        await asyncio.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, TimeoutError):
+            await asyncio.wait_for(proc.wait(), timeout=5)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _tail(path: Path, n: int = 2000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-n:].decode("utf-8", errors="replace").strip()

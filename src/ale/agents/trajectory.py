@@ -1,0 +1,230 @@
+"""The trajectory: every tool call an agent made, as strict data.
+
+``TrajectoryWriter`` is the ToolBox ``recorder``. Each step is appended to
+``run_dir/trajectory.jsonl`` and fsynced the moment it happens, so a run that
+dies mid-way still has its steps on disk. Texts larger than ``INLINE_LIMIT``
+bytes (tool output, or write_file content) are stored under
+``run_dir/trajectory-files/`` and the step keeps a short preview plus a
+``FileRef`` (path, size, sha256). ``close()`` writes ``trajectory.json``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+INLINE_LIMIT = 64 * 1024
+PREVIEW_CHARS = 2048
+FILES_DIR = "trajectory-files"
+SCHEMA_VERSION = 1
+
+
+class FileRef(BaseModel):
+    """A large value kept beside the trajectory instead of inside it."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str  # relative to the run folder
+    bytes: int
+    sha256: str
+
+
+class TrajectoryStep(BaseModel):
+    """One tool call, as the ToolBox saw it."""
+
+    model_config = ConfigDict(extra="forbid")
+    index: int = Field(ge=1)
+    tool: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    ok: bool
+    refused: bool = False
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    output: str = ""
+    truncated: bool = False
+    timed_out: bool = False
+    error: str | None = None
+    started_at: str
+    ended_at: str
+    seconds: float = Field(ge=0)
+    # Field name ("stdout", "output", "args.content", ...) -> where its full value is.
+    files: dict[str, FileRef] = Field(default_factory=dict)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class Trajectory(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    agent: str
+    started_at: str
+    ended_at: str | None = None
+    ended: str | None = None  # the agent's end: finished | failed | timeout | interrupted
+    steps: list[TrajectoryStep] = Field(default_factory=list)
+    usage: dict[str, Any] = Field(default_factory=dict)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def write_schema(path: str | Path) -> Path:
+    """Publish the trajectory JSON Schema (what `trajectory.json` conforms to)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    schema = Trajectory.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://ale.dev/schemas/trajectory.schema.json"
+    p.write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
+    return p
+
+
+class TrajectoryWriter:
+    """Records steps as they happen; usable directly as a ToolBox ``recorder``."""
+
+    def __init__(self, run_dir: str | Path, run_id: str, agent: str, *, inline_limit: int = INLINE_LIMIT):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_id = run_id
+        self.agent = agent
+        self.inline_limit = inline_limit
+        self.jsonl_path = self.run_dir / "trajectory.jsonl"
+        self.json_path = self.run_dir / "trajectory.json"
+        if self.jsonl_path.exists() or self.json_path.exists():
+            raise FileExistsError(f"a trajectory already exists in {self.run_dir}; refusing to overwrite it")
+        self.started_at = _now()
+        self.steps: list[TrajectoryStep] = []
+        self.closed = False
+        # Steps can arrive from a worker thread (an MCP server) as well as the loop.
+        self._lock = threading.Lock()
+        self._fh = open(self.jsonl_path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
+
+    # -- recording ---------------------------------------------------------
+    def __call__(self, step: dict[str, Any]) -> None:
+        self.record(step)
+
+    def record(self, raw: dict[str, Any]) -> TrajectoryStep:
+        with self._lock:
+            step = self._to_step(raw)
+            self.steps.append(step)
+            line = step.model_dump_json() + "\n"
+            if self._fh.closed:
+                # A step that lands after close() still belongs in the stream.
+                self._fh = open(self.jsonl_path, "a", encoding="utf-8")  # noqa: SIM115
+            self._fh.write(line)
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            return step
+
+    def _to_step(self, raw: dict[str, Any]) -> TrajectoryStep:
+        known = set(TrajectoryStep.model_fields) - {"files", "extra"}
+        data = {k: v for k, v in raw.items() if k in known}
+        extra = {k: _jsonable(v) for k, v in raw.items() if k not in known and k != "files"}
+        if isinstance(raw.get("extra"), dict):
+            extra.update({k: _jsonable(v) for k, v in raw["extra"].items()})
+        index = int(data.get("index") or len(self.steps) + 1)
+        data["index"] = index
+        files: dict[str, FileRef] = {}
+        for name in ("stdout", "stderr", "output"):
+            value = data.get(name)
+            if value is None:
+                data[name] = ""
+            elif isinstance(value, str | bytes):
+                data[name] = self._maybe_store(index, name, value, files)
+            else:
+                data[name] = str(value)
+        args = raw.get("args") or {}
+        data["args"] = {k: self._arg(index, k, v, files) for k, v in dict(args).items()}
+        data.setdefault("started_at", _now())
+        data.setdefault("ended_at", data["started_at"])
+        data.setdefault("seconds", 0.0)
+        return TrajectoryStep(**data, files=files, extra=extra)
+
+    def _arg(self, index: int, key: str, value: Any, files: dict[str, FileRef]) -> Any:
+        if isinstance(value, bytes):
+            # Binary content is never inlined: JSON cannot hold it faithfully.
+            ref = self._store(index, f"args.{key}", value, binary=True)
+            files[f"args.{key}"] = ref
+            return f"<{len(value)} bytes, stored in {ref.path}>"
+        if isinstance(value, str):
+            return self._maybe_store(index, f"args.{key}", value, files)
+        return _jsonable(value)
+
+    def _maybe_store(self, index: int, name: str, value: str | bytes, files: dict[str, FileRef]) -> str:
+        data = value if isinstance(value, bytes) else value.encode("utf-8", errors="surrogatepass")
+        text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+        if len(data) <= self.inline_limit:
+            return text
+        ref = self._store(index, name, data, binary=isinstance(value, bytes))
+        files[name] = ref
+        return text[:PREVIEW_CHARS] + f"\n[... {len(data)} bytes in total; full value in {ref.path} (sha256 {ref.sha256[:16]}...)]"
+
+    def _store(self, index: int, name: str, data: bytes, *, binary: bool) -> FileRef:
+        folder = self.run_dir / FILES_DIR
+        folder.mkdir(exist_ok=True)
+        safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
+        rel = f"{FILES_DIR}/{index:05d}-{safe}.{'bin' if binary else 'txt'}"
+        target = self.run_dir / rel
+        with open(target, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return FileRef(path=rel, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+    # -- ending ------------------------------------------------------------
+    def trajectory(self, *, usage: dict[str, Any] | None = None, end: str | None = None) -> Trajectory:
+        return Trajectory(
+            run_id=self.run_id,
+            agent=self.agent,
+            started_at=self.started_at,
+            ended_at=_now() if end is not None else None,
+            ended=end,
+            steps=list(self.steps),
+            usage=_jsonable(usage or {}),
+        )
+
+    def close(self, *, usage: dict[str, Any] | None = None, end: str | None = None) -> Path:
+        """Write `trajectory.json` (again, if called twice: the last call wins)."""
+        with self._lock:
+            doc = self.trajectory(usage=usage, end=end or "interrupted")
+            tmp = self.json_path.with_suffix(".json.tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(doc.model_dump_json(indent=2))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.json_path)
+            if not self._fh.closed:
+                self._fh.close()
+            self.closed = True
+            return self.json_path
+
+
+def _jsonable(value: Any) -> Any:
+    """A JSON-safe copy (bytes become base64 under a marker key)."""
+    if isinstance(value, bytes):
+        return {"$base64": base64.b64encode(value).decode()}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+def load_trajectory(path: str | Path) -> Trajectory:
+    """Read a `trajectory.json` back, validated against the schema."""
+    p = Path(path)
+    try:
+        return Trajectory.model_validate_json(p.read_text())
+    except OSError as e:
+        raise FileNotFoundError(f"cannot read trajectory {p}: {e}") from e

@@ -1,0 +1,105 @@
+"""`ale agents ...`: agent-side commands (mounted by the main CLI as a sub-app).
+
+- ``ale agents list``: the agents and tools known.
+- ``ale agents schema [PATH]``: publish the trajectory JSON Schema.
+- ``ale agents check-script FILE``: validate a replay script.
+- ``ale agents mcp-stdio --container NAME``: serve the MCP bridge over stdio for
+  one running ale container (for harnesses that only launch stdio servers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import typer
+
+from ale.agents.errors import AgentConfigError
+from ale.agents.tools import ALL_TOOLS
+
+app = typer.Typer(help="Agents: list them, check replay scripts, publish schemas, serve the MCP bridge.", no_args_is_help=True)
+
+DEFAULT_SCHEMA_PATH = Path("schemas/trajectory.schema.json")
+
+
+@app.command("list")
+def list_agents() -> None:
+    """Print the agents ale can run and the tools an allowlist may name."""
+    from ale.agents.registry import AGENTS
+
+    for name, (module, cls) in AGENTS.items():
+        typer.echo(f"{name:8s} {module}.{cls}")
+    typer.echo("tools:   " + ", ".join(ALL_TOOLS))
+
+
+@app.command("schema")
+def schema(path: Path = typer.Argument(DEFAULT_SCHEMA_PATH, help="Where to write the JSON Schema.")) -> None:
+    """Write the trajectory JSON Schema (trajectory.json conforms to it)."""
+    from ale.agents.trajectory import write_schema
+
+    typer.echo(str(write_schema(path)))
+
+
+@app.command("check-script")
+def check_script(path: Path) -> None:
+    """Validate a replay script; exits 1 with the file and index at fault."""
+    from ale.agents.replay import load_script
+
+    try:
+        calls = load_script(path)
+    except AgentConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{path}: {len(calls)} call(s): " + ", ".join(c.tool for c in calls))
+
+
+@app.command("mcp-stdio")
+def mcp_stdio(
+    container: str = typer.Option(..., help="Name or id of a running container ale created (label ale.managed=1)."),
+    workdir: str = typer.Option("/workspace", help="The workspace path inside the container."),
+    allow: str = typer.Option(",".join(ALL_TOOLS), help="Comma-separated tool allowlist."),
+    user: str = typer.Option("1000:1000", help="The candidate uid:gid tools run as."),
+    trajectory_dir: Path | None = typer.Option(None, help="Record steps to DIR/trajectory.jsonl (and .json at the end)."),
+    max_steps: int | None = typer.Option(None, help="Refuse tool calls past this many."),
+) -> None:
+    """Serve the MCP tools of one container over stdin/stdout."""
+    from ale.agents.mcp_bridge import serve_stdio
+    from ale.agents.tools import ToolBox
+    from ale.agents.trajectory import TrajectoryWriter
+    from ale.isolation.policy import IsolationPolicy
+    from ale.sandbox.base import SandboxError
+    from ale.sandbox.docker import LABEL_MANAGED, DockerSandbox, connect
+
+    allowlist = tuple(t.strip() for t in allow.split(",") if t.strip())
+    unknown = set(allowlist) - set(ALL_TOOLS)
+    if unknown:
+        typer.echo(f"error: unknown tools {sorted(unknown)}; known: {', '.join(ALL_TOOLS)}", err=True)
+        raise typer.Exit(2)
+    try:
+        client = connect()
+        found = client.containers.get(container)
+    except SandboxError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    except Exception as e:  # docker.errors.NotFound and friends
+        typer.echo(f"error: container {container!r} not found: {e}", err=True)
+        raise typer.Exit(1) from None
+    if found.labels.get(LABEL_MANAGED) != "1":
+        typer.echo(f"error: container {container!r} was not created by ale (no {LABEL_MANAGED}=1 label); refusing", err=True)
+        raise typer.Exit(1)
+    if found.status != "running":
+        typer.echo(f"error: container {container!r} is {found.status}, not running", err=True)
+        raise typer.Exit(1)
+    # Only `user` is read from the policy on the exec path; the rest stays at its defaults.
+    sandbox = DockerSandbox(client, found, IsolationPolicy(user=user, cpus=1.0))
+    writer = TrajectoryWriter(trajectory_dir, "mcp-stdio", "mcp-stdio") if trajectory_dir else None
+    tools = ToolBox(sandbox, workdir=workdir, allowlist=allowlist, recorder=writer)
+    try:
+        asyncio.run(serve_stdio(tools, max_steps=max_steps))
+    finally:
+        if writer is not None:
+            writer.close(usage={"tool_calls": tools.steps}, end="finished")
+
+
+if __name__ == "__main__":  # `python -m ale.cli_agents mcp-stdio ...` works without the main CLI
+    app()

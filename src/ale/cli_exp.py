@@ -1,0 +1,203 @@
+"""`ale exp run|status`, plus `report_command` and `cleanup_command` (wired as
+`ale report` and `ale cleanup` by the main CLI)."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+exp_app = typer.Typer(no_args_is_help=True, help="Run experiments: agents × tasks × repeats, resumable.")
+
+err = Console(stderr=True)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def write_reports(exp_dir: Path) -> tuple[Path, Path]:
+    """Write ``report.json`` and ``report.html`` into the experiment folder."""
+    from ale.report import load_report, to_json, write_html
+
+    report = load_report(exp_dir)
+    json_path = exp_dir / "report.json"
+    tmp = json_path.with_suffix(".json.tmp")
+    tmp.write_text(to_json(report))
+    tmp.replace(json_path)
+    html_path = write_html(report, exp_dir / "report.html", exp_dir)
+    return json_path, html_path
+
+
+@exp_app.command("run")
+def run_command(
+    file: Annotated[Path, typer.Argument(help="The experiment file (YAML).")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the planned runs; run nothing.")] = False,
+    plain: Annotated[bool, typer.Option("--plain", help="Plain progress lines (CI logs); the default when stderr is not a terminal.")] = False,
+    allow_changed: Annotated[bool, typer.Option("--allow-changed", help="Continue an output folder although the experiment changed.")] = False,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", "-j", min=1, help="Runs at once (default: the file's `concurrency`).")] = None,
+) -> None:
+    """Run (or resume) an experiment; prints where the report is, last."""
+    from ale.runs.experiment import ExperimentError, load_experiment, plan_units
+    from ale.runs.orchestrator import (
+        ExperimentChanged,
+        OutputBusy,
+        PlainProgress,
+        RichProgress,
+        run_experiment,
+    )
+    from ale.runs.store import read_result, runs_root
+    from ale.sandbox.base import SandboxError
+
+    try:
+        exp = load_experiment(file)
+        units = plan_units(exp)
+    except ExperimentError as e:
+        _fail(str(e))
+    out_dir = exp.output_dir
+    if dry_run:
+        root = runs_root(out_dir)
+        for u in units:
+            done = read_result(root / f"{u.unit_id}-a1") is not None if root.is_dir() else False
+            print(f"{u.unit_id}\ttask={u.task}\tvariant={u.variant}\tagent={u.agent}\trepeat={u.repeat}"
+                  + ("\t(has a result)" if done else ""))
+        err.print(f"{len(units)} run(s) planned for {exp.name!r} → {out_dir}")
+        return
+    use_plain = plain or not sys.stderr.isatty()
+    progress = PlainProgress() if use_plain else RichProgress(err)
+    try:
+        summary = asyncio.run(
+            run_experiment(exp, progress=progress, concurrency=concurrency, allow_changed=allow_changed)
+        )
+    except (ExperimentChanged, OutputBusy, ExperimentError) as e:
+        _fail(str(e))
+    except SandboxError as e:
+        _fail(str(e), 1)
+    json_path, html_path = write_reports(out_dir)
+    finals = ", ".join(f"{k} {v}" for k, v in sorted(summary.statuses.items())) or "none"
+    err.print(
+        f"{sum(summary.statuses.values())}/{summary.total} runs final ({finals}); "
+        f"{summary.executed} attempt(s) this session, {summary.skipped} already done, {summary.retried} retried"
+    )
+    if summary.interrupted:
+        err.print("[yellow]interrupted[/]: run the same command again to resume")
+    err.print(f"report: {html_path} (data: {json_path})")
+    print(html_path)
+    if summary.interrupted:
+        raise typer.Exit(130)
+
+
+@exp_app.command("status")
+def status_command(exp_dir: Annotated[Path, typer.Argument(help="The experiment's output folder.")]) -> None:
+    """How far an experiment is: runs by status, and whether it is running now."""
+    from ale.runs.store import INDEX_NAME, RunIndex, rebuild_index
+
+    record = exp_dir / "experiment.json"
+    if not record.is_file():
+        _fail(f"{exp_dir} is not an experiment folder (no experiment.json)")
+    data = json.loads(record.read_text())
+    index = RunIndex(exp_dir) if (exp_dir / INDEX_NAME).is_file() else rebuild_index(exp_dir)
+    counts = index.count_by_status()
+    total = int(data.get("units", 0))
+    table = Table(title=f"{data.get('name')}  ({exp_dir})")
+    table.add_column("status")
+    table.add_column("runs", justify="right")
+    for status, n in sorted(counts.items()):
+        table.add_row(status, str(n))
+    table.add_row("[bold]final / planned[/]", f"{sum(counts.values())} / {total}")
+    Console().print(table)
+    holder = _lock_holder(exp_dir)
+    err.print(f"running now (pid {holder})" if holder else "not running")
+
+
+def _lock_holder(exp_dir: Path) -> str | None:
+    lock = exp_dir / ".lock"
+    if not lock.is_file():
+        return None
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return lock.read_text().strip() or "?"
+    finally:
+        os.close(fd)
+    return None
+
+
+def report_command(
+    exp_dir: Annotated[Path, typer.Argument(help="The experiment's output folder.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="Print one CSV row per run (final attempts).")] = False,
+    html: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report to FILE.")] = None,
+    threshold: Annotated[float | None, typer.Option("--threshold", min=0.0, max=1.0, help="Pass threshold (default: the experiment's, else 0.5).")] = None,
+) -> None:
+    """Scores per agent (bootstrap 95% CI over tasks), pass rates, pass@k, tiers."""
+    from ale.report import load_report, to_csv, to_json, write_html
+    from ale.runs.experiment import ReportSpec
+
+    options = None
+    if threshold is not None:
+        base = ReportSpec()
+        record = exp_dir / "experiment.json"
+        if record.is_file():
+            rep = json.loads(record.read_text()).get("experiment", {}).get("report")
+            if rep:
+                base = ReportSpec.model_validate(rep)
+        options = base.model_copy(update={"pass_threshold": threshold})
+    try:
+        report = load_report(exp_dir, options)
+    except FileNotFoundError as e:
+        _fail(str(e))
+    if as_json:
+        print(to_json(report))
+    if as_csv:
+        sys.stdout.write(to_csv(report))
+    if html is not None:
+        write_html(report, html, exp_dir)
+        err.print(f"wrote {html}")
+    if not (as_json or as_csv or html):
+        table = Table(title=f"{report.experiment or exp_dir}: {report.total_runs} runs")
+        for col in ("agent", "mean", "95% CI", f"pass ≥ {report.pass_threshold:g}", "tasks", "counted/runs"):
+            table.add_column(col)
+        for a in report.agents:
+            ci = "-" if a.ci_low is None else f"[{a.ci_low:.3f}, {a.ci_high:.3f}]"
+            table.add_row(a.agent, "-" if a.mean is None else f"{a.mean:.3f}", ci,
+                          "-" if a.pass_rate is None else f"{a.pass_rate:.3f}", str(a.items), f"{a.counted}/{a.runs}")
+        console = Console()
+        console.print(table)
+        console.print("by status: " + ", ".join(f"{k} {v}" for k, v in report.counts_by_status.items() if v))
+        console.print("tiers: " + ", ".join(f"{k} {len(v)}" for k, v in report.tiers.items()))
+        if report.invalid_runs:
+            console.print(f"[red]{len(report.invalid_runs)} invalid run(s)[/] (never scored): "
+                          + ", ".join(r.run_id for r in report.invalid_runs[:10]))
+
+
+def cleanup_command() -> None:
+    """Remove every container ale left behind (label ale.managed=1; nothing else)."""
+    from ale.runs.orchestrator import cleanup_all
+    from ale.sandbox.base import SandboxError
+    from ale.sandbox.docker import connect
+
+    try:
+        removed = cleanup_all(connect())
+    except SandboxError as e:
+        _fail(str(e), 1)
+    for name in removed:
+        print(name)
+    err.print(f"removed {len(removed)} container(s)")
+
+
+exp_app.command("report")(report_command)
+
+
+if __name__ == "__main__":  # `python -m ale.cli_exp run FILE` works without the main CLI
+    exp_app()

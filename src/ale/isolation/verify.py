@@ -1,0 +1,745 @@
+"""`ale verify RUN_DIR`: re-check a run from its files alone, trusting none of them.
+
+The verifier recomputes every digest, checks the DSSE signature, re-runs the
+isolation policy on the raw inspect JSON and probe output, diffs the two
+captures, checks time order, the event chain, the reference commitment and that
+result.json's status and score follow from the evidence. It needs no Docker
+engine and no access to the machine that ran the run: a copied folder verifies.
+
+``valid`` means the record is intact and authentic (as far as the key used
+allows) and every claim in result.json is supported by the evidence: a run that
+carries a score was proven sealed; a run labelled
+``invalid_evaluation_environment`` carries no score and names its violations.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import datetime
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ale.isolation import evidence as ev
+from ale.isolation import signing
+from ale.status import RunStatus
+
+# Evidence every run that got started records, whatever its outcome.
+BASE_FILES = (
+    "plan.json",
+    "result.json",
+    ev.EVENTS_FILE,
+    "evidence/policy.json",
+    "evidence/harness.json",
+    "evidence/engine.json",
+    "evidence/phases.json",
+    "evidence/checks.json",
+)
+# Evidence recorded before the agent's first step.
+BEFORE_AGENT_FILES = (
+    "evidence/mounts.json",
+    "evidence/inspect-before.json",
+    "evidence/image.json",
+    "evidence/probes-before.txt",
+    "evidence/input-after-start.json",
+    "evidence/workspace-empty.json",
+    "evidence/reference-commit.json",
+    "evidence/agent.json",
+    "evidence/network.json",
+)
+# Evidence recorded after the agent ended and before grading.
+AFTER_AGENT_FILES = (
+    "evidence/inspect-after.json",
+    "evidence/probes-after.txt",
+    "evidence/input-after-run.json",
+    "deliverables.json",
+)
+GRADED_FILES = ("evidence/reference-check.json",)
+# The JSON type each record must hold: anything else is unknown, and unknown is invalid.
+LIST_FILES = frozenset({"evidence/mounts.json", "evidence/phases.json", "evidence/checks.json"})
+OBJECT_FILES = frozenset(
+    {"plan.json", "result.json", "deliverables.json", ev.MANIFEST_FILE, ev.ATTESTATION_FILE}
+    | {f for f in BASE_FILES + BEFORE_AGENT_FILES + AFTER_AGENT_FILES + GRADED_FILES if f.endswith(".json")}
+) - LIST_FILES
+# Phases whose checks the harness must have recorded in checks.json when their evidence exists.
+CHECKED_PHASES = {
+    "inspect-before": "evidence/inspect-before.json",
+    "inspect-after": "evidence/inspect-after.json",
+    "probes-before": "evidence/probes-before.txt",
+    "probes-after": "evidence/probes-after.txt",
+}
+
+
+class VerifyReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    run_dir: str
+    valid: bool
+    usable: bool
+    reasons: list[str]
+    checks: list[dict[str, Any]]
+    run_id: str | None = None
+    status: str | None = None
+    key_source: str | None = None
+    notes: list[str] = []
+
+    @property
+    def exit_code(self) -> int:
+        """0 valid, 1 invalid, 2 unusable input."""
+        if not self.usable:
+            return 2
+        return 0 if self.valid else 1
+
+
+class _Unusable(Exception):
+    pass
+
+
+def verify_run_dir(run_dir: Path, public_key_path: Path | None = None) -> VerifyReport:
+    """Verify one run folder. Never raises for a bad folder: the report says what is wrong."""
+    v = _Verifier(Path(run_dir))
+    try:
+        v.run(public_key_path)
+    except _Unusable as e:
+        v.usable = False
+        v.reasons.append(str(e))
+    return v.report()
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An ISO-8601 time (Docker's nanoseconds cut to microseconds); None for Docker's zero time."""
+    if not isinstance(value, str) or not value or value.startswith("0001-01-01"):
+        return None
+    s = value.strip().replace("Z", "+00:00")
+    s = re.sub(r"(\.\d{6})\d+", r"\1", s)
+    try:
+        t = datetime.fromisoformat(s)
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else None
+
+
+def _safe_relpath(name: Any) -> bool:
+    if not isinstance(name, str) or not name or "\x00" in name or "\\" in name:
+        return False
+    p = PurePosixPath(name)
+    return not p.is_absolute() and ".." not in p.parts and "." not in p.parts and str(p) == name
+
+
+def _load_policy(data: Any) -> Any:
+    """The stored policy, validated without the host-CPU rule: that rule is about the
+    machine that ran the run, and the verifying machine may have fewer CPUs."""
+    from ale.isolation.policy import IsolationPolicy
+
+    if not isinstance(data, dict):
+        raise ValueError(f"policy must be a JSON object, got {type(data).__name__}")
+    cpus = data.get("cpus")
+    if isinstance(cpus, bool) or not isinstance(cpus, int | float) or not cpus > 0:
+        raise ValueError(f"policy cpus must be a positive number, got {cpus!r}")
+    policy = IsolationPolicy.model_validate({**data, "cpus": min(float(cpus), 1.0)})
+    return policy.model_copy(update={"cpus": float(cpus)})
+
+
+class _Verifier:
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.reasons: list[str] = []
+        self.checks: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+        self.usable = True
+        self.run_id: str | None = None
+        self.status: str | None = None
+        self.key_source: str | None = None
+        self._json: dict[str, Any] = {}
+        self._present: set[str] = set()
+        self._unreadable: set[str] = set()
+        self._digests: dict[str, str] = {}
+        self.violations: list[str] = []  # isolation failures the evidence shows
+
+    # -- recording -----------------------------------------------------------
+    def check(self, cid: str, ok: bool | None, expected: Any = None, observed: Any = None,
+              detail: str = "", *, area: str = "record", reason: bool = True) -> bool:
+        self.checks.append({"area": area, "id": cid, "ok": ok, "expected": expected,
+                            "observed": observed, "detail": detail})
+        if ok is not True and reason:
+            self.reasons.append(f"{cid}: {detail}" if detail else cid)
+        return ok is True
+
+    def report(self) -> VerifyReport:
+        return VerifyReport(
+            run_dir=str(self.run_dir), valid=self.usable and not self.reasons, usable=self.usable,
+            reasons=self.reasons, checks=self.checks, run_id=self.run_id, status=self.status,
+            key_source=self.key_source, notes=self.notes,
+        )
+
+    # -- reading ---------------------------------------------------------------
+    def load(self, rel: str) -> Any:
+        """Parsed JSON of a run file, or None when absent. Unreadable JSON makes the
+        input unusable (and names the file)."""
+        if rel in self._json:
+            return self._json[rel]
+        path = self.run_dir / rel
+        data = None
+        if path.is_file() and not path.is_symlink():
+            try:
+                data = json.loads(path.read_bytes())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                self.usable = False
+                self._unreadable.add(rel)
+                self.check(f"json.{rel}", False, "readable JSON", None, f"{rel} is not readable JSON: {e}")
+        self._json[rel] = data
+        return data
+
+    def digest(self, rel: str) -> str:
+        """sha256 of a run file, read once however many checks need it."""
+        if rel not in self._digests:
+            self._digests[rel] = ev.sha256_file(self.run_dir / rel)
+        return self._digests[rel]
+
+    def text(self, rel: str) -> str | None:
+        path = self.run_dir / rel
+        if not path.is_file() or path.is_symlink():
+            return None
+        return path.read_bytes().decode("utf-8", errors="replace")
+
+    # -- the run -----------------------------------------------------------------
+    def run(self, public_key_path: Path | None) -> None:
+        d = self.run_dir
+        if not d.is_dir():
+            raise _Unusable(f"{d} is not a directory")
+        if not (d / ev.ATTESTATION_FILE).exists() and not (d / "result.json").exists():
+            raise _Unusable(f"{d} is not a run folder: it has neither {ev.ATTESTATION_FILE} nor result.json")
+        statement = self.guarded("signature", self.verify_signature, public_key_path)
+        self.guarded("files", self.verify_files, statement)
+        result = self.guarded("result", self.verify_result_record, statement)
+        self.guarded("required", self.verify_required, result)
+        self.guarded("shapes", self.verify_shapes)
+        self.guarded("events", self.verify_events, statement, result)
+        self.guarded("deliverables", self.verify_deliverables)
+        self.guarded("isolation", self.verify_isolation)
+        self.guarded("input", self.verify_input_and_workspace)
+        self.guarded("reference", self.verify_reference)
+        self.guarded("times", self.verify_times)
+        self.guarded("records", self.verify_records, result)
+        self.guarded("status", self.verify_status, result)
+
+    def guarded(self, step: str, fn: Any, *args: Any) -> Any:
+        """Run one verification step; a record so malformed that the step itself
+        breaks fails verification (naming the step) instead of crashing it."""
+        try:
+            return fn(*args)
+        except _Unusable:
+            raise
+        except Exception as e:  # any shape of malformed evidence lands here, and fails closed
+            self.check(f"verify.{step}", False, "evidence the step can read", None,
+                       f"the {step} check could not read the evidence: {type(e).__name__}: {e}")
+            return None
+
+    def verify_signature(self, public_key_path: Path | None) -> dict | None:
+        if not (self.run_dir / ev.ATTESTATION_FILE).exists():
+            self.check("signature.present", False, ev.ATTESTATION_FILE, None,
+                       f"{ev.ATTESTATION_FILE} is missing: the run was never signed, or its signature was removed")
+            return None
+        envelope = self.load(ev.ATTESTATION_FILE)
+        if ev.ATTESTATION_FILE in self._unreadable:
+            return None
+        if public_key_path is not None:
+            try:
+                key = signing.load_public_key(Path(public_key_path))
+            except signing.SignatureInvalid as e:
+                raise _Unusable(f"--public-key: {e}") from e
+            kid = signing.public_key_sha256(key)
+            self.key_source = f"the key given with --public-key {public_key_path} (sha256:{kid[:16]}…)"
+        else:
+            pem = self.run_dir / ev.PUBLIC_KEY_FILE
+            try:
+                key = signing.load_public_key(pem)
+            except signing.SignatureInvalid as e:
+                self.check("signature.key", False, ev.PUBLIC_KEY_FILE, None, f"no usable recorded key: {e}")
+                return self._untrusted(envelope)
+            kid = signing.public_key_sha256(key)
+            self.key_source = (
+                f"the key recorded in the run folder ({ev.PUBLIC_KEY_FILE}, sha256:{kid[:16]}…): this shows "
+                "the files are unchanged since they were signed, not who signed them; pass --public-key "
+                "with the operator's key to check the signer"
+            )
+            self.notes.append(f"signature checked with {self.key_source}")
+        try:
+            statement = signing.verify_envelope(envelope, key)
+        except signing.SignatureInvalid as e:
+            self.check("signature.valid", False, f"signed by sha256:{kid[:16]}…", None, str(e))
+            return self._untrusted(envelope)
+        self.check("signature.valid", True, f"signed by sha256:{kid[:16]}…", "verified")
+        predicate = statement.get("predicate") if isinstance(statement.get("predicate"), dict) else {}
+        claimed = predicate.get("public_key_sha256")
+        self.check("signature.key_recorded", claimed == kid, kid, claimed,
+                   "" if claimed == kid else "the statement names another signing key than the one that verified it")
+        return statement
+
+    def _untrusted(self, envelope: Any) -> dict | None:
+        """What an unverified envelope claims, to report further differences; it is
+        already invalid, so this changes no verdict."""
+        try:
+            return signing.decode_envelope(envelope)
+        except signing.SignatureInvalid as e:
+            self.check("signature.envelope", False, "a DSSE envelope", None, str(e))
+            return None
+
+    def verify_files(self, statement: dict | None) -> None:
+        files, odd = ev.run_files(self.run_dir)
+        self._present = set(files)
+        for rel in odd:
+            self.check(f"file.{rel}", False, "a regular file", "link or special file",
+                       f"{rel} is a symlink or special file; a run folder holds only regular files")
+        subjects: dict[str, str] = {}
+        if statement is not None:
+            raw = statement.get("subject")
+            if not isinstance(raw, list):
+                self.check("statement.subjects", False, "a list of subjects", type(raw).__name__,
+                           "the signed statement has no subject list")
+                raw = []
+            for s in raw:
+                name = s.get("name") if isinstance(s, dict) else None
+                digest = (s.get("digest") or {}).get("sha256") if isinstance(s, dict) else None
+                if not _safe_relpath(name) or not isinstance(digest, str):
+                    self.check("statement.subjects", False, "relative paths with sha256 digests", s,
+                               f"malformed subject {s!r}")
+                    continue
+                if name in subjects:
+                    self.check("statement.subjects", False, "unique names", name, f"subject {name} is listed twice")
+                subjects[name] = digest
+            for name, want in subjects.items():
+                if name not in files:
+                    self.check(f"file.{name}", False, want, None,
+                               f"{name} is listed in the signed statement but missing from the folder")
+                    continue
+                got = self.digest(name)
+                self.check(f"file.{name}", got == want, want, got,
+                           "" if got == want else f"{name} changed after signing (sha256 differs from the signed statement)",
+                           area="files")
+            for name in sorted(set(files) - set(subjects)):
+                self.check(f"file.{name}", False, None, self.digest(name),
+                           f"{name} is not listed in the signed statement: it was added after signing")
+        if not (self.run_dir / ev.MANIFEST_FILE).exists():
+            self.check("manifest.present", False, ev.MANIFEST_FILE, None, f"{ev.MANIFEST_FILE} is missing")
+            return
+        manifest = self.load(ev.MANIFEST_FILE)
+        if ev.MANIFEST_FILE in self._unreadable:
+            return
+        if not isinstance(manifest, dict):
+            self.check("manifest.shape", False, "a JSON object", type(manifest).__name__,
+                       f"{ev.MANIFEST_FILE} must map each file to its sha256")
+        elif statement is not None:
+            diff = sorted(k for k in set(manifest) | set(subjects) if manifest.get(k) != subjects.get(k))
+            self.check("manifest.agrees", not diff, "the signed subjects", diff,
+                       f"{ev.MANIFEST_FILE} disagrees with the signed statement on: {', '.join(diff[:10])}" if diff else "")
+
+    def verify_result_record(self, statement: dict | None) -> Any:
+        from ale.runs.result import RunResult
+
+        data = self.load("result.json")
+        if not isinstance(data, dict):
+            return None
+        try:
+            result = RunResult.model_validate(data)
+        except ValidationError as e:
+            self.check("result.schema", False, "a RunResult", None, f"result.json does not match its schema: {e}")
+            self.run_id, self.status = data.get("run_id"), data.get("status")
+            return None
+        self.run_id, self.status = result.run_id, result.status.value
+        if statement is not None:
+            pred = statement.get("predicate") if isinstance(statement.get("predicate"), dict) else {}
+            claims = {"run_id": result.run_id, "status": result.status.value, "score": result.score,
+                      "scores": result.scores, "harness_version": result.harness_version}
+            diff = {k: {"result.json": v, "statement": pred.get(k)} for k, v in claims.items() if pred.get(k) != v}
+            self.check("result.matches_statement", not diff, "result.json = signed predicate", diff,
+                       f"result.json disagrees with the signed statement on {', '.join(diff)}" if diff else "")
+        plan = self.load("plan.json")
+        if isinstance(plan, dict):
+            self.check("result.plan_run_id", plan.get("run_id") == result.run_id, result.run_id, plan.get("run_id"),
+                       "" if plan.get("run_id") == result.run_id else "plan.json names another run")
+        harness = self.load("evidence/harness.json")
+        if isinstance(harness, dict):
+            hv = harness.get("ale_version")
+            self.check("result.harness_version", hv == result.harness_version, result.harness_version, hv,
+                       "" if hv == result.harness_version else "harness.json names another ale version")
+        return result
+
+    def verify_required(self, result: Any) -> None:
+        phases = self.load("evidence/phases.json")
+        names = {p.get("name") for p in phases if isinstance(p, dict)} if isinstance(phases, list) else set()
+        graded = result is not None and result.status.carries_score
+        required = list(BASE_FILES)
+        if graded or "agent" in names:
+            required += BEFORE_AGENT_FILES
+        if graded or "deliverables" in names:
+            required += AFTER_AGENT_FILES
+        if graded or (result is not None and result.score is not None):
+            required += GRADED_FILES
+        for rel in required:
+            if rel not in self._present:
+                why = "the run reports a graded outcome" if graded else "the run reached the phase that records it"
+                self.check(f"evidence.{rel}", False, "present", None, f"{rel} is missing, yet {why}")
+        for rel in BEFORE_AGENT_FILES + AFTER_AGENT_FILES + GRADED_FILES:
+            if rel not in required and rel not in self._present:
+                self.notes.append(f"{rel} was not recorded (the run ended before that phase)")
+
+    def verify_shapes(self) -> None:
+        for rel in sorted(self._present):
+            if rel in LIST_FILES or rel in OBJECT_FILES:
+                data = self.load(rel)
+                want = list if rel in LIST_FILES else dict
+                if not isinstance(data, want) and rel not in self._unreadable:
+                    self.check(f"shape.{rel}", False, want.__name__, type(data).__name__,
+                               f"{rel} must hold a JSON {'list' if want is list else 'object'}, "
+                               f"it holds {json.dumps(data)[:80]}")
+
+    def verify_events(self, statement: dict | None, result: Any) -> None:
+        path = self.run_dir / ev.EVENTS_FILE
+        if not path.is_file():
+            return
+        events, problems = ev.read_chain(path)
+        for p in problems:
+            self.check("events.chain", False, "an intact hash chain", None,
+                       p.replace(str(path), ev.EVENTS_FILE), area="events")
+        if not problems:
+            self.check("events.chain", True, "an intact hash chain", f"{len(events)} events", area="events")
+        if statement is not None:
+            pred = statement.get("predicate") if isinstance(statement.get("predicate"), dict) else {}
+            want = pred.get("events")
+            got = {"count": len(events), "head": events[-1]["hash"] if events else ev.GENESIS}
+            self.check("events.head", want == got, want, got,
+                       "" if want == got else "events.jsonl does not end where the signed statement says it does")
+        end = [e for e in events if e.get("type") == "run.end"]
+        if result is not None and end:
+            data = end[-1].get("data") or {}
+            ok = data.get("status") == result.status.value and data.get("score") == result.score
+            self.check("events.run_end", ok, {"status": result.status.value, "score": result.score}, data,
+                       "" if ok else "the run.end event records another status or score than result.json")
+
+    def verify_deliverables(self) -> None:
+        from ale.grading.deliverables import DeliverablesManifest, listing_digest
+
+        data = self.load("deliverables.json")
+        if data is None:
+            return
+        try:
+            manifest = DeliverablesManifest.model_validate(data)
+        except ValidationError as e:
+            self.check("deliverables.schema", False, "a DeliverablesManifest", None, f"deliverables.json: {e}")
+            return
+        prefix = "deliverables/"
+        present = {rel[len(prefix):] for rel in self._present if rel.startswith(prefix)}
+        listed = {f.path: f for f in manifest.files}
+        bad: list[str] = []
+        for path, f in sorted(listed.items()):
+            if path not in present:
+                bad.append(f"{path} is listed but missing from deliverables/")
+                continue
+            got, size = self.digest(prefix + path), (self.run_dir / prefix / path).stat().st_size
+            if got != f.sha256 or size != f.size:
+                bad.append(f"{path} differs from deliverables.json (sha256 {got[:12]}…, size {size})")
+        bad += [f"{p} is in deliverables/ but not listed" for p in sorted(present - set(listed))]
+        if listing_digest(manifest.files) != manifest.digest:
+            bad.append("the listing digest does not match the listed files")
+        if sum(f.size for f in manifest.files) != manifest.total_bytes:
+            bad.append("total_bytes does not match the listed sizes")
+        self.check("deliverables.hashes", not bad, "deliverables/ = deliverables.json", bad or f"{len(listed)} files",
+                   "; ".join(bad), area="deliverables")
+
+    # -- isolation -----------------------------------------------------------------
+    def _mounts(self) -> list[Any] | None:
+        from ale.sandbox.base import Mount
+
+        data = self.load("evidence/mounts.json")
+        if data is None:
+            return None
+        try:
+            return [Mount(str(m["source"]), str(m["target"]), bool(m["read_only"])) for m in data]
+        except (TypeError, KeyError) as e:
+            self.check("evidence.mounts", False, "a list of {source, inode, target, read_only}", data,
+                       f"evidence/mounts.json is malformed: {e!r}")
+            return None
+
+    def _add_isolation(self, phase: str, checks: list[Any], failures: Any) -> None:
+        failing = {id(c) for c in failures(checks)}
+        for c in checks:
+            self.checks.append({"area": "isolation", "phase": phase, **c.to_dict()})
+            if id(c) in failing:
+                self.violations.append(
+                    f"[{phase}] {c.id}: expected {c.expected!r}, observed {c.observed!r}" + (f" ({c.detail})" if c.detail else "")
+                )
+
+    def verify_isolation(self) -> None:
+        before = self.load("evidence/inspect-before.json")
+        after = self.load("evidence/inspect-after.json")
+        probes = {ph: self.text(f"evidence/probes-{ph}.txt") for ph in ("before", "after")}
+        if before is None and after is None and not any(probes.values()):
+            return
+        try:
+            from ale.isolation.checks import check_inspect, diff_captures, failures
+            from ale.isolation.probes import parse_probes
+        except ImportError as e:
+            self.check("isolation.checks", None, "the isolation checks", None,
+                       f"cannot re-run the isolation checks: {e}")
+            return
+        policy_data = self.load("evidence/policy.json")
+        try:
+            policy = _load_policy(policy_data)
+        except (ValueError, ValidationError) as e:
+            self.check("isolation.policy", False, "a valid IsolationPolicy", policy_data,
+                       f"evidence/policy.json: {e}")
+            return
+        mounts = self._mounts()
+        if mounts is None:
+            self.check("isolation.mounts", False, "evidence/mounts.json", None,
+                       "the planned mounts are not recorded; the inspect checks cannot run")
+            return
+        # Inodes are compared at run time on the host that owns the folders; here the
+        # folders may not exist, so the recorded sources are compared by path only.
+        self.notes.append("bind-mount inodes were compared at run time; verify compares sources by path")
+        image = self.load("evidence/image.json")
+        if before is not None:
+            self._add_isolation("inspect-before", check_inspect(
+                before, policy, mounts, phase="before", image_inspect=image, mount_inodes=None), failures)
+        if after is not None:
+            self._add_isolation("inspect-after", check_inspect(
+                after, policy, mounts, phase="after", mount_inodes=None), failures)
+        if before is not None and after is not None:
+            self._add_isolation("inspect-after", diff_captures(before, after), failures)
+        input_dir = next((m.target for m in mounts if m.read_only), None)
+        workspace_dir = next((m.target for m in mounts if not m.read_only), None)
+        for phase, raw in probes.items():
+            if raw is None:
+                continue
+            if input_dir is None or workspace_dir is None:
+                self.check("isolation.mounts", False, "an input and a workspace mount", [m.target for m in mounts],
+                           "evidence/mounts.json lacks the input or the workspace mount")
+                break
+            # The stored probe file keeps stderr after a marker line; the checks read stdout.
+            stdout = raw.split("\n#stderr\n", 1)[0]
+            self._add_isolation(f"probes-{phase}", parse_probes(
+                stdout, policy, input_dir=input_dir, workspace_dir=workspace_dir), failures)
+
+    def verify_input_and_workspace(self) -> None:
+        trees = {}
+        for name in ("input-after-start", "input-after-run"):
+            tree = self.load(f"evidence/{name}.json")
+            if tree is None:
+                continue
+            try:
+                recomputed = ev.tree_hash_digest(tree)
+            except (ValueError, TypeError, KeyError, AttributeError) as e:
+                self.check(f"input.{name}", False, "a tree hash", None, f"evidence/{name}.json is malformed: {e!r}")
+                continue
+            self.check(f"input.{name}", recomputed == tree.get("digest"), recomputed, tree.get("digest"),
+                       "" if recomputed == tree.get("digest") else f"evidence/{name}.json: its digest does not match its own listing",
+                       area="input")
+            trees[name] = tree
+        if len(trees) == 2:
+            a, b = trees["input-after-start"], trees["input-after-run"]
+            same = a.get("digest") == b.get("digest")
+            changed = sorted(k for k in set(a["files"]) | set(b["files"]) if a["files"].get(k) != b["files"].get(k))
+            self.check("input.unchanged", same, a.get("digest"), b.get("digest"),
+                       "" if same else f"the input changed during the run: {changed[:10]}", area="input", reason=False)
+            if not same:
+                self.violations.append(f"[after-run] input.unchanged: changed {changed[:10]}")
+        proof = self.load("evidence/workspace-empty.json")
+        if proof is None:
+            return
+        try:
+            from ale.isolation.checks import failures
+            from ale.isolation.probes import workspace_empty_checks
+        except ImportError as e:
+            self.check("workspace.checks", None, "the workspace checks", None, f"cannot re-run the workspace checks: {e}")
+            return
+        if not isinstance(proof, dict):
+            proof = {}
+        creation = proof.get("at_creation") if isinstance(proof.get("at_creation"), dict) else None
+        mounts = self.load("evidence/mounts.json")
+        ws_inode = next((m.get("inode") for m in mounts if isinstance(m, dict) and not m.get("read_only")), None) \
+            if isinstance(mounts, list) else None
+        for key, expected_inode in (("at_creation", ws_inode), ("at_agent_start", (creation or {}).get("inode"))):
+            listing = proof.get(key)
+            if listing is None and key == "at_agent_start" and "evidence/input-after-start.json" not in self._present:
+                continue  # the run ended before the agent could start
+            with_phase = "workspace-" + key.replace("_", "-")
+            self._add_isolation(with_phase, workspace_empty_checks(
+                listing if isinstance(listing, dict) else None, expected_inode=expected_inode), failures)
+
+    def verify_reference(self) -> None:
+        commit = self.load("evidence/reference-commit.json")
+        check = self.load("evidence/reference-check.json")
+        if commit is None or check is None:
+            return
+        if not isinstance(commit, dict) or not isinstance(check, dict):
+            self.check("reference.records", False, "JSON objects", None, "reference records are malformed")
+            return
+        src = commit.get("source") if isinstance(commit.get("source"), dict) else None
+        committed = None if src is None else src.get("sha256")
+        ok = committed == check.get("source_sha256")
+        self.check("reference.digest", ok, committed, check.get("source_sha256"),
+                   "" if ok else "the reference checked before unpacking differs from the one committed before the agent started",
+                   area="reference")
+        setup = commit.get("setup_written")
+        if isinstance(setup, dict):
+            try:
+                recomputed = ev.tree_hash_digest(setup)
+            except (ValueError, TypeError, KeyError) as e:
+                recomputed = f"malformed: {e!r}"
+            ok = recomputed == setup.get("digest") == check.get("setup_written_digest")
+            self.check("reference.setup_written", ok, setup.get("digest"), check.get("setup_written_digest"),
+                       "" if ok else "the reference files start() wrote changed between commitment and grading",
+                       area="reference")
+
+    def verify_times(self) -> None:
+        before = self.load("evidence/inspect-before.json")
+        after = self.load("evidence/inspect-after.json")
+        check = self.load("evidence/reference-check.json")
+        commit = self.load("evidence/reference-commit.json")
+        state = after.get("State") if isinstance(after, dict) and isinstance(after.get("State"), dict) else {}
+        points = [
+            ("container created", before.get("Created") if isinstance(before, dict) else None, before is not None),
+            ("container started", state.get("StartedAt"), after is not None),
+            ("container finished", state.get("FinishedAt"), after is not None),
+            ("reference unpacked", check.get("unpacked_at") if isinstance(check, dict) else None, check is not None),
+        ]
+        known = []
+        for label, raw, recorded in points:
+            if not recorded:
+                continue
+            t = parse_time(raw)
+            if t is None:
+                self.check("times.order", False, f"{label}: an ISO time", raw, f"{label} time is missing or unparsable: {raw!r}",
+                           area="times")
+                continue
+            known.append((label, t))
+        for (la, ta), (lb, tb) in zip(known, known[1:], strict=False):
+            ok = ta < tb
+            self.check("times.order", ok, f"{la} < {lb}", f"{ta.isoformat()} / {tb.isoformat()}",
+                       "" if ok else f"{la} ({ta.isoformat()}) is not before {lb} ({tb.isoformat()})", area="times")
+        phases = self.load("evidence/phases.json")
+        if isinstance(phases, list):
+            prev_end: tuple[str, datetime] | None = None
+            for p in phases:
+                if not isinstance(p, dict):
+                    continue
+                s, e = parse_time(p.get("started_at")), parse_time(p.get("ended_at"))
+                name = p.get("name")
+                if s is None or e is None or e < s:
+                    self.check("times.phases", False, "started_at <= ended_at", p, f"phase {name!r} has bad times",
+                               area="times")
+                    continue
+                if prev_end is not None and s < prev_end[1]:
+                    self.check("times.phases", False, f"{name} after {prev_end[0]}", p,
+                               f"phase {name!r} starts before phase {prev_end[0]!r} ended", area="times")
+                prev_end = (str(name), e)
+            agent = next((p for p in phases if isinstance(p, dict) and p.get("name") == "agent"), None)
+            if agent is not None and isinstance(commit, dict):
+                c, a = parse_time(commit.get("committed_at")), parse_time(agent.get("started_at"))
+                ok = c is not None and a is not None and c <= a
+                self.check("times.reference_committed", ok, "reference committed before the agent started",
+                           {"committed_at": commit.get("committed_at"), "agent_started_at": agent.get("started_at")},
+                           "" if ok else "the reference was not committed before the agent started", area="times")
+
+    def verify_records(self, result: Any) -> None:
+        """The smaller records: engine, network, agent, phases and the checks the
+        harness ran at run time."""
+        engine = self.load("evidence/engine.json")
+        if isinstance(engine, dict):
+            missing = [k for k in ("version", "security_options") if k not in engine]
+            why = f"evidence/engine.json lacks {missing}" + (f" (error: {engine['error']})" if "error" in engine else "")
+            # A run that reports no score may have ended because the engine failed.
+            graded = result is not None and result.status.carries_score
+            self.check("engine.recorded", not missing, "docker version and security options", sorted(engine),
+                       why if missing else "", area="engine", reason=graded)
+            if missing and not graded:
+                self.notes.append(why)
+        network = self.load("evidence/network.json")
+        policy = self.load("evidence/policy.json")
+        if isinstance(network, dict) and isinstance(policy, dict):
+            mode, want = network.get("network_mode"), policy.get("network_mode")
+            self.check("network.recorded", mode == want == "none", "none", mode,
+                       "" if mode == want == "none" else f"evidence/network.json records network mode {mode!r}",
+                       area="network")
+        phases = self.load("evidence/phases.json")
+        if isinstance(phases, list):
+            names = [p.get("name") for p in phases if isinstance(p, dict)]
+            if len(names) != len(phases):
+                self.check("times.phases", False, "phase records", phases, "evidence/phases.json holds non-objects")
+            if result is not None and result.status.carries_score and "agent" not in names:
+                self.check("times.phases", False, "an agent phase", names,
+                           "evidence/phases.json records no agent phase, yet the run reports a graded outcome")
+        stored = self.load("evidence/checks.json")
+        if isinstance(stored, list):
+            phases_seen = {c.get("phase") for c in stored if isinstance(c, dict)}
+            for phase, rel in CHECKED_PHASES.items():
+                if rel in self._present and phase not in phases_seen:
+                    self.check(f"checks.{phase}", False, f"checks of {phase} in checks.json", sorted(map(str, phases_seen)),
+                               f"the harness recorded no {phase} checks at run time, though {rel} exists")
+        agent = self.load("evidence/agent.json")
+        if not isinstance(agent, dict):
+            return
+        plan = self.load("plan.json")
+        planned = plan.get("agent") if isinstance(plan, dict) and isinstance(plan.get("agent"), dict) else {}
+        tools, allowed = agent.get("allowlist"), planned.get("allowlist")
+        ok = (isinstance(tools, list) and isinstance(allowed, list) and set(tools) <= set(allowed)
+              and agent.get("name") == planned.get("name"))
+        self.check("agent.allowlist", ok, {"name": planned.get("name"), "allowlist": allowed},
+                   {"name": agent.get("name"), "allowlist": tools},
+                   "" if ok else "evidence/agent.json does not record the planned agent within its planned tool allowlist",
+                   area="agent")
+        leaks = ev.unredacted_secrets(agent)
+        self.check("agent.redacted", not leaks, "no secret-looking values", leaks,
+                   f"evidence/agent.json holds unredacted secrets at {leaks}" if leaks else "", area="agent")
+
+    def verify_status(self, result: Any) -> None:
+        if result is None:
+            return
+        stored = self.load("evidence/checks.json")
+        stored_failed = [f"[{c.get('phase')}] {c.get('id')}" for c in stored
+                         if isinstance(c, dict) and c.get("ok") is not True] if isinstance(stored, list) else []
+        status = result.status
+        problems: list[str] = []
+        if status is RunStatus.INVALID_EVALUATION_ENVIRONMENT:
+            if result.score is not None or result.scores is not None:
+                problems.append("an invalid_evaluation_environment run carries a score")
+            if not (result.violations or self.violations or stored_failed):
+                problems.append("the run is labelled invalid_evaluation_environment but names no violation")
+            if self.violations:
+                self.notes.append(
+                    f"the evidence confirms the run's status: {len(self.violations)} isolation check(s) fail on it"
+                )
+        else:
+            for v in self.violations:
+                problems.append(f"the evidence shows a violation, yet the status is {status.value}: {v}")
+            for v in result.violations:
+                problems.append(f"result.json lists a violation, yet the status is {status.value}: {v}")
+            for v in stored_failed:
+                problems.append(f"checks.json records a failed check, yet the status is {status.value}: {v}")
+        if result.score is not None:
+            if not status.carries_score:
+                problems.append(f"a {status.value} run carries a score")
+            if not result.scores:
+                problems.append("a score without the scores it is the mean of")
+            else:
+                mean = sum(result.scores) / len(result.scores)
+                if not math.isclose(mean, result.score, rel_tol=1e-9, abs_tol=1e-12):
+                    problems.append(f"score {result.score} is not the mean of scores {result.scores} ({mean})")
+        elif status is RunStatus.SCORED:
+            problems.append("a scored run without a score")
+        elif result.scores:
+            problems.append("scores without their mean in score")
+        for p in problems:
+            self.check("result.status_consistent", False, "status and score follow from the evidence",
+                       {"status": status.value, "score": result.score}, p)
+        if not problems:
+            self.check("result.status_consistent", True, "status and score follow from the evidence",
+                       {"status": status.value, "score": result.score})
+
+
+def _failing(checks: list[Any]) -> list[Any]:
+    return [c for c in checks if c.ok is not True]

@@ -1,0 +1,338 @@
+"""Aggregate an experiment's results: means with bootstrap intervals, pass rates,
+pass@k, per-task scores, counts by status, and difficulty tiers.
+
+Definitions (docs/experiments.md repeats them for readers of a report):
+
+- Only the **final attempt** of each unit (task, variant, agent, repeat) enters
+  a report; earlier attempts (infrastructure errors that were retried) are counted
+  in ``attempts`` only.
+- A run is **admitted** to any number only if ``ale.status.counts_toward_score``
+  says so: invalid runs, grading failures, infrastructure errors and runs without
+  a score appear in the counts and in ``invalid_runs``/``runs``, never in a mean,
+  an interval, a pass rate, pass@k or a tier.
+- An **item** is one task variant, named ``<task>@v<variant>``.
+- An agent's **item score** is the mean of its admitted runs on that item (over
+  repeats). Its **mean** is the mean of its item scores (each item weighs the
+  same, however many repeats it had).
+- The **95% interval** is a percentile bootstrap over items: ``samples`` resamples
+  of the agent's items with replacement (numpy ``default_rng(seed)``, seed 0 by
+  default, so a report is reproducible), the 2.5th and 97.5th percentiles of the
+  resampled means. With one item the interval is that item's score.
+- **Pass rate** at ``threshold`` (default 0.5: a task counts as passed when at
+  least half of its graded checks pass): per item, the share of admitted runs
+  scoring ``>= threshold``; averaged over items.
+- **pass@k** (only when some item has at least two admitted runs): per item with
+  ``n`` admitted runs of which ``c`` pass, the unbiased estimator
+  ``1 - C(n-c, k) / C(n, k)`` (Chen et al., 2021), averaged over the items with
+  ``n >= k``; reported for k = 1 .. the largest n.
+- **Tiers** by the best agent's item score (valid runs only): ``near-term`` if
+  ``>= near_term_min`` (0.8), ``last-exam`` if ``< last_exam_below`` (0.2),
+  ``full-spectrum`` in between; items with no admitted run are ``unclassified``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from ale.runs.experiment import ReportSpec, TierSpec
+from ale.runs.result import RunResult
+from ale.runs.store import UnitInfo, iter_results, read_units, unit_of
+from ale.status import RunStatus, counts_toward_score
+
+TIERS = ("near-term", "full-spectrum", "last-exam")
+UNCLASSIFIED = "unclassified"
+
+
+class RunRow(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    run_id: str
+    unit_id: str
+    item: str
+    task: str
+    variant: int
+    agent: str
+    repeat: int
+    attempt: int
+    status: RunStatus
+    score: float | None
+    counted: bool
+    error: str | None = None
+    path: str | None = None  # the run folder, relative to the experiment folder
+    trajectory: str | None = None  # trajectory.json, relative to the experiment folder
+
+
+class AgentSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    agent: str
+    runs: int  # final attempts
+    counted: int  # admitted runs
+    items: int  # items with at least one admitted run
+    mean: float | None
+    ci_low: float | None
+    ci_high: float | None
+    pass_rate: float | None
+    pass_at_k: dict[int, float] = Field(default_factory=dict)
+    statuses: dict[str, int] = Field(default_factory=dict)
+
+
+class AgentItemScore(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mean: float | None  # None: no admitted run
+    scores: list[float]  # admitted scores, by repeat
+    runs: int  # final attempts, admitted or not
+
+
+class ItemRow(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    item: str
+    task: str
+    variant: int
+    best: float | None
+    tier: str
+    agents: dict[str, AgentItemScore]
+
+
+class Report(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    experiment: str | None
+    generated_at: datetime
+    pass_threshold: float
+    bootstrap_samples: int
+    seed: int
+    confidence: float = 0.95
+    tier_rules: TierSpec
+    total_runs: int
+    attempts: int
+    counts_by_status: dict[str, int]
+    agents: list[AgentSummary]
+    items: list[ItemRow]
+    tiers: dict[str, list[str]]
+    invalid_runs: list[RunRow]
+    runs: list[RunRow]
+
+
+def item_name(task: str, variant: int) -> str:
+    return f"{task}@v{variant}"
+
+
+def bootstrap_ci(
+    values: list[float], *, samples: int, seed: int, confidence: float = 0.95
+) -> tuple[float, float]:
+    """Percentile bootstrap of the mean of ``values`` (resampled with replacement)."""
+    if not values:
+        raise ValueError("bootstrap of no values")
+    arr = np.asarray(values, dtype=float)
+    if len(arr) == 1:
+        return float(arr[0]), float(arr[0])
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(arr), size=(samples, len(arr)))
+    means = arr[idx].mean(axis=1)
+    alpha = (1 - confidence) / 2
+    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one item: n samples, c of them correct."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def tier_of(best: float | None, rules: TierSpec) -> str:
+    if best is None:
+        return UNCLASSIFIED
+    if best >= rules.near_term_min:
+        return "near-term"
+    if best < rules.last_exam_below:
+        return "last-exam"
+    return "full-spectrum"
+
+
+def _final_attempts(results: Iterable[RunResult], units: dict[str, UnitInfo]) -> tuple[list[tuple[RunResult, UnitInfo]], int]:
+    latest: dict[str, tuple[RunResult, UnitInfo]] = {}
+    attempts = 0
+    for r in results:
+        attempts += 1
+        u = unit_of(r, units)
+        if u.unit_id not in latest or r.attempt > latest[u.unit_id][0].attempt:
+            latest[u.unit_id] = (r, u)
+    return sorted(latest.values(), key=lambda x: x[0].run_id), attempts
+
+
+def aggregate(
+    results: Iterable[RunResult],
+    *,
+    units: dict[str, UnitInfo] | None = None,
+    options: ReportSpec | None = None,
+    run_paths: dict[str, str] | None = None,
+    experiment: str | None = None,
+) -> Report:
+    """The report over ``results`` (every attempt; only each unit's last counts).
+
+    ``units`` maps unit ids to their task/agent/repeat (``units.json``); without
+    it they are read from the results. ``run_paths`` maps run ids to their folder
+    relative to the experiment folder (for links).
+    """
+    opts = options or ReportSpec()
+    units = units or {}
+    run_paths = run_paths or {}
+    finals, attempts = _final_attempts(results, units)
+
+    rows: list[RunRow] = []
+    for r, u in finals:
+        counted = counts_toward_score(r.status, r.score)
+        path = run_paths.get(r.run_id)
+        trajectory = f"{path}/trajectory.json" if path else None
+        rows.append(
+            RunRow(
+                run_id=r.run_id,
+                unit_id=u.unit_id,
+                item=item_name(u.task, u.variant),
+                task=u.task,
+                variant=u.variant,
+                agent=u.agent,
+                repeat=u.repeat,
+                attempt=r.attempt,
+                status=RunStatus(r.status),
+                score=r.score,
+                counted=counted,
+                error=r.error,
+                path=path,
+                trajectory=trajectory,
+            )
+        )
+
+    counts: dict[str, int] = {s.value: 0 for s in RunStatus}
+    for row in rows:
+        counts[row.status.value] += 1
+
+    agents = sorted({row.agent for row in rows})
+    item_keys: dict[str, tuple[str, int]] = {}
+    for row in rows:
+        item_keys.setdefault(row.item, (row.task, row.variant))
+    items_sorted = sorted(item_keys)
+
+    # (agent, item) -> admitted scores, and run counts
+    scores: dict[tuple[str, str], list[float]] = defaultdict(list)
+    run_counts: dict[tuple[str, str], int] = defaultdict(int)
+    for row in sorted(rows, key=lambda x: (x.agent, x.item, x.repeat)):
+        run_counts[(row.agent, row.item)] += 1
+        if row.counted:
+            assert row.score is not None
+            scores[(row.agent, row.item)].append(row.score)
+
+    summaries: list[AgentSummary] = []
+    for agent in agents:
+        agent_rows = [row for row in rows if row.agent == agent]
+        item_means = []
+        pass_fracs = []
+        per_item_nc: list[tuple[int, int]] = []
+        for item in items_sorted:
+            s = scores.get((agent, item), [])
+            if not s:
+                continue
+            item_means.append(sum(s) / len(s))
+            c = sum(1 for v in s if v >= opts.pass_threshold)
+            pass_fracs.append(c / len(s))
+            per_item_nc.append((len(s), c))
+        statuses: dict[str, int] = defaultdict(int)
+        for row in agent_rows:
+            statuses[row.status.value] += 1
+        mean = ci_low = ci_high = pass_rate = None
+        pak: dict[int, float] = {}
+        if item_means:
+            mean = sum(item_means) / len(item_means)
+            ci_low, ci_high = bootstrap_ci(item_means, samples=opts.bootstrap_samples, seed=opts.seed)
+            pass_rate = sum(pass_fracs) / len(pass_fracs)
+            max_n = max(n for n, _ in per_item_nc)
+            if max_n >= 2:
+                for k in range(1, max_n + 1):
+                    vals = [pass_at_k(n, c, k) for n, c in per_item_nc if n >= k]
+                    pak[k] = sum(vals) / len(vals)
+        summaries.append(
+            AgentSummary(
+                agent=agent,
+                runs=len(agent_rows),
+                counted=sum(1 for row in agent_rows if row.counted),
+                items=len(item_means),
+                mean=mean,
+                ci_low=ci_low,
+                ci_high=ci_high,
+                pass_rate=pass_rate,
+                pass_at_k=pak,
+                statuses=dict(statuses),
+            )
+        )
+
+    item_rows: list[ItemRow] = []
+    tiers: dict[str, list[str]] = {t: [] for t in (*TIERS, UNCLASSIFIED)}
+    for item in items_sorted:
+        task, variant = item_keys[item]
+        per_agent: dict[str, AgentItemScore] = {}
+        for agent in agents:
+            s = scores.get((agent, item), [])
+            n = run_counts.get((agent, item), 0)
+            if n == 0:
+                continue
+            per_agent[agent] = AgentItemScore(mean=(sum(s) / len(s)) if s else None, scores=s, runs=n)
+        means = [a.mean for a in per_agent.values() if a.mean is not None]
+        best = max(means) if means else None
+        tier = tier_of(best, opts.tiers)
+        tiers[tier].append(item)
+        item_rows.append(ItemRow(item=item, task=task, variant=variant, best=best, tier=tier, agents=per_agent))
+
+    return Report(
+        experiment=experiment,
+        generated_at=datetime.now(UTC),
+        pass_threshold=opts.pass_threshold,
+        bootstrap_samples=opts.bootstrap_samples,
+        seed=opts.seed,
+        tier_rules=opts.tiers,
+        total_runs=len(rows),
+        attempts=attempts,
+        counts_by_status=counts,
+        agents=summaries,
+        items=item_rows,
+        tiers=tiers,
+        invalid_runs=[row for row in rows if row.status is RunStatus.INVALID_EVALUATION_ENVIRONMENT],
+        runs=rows,
+    )
+
+
+def load_report(exp_dir: str | Path, options: ReportSpec | None = None) -> Report:
+    """The report of an experiment folder, from its run folders (the truth).
+
+    Report options come from ``options``, else from the experiment recorded in
+    ``experiment.json``, else the defaults.
+    """
+    import json
+
+    root = Path(exp_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such experiment folder")
+    name = None
+    record = root / "experiment.json"
+    if record.is_file():
+        data = json.loads(record.read_text())
+        name = data.get("name")
+        if options is None and isinstance(data.get("experiment"), dict):
+            rep = data["experiment"].get("report")
+            if rep is not None:
+                options = ReportSpec.model_validate(rep)
+    results = []
+    paths = {}
+    for run_dir, result in iter_results(root):
+        results.append(result)
+        paths[result.run_id] = run_dir.relative_to(root).as_posix()
+    if not results and not (root / "runs").is_dir():
+        raise FileNotFoundError(f"{root}: not an experiment folder (no runs/ inside)")
+    return aggregate(results, units=read_units(root), options=options, run_paths=paths, experiment=name)

@@ -1,0 +1,124 @@
+"""The command agent with a stand-in harness that speaks MCP over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+import pytest
+
+from ale.agents.base import AgentEnd
+from ale.agents.command import CommandAgent
+from tests.test_agents_support import ANSWER, box, make_ctx, standin_command  # noqa: F401 - box is a fixture
+
+pytestmark = pytest.mark.docker
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _log(tmp_path, name="stdout.log") -> str:
+    return (tmp_path / "agent" / name).read_text()
+
+
+def test_command_agent_solves_the_file_task_and_keeps_raw_logs(box, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("ALE_TEST_PASSED", "visible")
+    monkeypatch.setenv("ALE_TEST_NOT_PASSED", "hidden")
+    ctx, writer = make_ctx(box, tmp_path)
+    agent = CommandAgent({"command": standin_command("solve"), "env_pass": ["ALE_TEST_PASSED"], "env": {"MODE": "{workdir}"}})
+    out = asyncio.run(agent.run(ctx))
+    writer.close(usage=out.usage, end=out.end.value)
+    assert out.end == AgentEnd.FINISHED, out.detail
+    assert (box.workspace / "answer.txt").read_text() == ANSWER
+    log = _log(tmp_path)
+    env = json.loads(next(line for line in log.splitlines() if line.startswith("ENV "))[4:])
+    assert set(env) <= {"PATH", "HOME", "LANG", "ALE_TEST_PASSED", "MODE", "ALE_MCP_URL", "ALE_MCP_TOKEN", "ALE_MCP_CONFIG"}
+    assert env["ALE_TEST_PASSED"] == "visible" and env["MODE"] == "/workspace"
+    assert "PROMPT Read /input/numbers.txt" in log and 'TOOLS ["list_dir", "read_file", "shell", "write_file"]' in log
+    assert (tmp_path / "agent" / "stderr.log").exists()
+    # The token in the kept MCP config is redacted once the bridge is gone.
+    assert "<redacted>" in (tmp_path / "agent" / "mcp-config.json").read_text()
+    assert env["ALE_MCP_TOKEN"] not in (tmp_path / "agent" / "mcp-config.json").read_text()
+    steps = json.loads((tmp_path / "trajectory.json").read_text())["steps"]
+    assert [s["tool"] for s in steps] == ["read_file", "write_file"]
+    assert out.usage["tool_calls"] == 2 and out.usage["exit_code"] == 0
+
+
+def test_command_agent_refused_tool_is_recorded(box, tmp_path):  # noqa: F811
+    ctx, writer = make_ctx(box, tmp_path, allowlist=("read_file", "write_file"))
+    out = asyncio.run(CommandAgent({"command": standin_command("disallowed")}).run(ctx))
+    writer.close(end=out.end.value)
+    assert out.end == AgentEnd.FINISHED, out.detail
+    assert 'DISALLOWED {"is_error": true' in _log(tmp_path)
+    steps = json.loads((tmp_path / "trajectory.json").read_text())["steps"]
+    assert [(s["tool"], s["refused"]) for s in steps] == [("shell", True), ("read_file", False), ("write_file", False)]
+
+
+def test_command_agent_nonzero_exit_is_failed(box, tmp_path):  # noqa: F811
+    ctx, writer = make_ctx(box, tmp_path)
+    out = asyncio.run(CommandAgent({"command": standin_command("fail")}).run(ctx))
+    writer.close(end=out.end.value)
+    assert out.end == AgentEnd.FAILED
+    assert "exited with code 3" in out.detail and "failing on purpose" in out.detail
+
+
+def test_command_agent_that_never_stops_is_cut_at_wall_time_and_killed(box, tmp_path):  # noqa: F811
+    ctx, writer = make_ctx(box, tmp_path, wall_time_s=4)
+    pidfile = tmp_path / "harness.pid"
+    t0 = time.monotonic()
+    out = asyncio.run(CommandAgent({"command": standin_command("hang", "--pidfile", str(pidfile)), "kill_grace_s": 0.5}).run(ctx))
+    writer.close(end=out.end.value)
+    assert out.end == AgentEnd.TIMEOUT and "wall time" in out.detail
+    assert time.monotonic() - t0 < 15
+    assert not _pid_alive(int(pidfile.read_text()))
+
+
+def test_command_agent_cancelled_from_outside_kills_its_group(box, tmp_path):  # noqa: F811
+    """The lifecycle's own wall clock cancels the agent task: the harness must still die."""
+    ctx, writer = make_ctx(box, tmp_path, wall_time_s=600)
+    pidfile = tmp_path / "harness.pid"
+    agent = CommandAgent({"command": standin_command("hang", "--pidfile", str(pidfile)), "kill_grace_s": 0.5})
+
+    async def scenario():
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(agent.run(ctx), timeout=4)
+
+    asyncio.run(scenario())
+    writer.close(end="timeout")
+    assert not _pid_alive(int(pidfile.read_text()))
+
+
+def test_command_agent_kills_background_children_of_the_harness(box, tmp_path):  # noqa: F811
+    ctx, writer = make_ctx(box, tmp_path)
+    pidfile = tmp_path / "child.pid"
+    out = asyncio.run(CommandAgent({"command": standin_command("spawn", "--pidfile", str(pidfile)), "kill_grace_s": 0.5}).run(ctx))
+    writer.close(end=out.end.value)
+    assert out.end == AgentEnd.FINISHED, out.detail
+    assert not _pid_alive(int(pidfile.read_text()))
+
+
+def test_command_agent_step_limit_is_a_timeout(box, tmp_path):  # noqa: F811
+    ctx, writer = make_ctx(box, tmp_path, max_steps=3)
+    out = asyncio.run(CommandAgent({"command": standin_command("steps"), "kill_grace_s": 0.5}).run(ctx))
+    writer.close(end=out.end.value)
+    assert out.end == AgentEnd.TIMEOUT and "step limit of 3" in out.detail
+    steps = json.loads((tmp_path / "trajectory.json").read_text())["steps"]
+    assert [s["refused"] for s in steps] == [False, False, False, True]
+
+
+def test_command_agent_missing_binary_is_failed(box, tmp_path):  # noqa: F811
+    ctx, writer = make_ctx(box, tmp_path)
+    out = asyncio.run(CommandAgent({"command": ["/nonexistent/harness", "{prompt}"]}).run(ctx))
+    writer.close(end=out.end.value)
+    assert out.end == AgentEnd.FAILED and "/nonexistent/harness" in out.detail

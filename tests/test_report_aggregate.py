@@ -1,0 +1,164 @@
+"""Report numbers against values computed by hand; invalid runs never scored."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+import ale
+from ale.report import aggregate, bootstrap_ci, load_report, pass_at_k, to_csv, to_html, to_json
+from ale.runs.experiment import ReportSpec, TierSpec
+from ale.runs.result import RunResult
+from ale.runs.store import UnitInfo, write_units
+from ale.status import RunStatus
+
+S, INV, AF, GF, INF = (RunStatus.SCORED, RunStatus.INVALID_EVALUATION_ENVIRONMENT, RunStatus.AGENT_FAILED,
+                       RunStatus.GRADING_FAILED, RunStatus.INFRASTRUCTURE_ERROR)
+
+# (task, agent, repeat) -> list of (status, score) attempts; the last attempt is final.
+# Invalid runs carry a score on purpose: the admission rule must drop them anyway.
+TABLE = {
+    ("t1", "A", 0): [(S, 1.0)], ("t1", "A", 1): [(S, 0.5)],
+    ("t2", "A", 0): [(S, 0.0)], ("t2", "A", 1): [(S, 0.0)],
+    ("t3", "A", 0): [(S, 1.0)], ("t3", "A", 1): [(INV, 0.0)],
+    ("t4", "A", 0): [(S, 0.1)], ("t4", "A", 1): [(S, 0.1)],
+    ("t5", "A", 0): [(INV, 1.0)], ("t5", "A", 1): [(INV, 1.0)],
+    ("t1", "B", 0): [(S, 0.25)], ("t1", "B", 1): [(S, 0.25)],
+    ("t2", "B", 0): [(S, 0.5)], ("t2", "B", 1): [(AF, 0.5)],
+    ("t3", "B", 0): [(INV, 1.0)], ("t3", "B", 1): [(INV, 1.0)],
+    ("t4", "B", 0): [(S, 0.0)], ("t4", "B", 1): [(GF, None)],
+    ("t5", "B", 0): [(INF, None), (INF, None)], ("t5", "B", 1): [(INF, None)],
+}
+
+
+def build() -> tuple[list[RunResult], dict[str, UnitInfo]]:
+    results, units = [], {}
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    for (task, agent, rep), attempts in TABLE.items():
+        unit = f"{task}-v0-{agent}-r{rep}"
+        units[unit] = UnitInfo(unit, task, 0, agent, rep)
+        for i, (status, score) in enumerate(attempts, start=1):
+            results.append(RunResult(
+                run_id=f"{unit}-a{i}", task_id=task, task_dir=f"/tasks/{task}", variant=0, agent=agent,
+                status=status, score=score, scores=None if score is None else [score],
+                started_at=now, ended_at=now, harness_version=ale.__version__, attempt=i,
+            ))
+    return results, units
+
+
+@pytest.fixture
+def report():
+    results, units = build()
+    return aggregate(results, units=units, run_paths={r.run_id: f"runs/{r.run_id}" for r in results},
+                     experiment="hand")
+
+
+def test_counts_include_every_final_run(report) -> None:
+    assert report.total_runs == 20 and report.attempts == 21
+    assert report.counts_by_status == {
+        "scored": 11, "invalid_evaluation_environment": 5, "agent_failed": 1,
+        "timeout": 0, "grading_failed": 1, "infrastructure_error": 2,
+    }
+    assert sorted(r.run_id for r in report.invalid_runs) == sorted(
+        ["t3-v0-A-r1-a1", "t5-v0-A-r0-a1", "t5-v0-A-r1-a1", "t3-v0-B-r0-a1", "t3-v0-B-r1-a1"])
+    assert all(not r.counted for r in report.invalid_runs)
+
+
+def test_means_pass_rates_and_pass_at_k_by_hand(report) -> None:
+    a, b = report.agents
+    assert (a.agent, b.agent) == ("A", "B")
+    # A: items t1 (1.0+0.5)/2, t2 0, t3 1.0 (the invalid 0.0 is not counted), t4 0.1; t5 has none.
+    assert a.mean == pytest.approx((0.75 + 0.0 + 1.0 + 0.1) / 4)
+    assert a.items == 4 and a.counted == 7 and a.runs == 10
+    assert a.pass_rate == pytest.approx((1 + 0 + 1 + 0) / 4)
+    assert a.pass_at_k == pytest.approx({1: 0.5, 2: 1 / 3})
+    # B: t1 0.25, t2 (0.5 scored + 0.5 agent_failed) 0.5, t4 0.0 (grading_failed dropped).
+    assert b.mean == pytest.approx((0.25 + 0.5 + 0.0) / 3)
+    assert b.items == 3 and b.counted == 5 and b.runs == 10
+    assert b.pass_rate == pytest.approx(1 / 3)
+    assert b.pass_at_k == pytest.approx({1: 1 / 3, 2: 0.5})
+
+
+def test_interval_uses_only_valid_item_scores(report) -> None:
+    a = report.agents[0]
+    lo, hi = bootstrap_ci([0.75, 0.0, 1.0, 0.1], samples=2000, seed=0)
+    assert (a.ci_low, a.ci_high) == (lo, hi)
+    assert 0.0 <= lo <= a.mean <= hi <= 1.0
+    # Reproducible, and degenerate when every item agrees.
+    assert bootstrap_ci([0.75, 0.0, 1.0, 0.1], samples=2000, seed=0) == (lo, hi)
+    assert bootstrap_ci([0.3, 0.3, 0.3], samples=500, seed=1) == pytest.approx((0.3, 0.3))
+    assert bootstrap_ci([0.9], samples=500, seed=1) == (0.9, 0.9)
+
+
+def test_tiers_from_valid_runs_only(report) -> None:
+    assert report.tiers == {
+        "near-term": ["t3@v0"],  # A's 1.0; B's invalid 1.0s do not count
+        "full-spectrum": ["t1@v0", "t2@v0"],
+        "last-exam": ["t4@v0"],
+        "unclassified": ["t5@v0"],  # only invalid/infra runs: never a tier
+    }
+    t3 = next(i for i in report.items if i.item == "t3@v0")
+    assert t3.agents["B"].mean is None and t3.agents["B"].runs == 2
+    assert t3.agents["A"].scores == [1.0]
+
+
+def test_options_threshold_and_tiers() -> None:
+    results, units = build()
+    rep = aggregate(results, units=units, options=ReportSpec(pass_threshold=1.0, tiers=TierSpec(near_term_min=0.5, last_exam_below=0.05)))
+    a = rep.agents[0]
+    assert a.pass_rate == pytest.approx((0.5 + 0 + 1 + 0) / 4)
+    assert rep.tiers["near-term"] == ["t1@v0", "t2@v0", "t3@v0"]
+    assert rep.tiers["full-spectrum"] == ["t4@v0"] and rep.tiers["last-exam"] == []
+
+
+def test_pass_at_k_estimator() -> None:
+    assert pass_at_k(5, 0, 3) == 0.0
+    assert pass_at_k(5, 5, 1) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
+    assert pass_at_k(4, 2, 3) == 1.0
+    with pytest.raises(ValueError):
+        pass_at_k(2, 1, 3)
+
+
+def test_no_repeats_no_pass_at_k() -> None:
+    results, units = build()
+    firsts = [r for r in results if "-r0-" in r.run_id]
+    rep = aggregate(firsts, units={k: v for k, v in units.items() if v.repeat == 0})
+    assert all(a.pass_at_k == {} for a in rep.agents)
+
+
+def test_renderings(report) -> None:
+    data = json.loads(to_json(report))
+    assert data["agents"][0]["agent"] == "A" and data["counts_by_status"]["scored"] == 11
+    rows = list(csv.DictReader(io.StringIO(to_csv(report))))
+    assert len(rows) == 20
+    inv = next(r for r in rows if r["run_id"] == "t5-v0-A-r0-a1")
+    assert inv["counted"] == "False" and inv["status"] == "invalid_evaluation_environment"
+    html = to_html(report, link_base="../exp/")
+    assert '<svg id="heatmap"' in html and '<svg id="histogram"' in html
+    assert 'href="../exp/runs/t1-v0-A-r0-a1/trajectory.json"' in html
+    assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")  # nothing fetched
+    assert "<script" not in html
+
+
+def test_load_report_from_folders(tmp_path: Path) -> None:
+    results, units = build()
+    runs = tmp_path / "runs"
+    for r in results:
+        d = runs / r.run_id
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(r.model_dump_json())
+    (runs / "t9-v0-A-r0-a1").mkdir()  # half-done: no result.json, not in the report
+    write_units(tmp_path, units)
+    (tmp_path / "experiment.json").write_text(json.dumps({"name": "hand", "experiment": {"report": {"pass_threshold": 0.05}}}))
+    rep = load_report(tmp_path)
+    assert rep.experiment == "hand" and rep.total_runs == 20 and rep.pass_threshold == 0.05
+    assert rep.runs[0].trajectory == f"runs/{rep.runs[0].run_id}/trajectory.json"
+    with pytest.raises(FileNotFoundError):
+        load_report(tmp_path / "nope")
