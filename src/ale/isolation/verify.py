@@ -136,11 +136,7 @@ def _load_policy(data: Any) -> Any:
 
     if not isinstance(data, dict):
         raise ValueError(f"policy must be a JSON object, got {type(data).__name__}")
-    cpus = data.get("cpus")
-    if isinstance(cpus, bool) or not isinstance(cpus, int | float) or not cpus > 0:
-        raise ValueError(f"policy cpus must be a positive number, got {cpus!r}")
-    policy = IsolationPolicy.model_validate({**data, "cpus": min(float(cpus), 1.0)})
-    return policy.model_copy(update={"cpus": float(cpus)})
+    return IsolationPolicy.from_record(data)
 
 
 class _Verifier:

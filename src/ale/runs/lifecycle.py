@@ -213,7 +213,7 @@ async def stage_input(state: RunState) -> None:
     if spec is None:
         state.store.write_json("input-staged.json", {"source": None, "note": "task has no data source"})
         return
-    state.source = open_source(spec, base_dir=state.prep.task.path)
+    state.source = open_source(spec, base_dir=state.prep.task.path, docker_client=state.prep.client)
     tree = await asyncio.to_thread(state.source.stage_input, state.variant.data_key, state.input_host)
     state.store.write_json("input-staged.json", {"source": spec, "key": state.variant.data_key.relpath, "tree": tree})
 
@@ -403,7 +403,7 @@ def collect_deliverables(state: RunState) -> None:
     manifest = extract_deliverables(
         state.workspace_host, state.run_dir / "deliverables", max_files=lim.deliverable_max_files, max_bytes=lim.deliverable_max_bytes
     )
-    (state.run_dir / "deliverables.json").write_text(manifest.model_dump_json(indent=2))
+    ev.write_json_new(state.run_dir / "deliverables.json", json.loads(manifest.model_dump_json()))
     state.events.append("deliverables.collected", files=len(manifest.files), skipped=len(manifest.skipped), digest=manifest.digest)
 
 
@@ -498,7 +498,7 @@ async def execute_run(
     prep = prepared or await asyncio.to_thread(prepare, plan, client)
     run_dir = plan.run_dir
     run_dir.mkdir(parents=True, exist_ok=False)
-    (run_dir / "plan.json").write_text(plan.model_dump_json(indent=2))
+    ev.write_json_new(run_dir / "plan.json", json.loads(plan.model_dump_json()))
     scratch = Path(plan.runs_dir) / ".scratch" / plan.run_id
     state = RunState(prep=prep, run_dir=run_dir, scratch=scratch, events=ev.EventLog(run_dir / "events.jsonl"), store=ev.EvidenceStore(run_dir))
     started = _now()
@@ -552,9 +552,13 @@ async def execute_run(
         status, scores, error = RunStatus.GRADING_FAILED, None, str(e)
         if e.traceback:
             extra["grading_traceback"] = e.traceback
+    except DataError as e:
+        # A reference that fails its digest, password or limits is grading_failed;
+        # an unreachable or missing input is infrastructure_error (retryable).
+        status, scores, error = RunStatus(e.status), None, f"{type(e).__name__}: {e}"
     except TaskError as e:
         status, scores, error = RunStatus.GRADING_FAILED if state.agent_outcome else RunStatus.INFRASTRUCTURE_ERROR, None, f"task error: {e}"
-    except (SandboxError, DataError, docker.errors.DockerException, OSError) as e:
+    except (SandboxError, docker.errors.DockerException, OSError) as e:
         status, scores, error = RunStatus.INFRASTRUCTURE_ERROR, None, f"{type(e).__name__}: {e}"
     except Exception as e:  # the task's own start() raising lands here
         import traceback
@@ -606,20 +610,32 @@ def _record_static_evidence(state: RunState) -> None:
         },
     )
     try:
-        client = state.prep.client
-        info = client.info()
-        state.store.write_json(
-            "engine.json",
-            {
-                "version": client.version(),
-                "security_options": info.get("SecurityOptions"),
-                "cgroup_version": info.get("CgroupVersion"),
-                "driver": info.get("Driver"),
-                "default_runtime": info.get("DefaultRuntime"),
-            },
-        )
+        state.store.write_json("engine.json", _engine_record(state.prep.client))
     except docker.errors.DockerException as e:
         state.store.write_json("engine.json", {"error": str(e)})
+
+
+_ENGINE_CACHE: dict[str, tuple[float, dict]] = {}
+_ENGINE_TTL_S = 60.0
+
+
+def _engine_record(client: docker.DockerClient) -> dict:
+    """Engine version and security options; `docker info` is slow, so it is read
+    at most once a minute per engine rather than once per run."""
+    key = str(client.api.base_url)
+    hit = _ENGINE_CACHE.get(key)
+    if hit and time.monotonic() - hit[0] < _ENGINE_TTL_S:
+        return hit[1]
+    info = client.info()
+    record = {
+        "version": client.version(),
+        "security_options": info.get("SecurityOptions"),
+        "cgroup_version": info.get("CgroupVersion"),
+        "driver": info.get("Driver"),
+        "default_runtime": info.get("DefaultRuntime"),
+    }
+    _ENGINE_CACHE[key] = (time.monotonic(), record)
+    return record
 
 
 async def _cleanup(state: RunState) -> None:

@@ -273,7 +273,7 @@ class DockerSandbox:
         all of them except init. Repeated to catch processes forked mid-sweep.
         """
         script = (
-            "i=0; while :; do kill -9 -1 2>/dev/null; sleep 0.05; n=0; "
+            "i=0; while :; do kill -9 -1 2>/dev/null; [ $i -gt 0 ] && sleep 0.02; n=0; "
             "for p in /proc/[0-9]*; do p=${p#/proc/}; "
             "[ \"$p\" = 1 ] || [ \"$p\" = $$ ] && continue; "
             "read -r l < /proc/$p/stat 2>/dev/null || continue; "
@@ -360,10 +360,11 @@ def remove_containers(
     if experiment:
         filters.append(f"{LABEL_EXPERIMENT}={experiment}")
     removed = []
-    for c in client.containers.list(all=True, filters={"label": filters}):
+    # sparse: no per-container inspect, which races with runs removing their own.
+    for c in client.containers.list(all=True, sparse=True, filters={"label": filters}):
         with suppress(docker.errors.NotFound):
-            c.remove(force=True, v=True)
-            removed.append(c.name)
+            client.api.remove_container(c.id, force=True, v=True)
+            removed.append((c.attrs.get("Names") or [c.id])[0].lstrip("/"))
     return removed
 
 
