@@ -108,7 +108,8 @@ def heatmap_svg(report: Report) -> str:
     cell = 44
     label_w = 20 + 7 * max([len(a) for a in agents] + [4])
     head_h = 24 + int(5.5 * max([len(i.item) for i in items] + [4]))
-    w = label_w + cell * max(len(items), 1) + 10
+    # Column labels lean right (rotated -50 degrees): leave room for the last one.
+    w = label_w + cell * max(len(items), 1) + 10 + int(4.5 * max([len(i.item) for i in items] + [4]))
     h = head_h + cell * max(len(agents), 1) + 10
     parts = [
         f'<svg id="heatmap" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '

@@ -19,6 +19,7 @@ import glob as globlib
 import hashlib
 import itertools
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,9 @@ from ale.sandbox.image import DEFAULT_TOOLS_IMAGE
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _GLOB_CHARS = set("*?[")
+
+
+AGENT_PATH_KEYS = ("script", "prompt_file")
 
 
 class ExperimentError(ValueError):
@@ -226,7 +230,7 @@ class Experiment(BaseModel):
 
     def resolve(self, p: str) -> Path:
         path = Path(p).expanduser()
-        return path if path.is_absolute() else self.base_dir / path
+        return path if path.is_absolute() else Path(os.path.normpath(self.base_dir / path))
 
     @property
     def tasks_root_dir(self) -> Path:
@@ -237,7 +241,17 @@ class Experiment(BaseModel):
         return self.resolve(self.output) if self.output else self.base_dir / "results" / self.name
 
     def agent_specs(self) -> list[AgentSpec]:
-        return [spec for entry in self.agents for spec in entry.expand()]
+        """The agents, with file paths in their configs (`script`, `prompt_file`)
+        resolved against this file's folder, as every other path here is."""
+        specs = []
+        for entry in self.agents:
+            for spec in entry.expand():
+                cfg = dict(spec.config)
+                for key in AGENT_PATH_KEYS:
+                    if isinstance(cfg.get(key), str):
+                        cfg[key] = str(self.resolve(cfg[key]))
+                specs.append(spec.model_copy(update={"config": cfg}))
+        return specs
 
     def isolation_policy(self) -> IsolationPolicy:
         pol = self.environment.policy

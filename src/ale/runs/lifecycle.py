@@ -59,7 +59,11 @@ DEFAULT_WALL_TIME_S = 1800.0
 
 class PreflightError(ValueError):
     """The run cannot begin: a malformed task, a bad variant, no engine, no image.
-    Raised before anything is created."""
+    Raised before anything is created. Only an unreachable engine is worth a retry."""
+
+    def __init__(self, message: str, *, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
 
 
 def _now() -> datetime:
@@ -182,7 +186,7 @@ def prepare(plan: RunPlan, client: docker.DockerClient | None = None) -> Prepare
     try:
         client = client or connect()
     except SandboxError as e:
-        raise PreflightError(str(e)) from e
+        raise PreflightError(str(e), retryable=True) from e
     try:
         client.images.get(plan.image)
     except docker.errors.ImageNotFound as e:

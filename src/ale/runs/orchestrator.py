@@ -453,7 +453,9 @@ class Orchestrator:
                 attempt += 1
             st.next_attempt = attempt
             if latest is not None and (
-                not RunStatus(latest.status).retryable or latest.attempt >= max_attempts
+                not RunStatus(latest.status).retryable
+                or not latest.extra.get("retryable", True)
+                or latest.attempt >= max_attempts
             ):
                 st.final = latest
             states.append(st)
@@ -573,7 +575,8 @@ class Orchestrator:
                     result = task.result()
                     index.record(result, _info(st.unit), runs_root(self.output) / result.run_id)
                     status = RunStatus(result.status)
-                    if status.retryable and attempt < self.exp.retry.max_attempts and not self.stopping:
+                    retryable = status.retryable and result.extra.get("retryable", True)
+                    if retryable and attempt < self.exp.retry.max_attempts and not self.stopping:
                         st.next_attempt = attempt + 1
                         retried += 1
                         progress.retries += 1
@@ -593,7 +596,7 @@ class Orchestrator:
                             f"attempt {attempt + 1} in {delay:.1f}s",
                         )
                         continue
-                    if status.retryable and attempt < self.exp.retry.max_attempts:
+                    if retryable and attempt < self.exp.retry.max_attempts:
                         # Stopping: leave the retry for the next start.
                         continue
                     st.final = result
@@ -646,6 +649,9 @@ class Orchestrator:
         except asyncio.CancelledError:
             raise
         except Exception as e:
+            # A plan that cannot begin (bad task, variant, image, agent config) fails
+            # the same way every time: recorded once, not retried.
+            retryable = getattr(e, "retryable", True)
             result = RunResult(
                 run_id=plan.run_id,
                 task_id=Path(plan.task_dir).name,
@@ -659,6 +665,7 @@ class Orchestrator:
                 harness_version=ale.__version__,
                 experiment=plan.experiment,
                 attempt=plan.attempt,
+                extra={} if retryable else {"retryable": False},
             )
             await asyncio.to_thread(_write_result, plan, result)
             return result
