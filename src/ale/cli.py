@@ -17,7 +17,7 @@ task_app = typer.Typer(no_args_is_help=True, help="Check task folders before pub
 app.add_typer(image_app, name="image")
 app.add_typer(task_app, name="task")
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 out = Console()
 
 RunsDir = Annotated[Path, typer.Option("--runs-dir", envvar="ALE_RUNS_DIR", help="Where run folders are written.")]
