@@ -485,6 +485,24 @@ async def grade(state: RunState) -> list[float]:
 
 
 # -- the run -------------------------------------------------------------------
+def _classify_failure(e: Exception, state: RunState) -> tuple[RunStatus, str, dict[str, Any]]:
+    """What a phase's exception means for the run: its status, error, extra record."""
+    import traceback
+
+    if isinstance(e, SealBroken):
+        return RunStatus.INVALID_EVALUATION_ENVIRONMENT, "the sandbox was not proven sealed; see violations", {}
+    if isinstance(e, GradingError):
+        return RunStatus.GRADING_FAILED, str(e), ({"grading_traceback": e.traceback} if e.traceback else {})
+    if isinstance(e, DataError):
+        # A reference failing its digest, password or limits is grading_failed;
+        # an unreachable or missing input is infrastructure_error (retryable).
+        return RunStatus(e.status), f"{type(e).__name__}: {e}", {}
+    if isinstance(e, SandboxError | docker.errors.DockerException | OSError):
+        return RunStatus.INFRASTRUCTURE_ERROR, f"{type(e).__name__}: {e}", {}
+    # The task's own start() raising lands here: the run could not be set up.
+    return RunStatus.INFRASTRUCTURE_ERROR, f"{type(e).__name__}: {e}", {"traceback": traceback.format_exc()[-8000:]}
+
+
 def _status_after_agent(outcome: AgentOutcome | None) -> RunStatus:
     if outcome is None:
         return RunStatus.AGENT_FAILED
@@ -549,27 +567,10 @@ async def execute_run(
         async with state.phase("grade"):
             await stage_reference(state)
             scores = await grade(state)
-    except SealBroken:
-        status, scores = RunStatus.INVALID_EVALUATION_ENVIRONMENT, None
-        error = "the sandbox was not proven sealed; see violations"
-    except GradingError as e:
-        status, scores, error = RunStatus.GRADING_FAILED, None, str(e)
-        if e.traceback:
-            extra["grading_traceback"] = e.traceback
-    except DataError as e:
-        # A reference that fails its digest, password or limits is grading_failed;
-        # an unreachable or missing input is infrastructure_error (retryable).
-        status, scores, error = RunStatus(e.status), None, f"{type(e).__name__}: {e}"
-    except TaskError as e:
-        status, scores, error = RunStatus.GRADING_FAILED if state.agent_outcome else RunStatus.INFRASTRUCTURE_ERROR, None, f"task error: {e}"
-    except (SandboxError, docker.errors.DockerException, OSError) as e:
-        status, scores, error = RunStatus.INFRASTRUCTURE_ERROR, None, f"{type(e).__name__}: {e}"
-    except Exception as e:  # the task's own start() raising lands here
-        import traceback
-
-        status, scores = RunStatus.INFRASTRUCTURE_ERROR, None
-        error = f"{type(e).__name__}: {e}"
-        extra["traceback"] = traceback.format_exc()[-8000:]
+    except Exception as e:
+        status, error, more = _classify_failure(e, state)
+        scores = None
+        extra.update(more)
     finally:
         await _cleanup(state)
     if state.violations:
