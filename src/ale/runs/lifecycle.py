@@ -40,7 +40,7 @@ from ale.isolation.probes import parse_probes, probe_argv, workspace_empty_check
 from ale.isolation.signing import load_or_create_signing_key
 from ale.runs.plan import RunPlan
 from ale.runs.result import PhaseTiming, RunResult
-from ale.sandbox.base import Mount, SandboxError
+from ale.sandbox.base import ExecResult, Mount, SandboxError
 from ale.sandbox.docker import LABEL_EXPERIMENT, LABEL_ROLE, LABEL_RUN, DockerSandbox, connect
 from ale.sandbox.session import ContainerSession, Route, RoutedSession
 from ale.status import RunStatus
@@ -293,19 +293,17 @@ async def run_task_setup(state: RunState) -> None:
     await call_task_fn(start_fn, v.cfg, session)
 
 
-async def verify_running(state: RunState, phase: str) -> None:
+async def verify_running(state: RunState, phase: str, probe: ExecResult | None = None) -> None:
+    """Probes inside the running container (the harness's own exec); `probe` is
+    their output when they already ran (after the end-of-turn kill)."""
     assert state.sandbox is not None
     with state.cost("verify"):
-        await _verify_running(state, phase)
-
-
-async def _verify_running(state: RunState, phase: str) -> None:
-    assert state.sandbox is not None
-    v = state.variant
-    r = await state.sandbox.exec(probe_argv(v.input_dir, v.output_dir), user=state.plan.policy.user, timeout=60)
-    raw = r.stdout.decode(errors="replace") + (f"\n#stderr\n{r.stderr.decode(errors='replace')}" if r.stderr else "")
-    state.store.write_text(f"probes-{phase}.txt", raw)
-    state.add_checks(f"probes-{phase}", parse_probes(r.stdout.decode(errors="replace"), state.plan.policy, input_dir=v.input_dir, workspace_dir=v.output_dir))
+        v = state.variant
+        r = probe or await state.sandbox.exec(probe_argv(v.input_dir, v.output_dir), user=state.plan.policy.user, timeout=60)
+        raw = r.stdout.decode(errors="replace") + (f"\n#stderr\n{r.stderr.decode(errors='replace')}" if r.stderr else "")
+        state.store.write_text(f"probes-{phase}.txt", raw)
+        checks = parse_probes(r.stdout.decode(errors="replace"), state.plan.policy, input_dir=v.input_dir, workspace_dir=v.output_dir)
+        state.add_checks(f"probes-{phase}", checks)
 
 
 def seal_input_and_workspace(state: RunState) -> None:
@@ -384,10 +382,13 @@ async def run_agent(state: RunState) -> None:
     state.events.append("agent.ended", end=state.agent_outcome.end.value, detail=(state.agent_outcome.detail or "")[:2000])
 
 
-async def kill_agent_processes(state: RunState) -> None:
+async def kill_agent_processes(state: RunState) -> ExecResult | None:
+    """End the turn: kill every process the agent left, then (same exec) probe."""
     assert state.sandbox is not None
-    remaining = await state.sandbox.kill_user_processes()
+    v = state.variant
+    remaining, probe = await state.sandbox.kill_user_processes_then(probe_argv(v.input_dir, v.output_dir))
     state.events.append("agent.processes_killed", remaining=remaining)
+    return probe
 
 
 async def stop_and_verify_exited(state: RunState) -> None:
@@ -552,8 +553,8 @@ async def execute_run(
         async with state.phase("agent"):
             await run_agent(state)
         async with state.phase("stop"):
-            await kill_agent_processes(state)
-            await verify_running(state, "after")
+            probe = await kill_agent_processes(state)
+            await verify_running(state, "after", probe)
             await stop_and_verify_exited(state)
         async with state.phase("deliverables"):
             collect_deliverables(state)

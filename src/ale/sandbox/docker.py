@@ -183,10 +183,13 @@ class DockerSandbox:
         stdin: bytes | None = None,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
         env: dict[str, str] | None = None,
+        wrap_timeout: bool = True,
     ) -> ExecResult:
         """Run argv; on timeout the process group is killed (coreutils `timeout`)
-        and, should the stream still not close, every candidate process is."""
-        if timeout is not None:
+        and, should the stream still not close, every candidate process is.
+        `wrap_timeout=False` leaves only the host-side deadline (for commands that
+        kill every process but themselves, `timeout` included)."""
+        if timeout is not None and wrap_timeout:
             t = max(timeout, 0.1)
             argv = ["timeout", "-s", "KILL", f"{t:.3f}", *argv]
         started = time.monotonic()
@@ -266,31 +269,45 @@ class DockerSandbox:
                 collector.sock.close()  # type: ignore[union-attr]
 
     async def kill_user_processes(self) -> int:
-        """Kill every candidate process (all but PID 1) and report how many remain.
+        """Kill every candidate process (all but PID 1) and report how many remain
+        (-1 when the count could not be read)."""
+        remaining, _ = await self.kill_user_processes_then(None)
+        return remaining
+
+    async def kill_user_processes_then(
+        self, argv: list[str] | None, *, timeout: float = 60
+    ) -> tuple[int, ExecResult | None]:
+        """Kill every candidate process, then run `argv` in the same exec (one
+        round trip fewer: the after-run probes follow the kill directly).
 
         Runs as the candidate user: no-new-privileges and no capabilities mean
         every process in the container runs as that uid, and kill(-1) reaches
-        all of them except init. Repeated to catch processes forked mid-sweep.
+        all of them except init and the caller. Repeated to catch processes
+        forked mid-sweep. The count is the first line of stdout.
         """
-        script = (
-            "i=0; while :; do kill -9 -1 2>/dev/null; [ $i -gt 0 ] && sleep 0.02; n=0; "
-            "for p in /proc/[0-9]*; do p=${p#/proc/}; "
-            "[ \"$p\" = 1 ] || [ \"$p\" = $$ ] && continue; "
-            "read -r l < /proc/$p/stat 2>/dev/null || continue; "
-            "case \"${l##*) }\" in Z*|X*) continue;; esac; n=$((n+1)); done; "
-            "i=$((i+1)); { [ $n = 0 ] || [ $i -ge 40 ]; } && break; done; echo $n"
+        script = _KILL_SCRIPT + ('; exec "$@"' if argv else "")
+        r = await self.exec(
+            ["sh", "-c", script, "kill", *(argv or [])], user=self.policy.user, timeout=timeout, wrap_timeout=False
         )
+        first, _, rest = r.stdout.partition(b"\n")
         try:
-            exec_id = await asyncio.to_thread(
-                self.client.api.exec_create, self.id, ["sh", "-c", script], user=self.policy.user
-            )
-            out = await asyncio.to_thread(self.client.api.exec_start, exec_id["Id"])
-        except docker.errors.APIError:
-            return -1
-        try:
-            return int(out.decode().strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            return -1
+            remaining = int(first.decode().strip())
+        except ValueError:
+            return -1, None
+        if argv is None:
+            return remaining, None
+        r.stdout = rest
+        return remaining, r
+
+
+_KILL_SCRIPT = (
+    "i=0; while :; do kill -9 -1 2>/dev/null; [ $i -gt 0 ] && sleep 0.02; n=0; "
+    "for p in /proc/[0-9]*; do p=${p#/proc/}; "
+    "[ \"$p\" = 1 ] || [ \"$p\" = $$ ] && continue; "
+    "read -r l < /proc/$p/stat 2>/dev/null || continue; "
+    "case \"${l##*) }\" in Z*|X*) continue;; esac; n=$((n+1)); done; "
+    "i=$((i+1)); { [ $n = 0 ] || [ $i -ge 40 ]; } && break; done; echo $n"
+)
 
 
 class _StreamCollector:
