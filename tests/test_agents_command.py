@@ -48,7 +48,7 @@ def test_command_agent_solves_the_file_task_and_keeps_raw_logs(box, tmp_path, mo
     assert "PROMPT Read /input/numbers.txt" in log and 'TOOLS ["list_dir", "read_file", "shell", "write_file"]' in log
     assert (tmp_path / "agent" / "stderr.log").exists()
     # The token in the kept MCP config is redacted once the bridge is gone.
-    assert "<redacted>" in (tmp_path / "agent" / "mcp-config.json").read_text()
+    assert "***REDACTED***" in (tmp_path / "agent" / "mcp-config.json").read_text()
     assert env["ALE_MCP_TOKEN"] not in (tmp_path / "agent" / "mcp-config.json").read_text()
     steps = json.loads((tmp_path / "trajectory.json").read_text())["steps"]
     assert [s["tool"] for s in steps] == ["read_file", "write_file"]

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ale.agents.errors import AgentConfigError
+from ale.isolation.evidence import REDACTED
+from ale.isolation.evidence import redact as redact_evidence
 
 BASE_ENV = ("PATH", "HOME", "LANG")
 
@@ -38,8 +40,6 @@ FORBIDDEN_ENV_PATTERNS = (
     "SSH_AUTH_SOCK",
 )
 
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
-REDACTED = "<redacted>"
 
 
 def is_forbidden_env(name: str) -> bool:
@@ -88,16 +88,21 @@ def build_agent_env(
     return env
 
 
-def redact(value: Any, *, key: str | None = None) -> Any:
-    """A copy of an agent configuration with secret-looking values replaced."""
-    if key is not None and _SECRET_NAME.search(key) and isinstance(value, str | bytes) and value:
-        return REDACTED
+def redact(value: Any) -> Any:
+    """An agent configuration fit to be evidence: the evidence rules (secret-sounding
+    keys, secret-looking values), plus the value of any forbidden variable of the
+    controller's environment wherever it appears."""
+    return _replace_values(redact_evidence(value), forbidden_values())
+
+
+def _replace_values(value: Any, bad: set[str]) -> Any:
+    if not bad:
+        return value
     if isinstance(value, Mapping):
-        return {str(k): redact(v, key=str(k)) for k, v in value.items()}
+        return {k: _replace_values(v, bad) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [redact(v) for v in value]
+        return [_replace_values(v, bad) for v in value]
     if isinstance(value, str):
-        bad = forbidden_values()
         for b in bad:
             value = value.replace(b, REDACTED)
     return value
