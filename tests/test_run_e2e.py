@@ -233,3 +233,18 @@ def test_preflight_error_creates_nothing(docker_client, tmp_path):
     with pytest.raises(PreflightError, match="out of range"):
         asyncio.run(execute_run(plan, client=docker_client))
     assert not plan.run_dir.exists()
+
+
+def test_fork_bomb_is_contained_and_the_run_still_graded(docker_client, tmp_path):
+    """Zombies of a fork bomb hold pid slots unless PID 1 reaps them: after the kill,
+    the after-run probes must still be able to fork, so the run stays valid."""
+    steps = [
+        shell("cp /input/secret.txt /workspace/secret.txt"),
+        {"tool": "shell", "args": {"command": "b() { b & b & }; b", "timeout": 5}},
+    ]
+    plan = plan_for(EXAMPLES / "secrets" / "echo_secret", tmp_path, agent="replay", steps=steps)
+    result = run(plan, docker_client)
+    assert result.status is RunStatus.SCORED, (result.error, result.violations)
+    assert result.scores == [1.0]
+    probes = (plan.run_dir / "evidence" / "probes-after.txt").read_text()
+    assert "Cannot fork" not in probes

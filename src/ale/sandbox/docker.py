@@ -33,6 +33,30 @@ LABEL_ROLE = "ale.role"
 _HOST_GRACE_S = 5.0
 
 
+# PID 1 of every sandbox: it only reaps. Orphans are re-parented to PID 1, and a
+# PID 1 that never waits (`sleep infinity`) keeps them as zombies that hold pid
+# slots, so a fork bomb would leave the container unable to fork even after every
+# process was killed (and the after-run probes could not run). Falls back to
+# `sleep infinity` in an image without python3.
+_REAPER = (
+    "import os, signal\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])\n"
+    "while True:\n"
+    "    try:\n"
+    "        while os.waitpid(-1, os.WNOHANG)[0] > 0:\n"
+    "            pass\n"
+    "    except ChildProcessError:\n"
+    "        pass\n"
+    "    signal.sigtimedwait([signal.SIGCHLD], 1)\n"
+)
+INIT_COMMAND = [
+    "sh",
+    "-c",
+    'command -v python3 >/dev/null && exec python3 -c "$0" || exec sleep infinity',
+    _REAPER,
+]
+
+
 def connect() -> docker.DockerClient:
     """A client for the local engine, or a SandboxError saying how to start one."""
     try:
@@ -63,7 +87,7 @@ def container_create_kwargs(
     return dict(
         image=image,
         name=name,
-        command=command or ["sleep", "infinity"],
+        command=command or INIT_COMMAND,
         user=policy.user,
         working_dir=workdir,
         labels=labels,
@@ -300,13 +324,16 @@ class DockerSandbox:
         return remaining, r
 
 
+# Kill every process but PID 1 and this shell, until none is left alive and PID 1
+# has reaped the dead (zombies hold pid slots: the probes that follow must fork).
+# Bounded at about a second; prints how many live processes remain.
 _KILL_SCRIPT = (
-    "i=0; while :; do kill -9 -1 2>/dev/null; [ $i -gt 0 ] && sleep 0.02; n=0; "
+    "i=0; while :; do kill -9 -1 2>/dev/null; [ $i -gt 0 ] && sleep 0.02; n=0; z=0; "
     "for p in /proc/[0-9]*; do p=${p#/proc/}; "
     "[ \"$p\" = 1 ] || [ \"$p\" = $$ ] && continue; "
     "read -r l < /proc/$p/stat 2>/dev/null || continue; "
-    "case \"${l##*) }\" in Z*|X*) continue;; esac; n=$((n+1)); done; "
-    "i=$((i+1)); { [ $n = 0 ] || [ $i -ge 40 ]; } && break; done; echo $n"
+    "case \"${l##*) }\" in Z*|X*) z=$((z+1)); continue;; esac; n=$((n+1)); done; "
+    "i=$((i+1)); { [ $n = 0 ] && [ $z = 0 ]; } || [ $i -ge 50 ] && break; done; echo $n"
 )
 
 
