@@ -57,12 +57,20 @@ def trajectory(plan: RunPlan) -> list[dict]:
 
 @pytest.mark.parametrize("task", ["files/word_count", "physics/cloth_sim", "secrets/echo_secret"])
 def test_examples_oracle_scores_one_and_nop_zero(task, docker_client, tmp_path):
-    oracle = run(plan_for(EXAMPLES / task, tmp_path), docker_client)
+    from ale.isolation.verify import verify_run_dir
+
+    oracle_plan = plan_for(EXAMPLES / task, tmp_path)
+    oracle = run(oracle_plan, docker_client)
     assert oracle.status is RunStatus.SCORED, (oracle.error, oracle.violations)
     assert oracle.scores and all(s == 1.0 for s in oracle.scores)
-    nop = run(plan_for(EXAMPLES / task, tmp_path, agent="nop"), docker_client)
+    nop_plan = plan_for(EXAMPLES / task, tmp_path, agent="nop")
+    nop = run(nop_plan, docker_client)
     assert nop.status is RunStatus.SCORED, (nop.error, nop.violations)
     assert nop.score == 0.0
+    # Every example run proves it was sealed, re-checked from its folder alone.
+    for p in (oracle_plan, nop_plan):
+        report = verify_run_dir(p.run_dir)
+        assert report.valid, report.reasons
 
 
 @pytest.fixture
