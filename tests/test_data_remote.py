@@ -1,5 +1,6 @@
 """Remote sources: s3:// against moto on 127.0.0.1, hf:// against a local stand-in
-endpoint, gs:// through the same code path on a mocked file system; the verified cache."""
+endpoint, the gs:// code path on an in-memory file system (against a real emulator:
+tests/test_data_gcs.py); the verified cache."""
 
 from __future__ import annotations
 
@@ -236,8 +237,8 @@ def test_gcs_options() -> None:
 
 
 def test_gcs_code_path_on_a_mocked_file_system(tmp_path: Path, monkeypatch) -> None:
-    """No GCS emulator runs here (fake-gcs-server is a Go binary): the gs:// source
-    runs its whole code path over an in-memory fsspec file system instead."""
+    """The gs:// source's whole code path over an in-memory fsspec file system
+    (independent of gcsfs; the emulator test is tests/test_data_gcs.py)."""
     import fsspec
     from fsspec.implementations.memory import MemoryFileSystem
 

@@ -52,6 +52,8 @@ ENV_STORAGE_OPTIONS = "ALE_DATA_STORAGE_OPTIONS"
 ENV_REF_STORAGE_OPTIONS = "ALE_REFERENCE_STORAGE_OPTIONS"
 ENV_REF_S3_PROFILE = "ALE_REFERENCE_S3_PROFILE"
 ENV_S3_ENDPOINT = "ALE_S3_ENDPOINT_URL"
+ENV_GCS_ENDPOINT = "ALE_GCS_ENDPOINT_URL"
+GCS_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"  # read by gcsfs itself
 
 
 def _truthy(value: str | None) -> bool:
@@ -111,6 +113,9 @@ def storage_options_for(protocol: str, *, anon: bool | None, role: str, extra: d
             opts["profile"] = os.environ[ENV_REF_S3_PROFILE]
             opts.pop("anon", None)
     elif protocol == "gcs":
+        endpoint = os.environ.get(ENV_GCS_ENDPOINT)
+        if endpoint:
+            opts["endpoint_url"] = endpoint.rstrip("/")
         if anon:
             opts["token"] = "anon"
     elif protocol == "hf":
@@ -125,11 +130,25 @@ def storage_options_for(protocol: str, *, anon: bool | None, role: str, extra: d
     return opts
 
 
+def _gcs_endpoint_overridden(options: dict[str, Any]) -> bool:
+    if options.get("endpoint_url"):
+        return True
+    return os.environ.get(GCS_EMULATOR_ENV, "") not in ("", "default")
+
+
 def make_filesystem(protocol: str, options: dict[str, Any]) -> Any:
     import fsspec
 
+    # A fresh instance per role: the reference role's credentials never serve input.
     try:
-        # A fresh instance per role: the reference role's credentials never serve input.
+        if protocol == "gcs" and _gcs_endpoint_overridden(options):
+            # The class gcsfs registers by default (ExtendedGcsFileSystem) asks the
+            # Storage Control API over gRPC for each bucket's layout, at the endpoint's
+            # host:port; an emulator serves only the JSON API, so every call would
+            # wait out a 60 s retry. The JSON-API class talks to the endpoint alone.
+            from gcsfs.core import GCSFileSystem
+
+            return GCSFileSystem(skip_instance_cache=True, **options)
         return fsspec.filesystem(protocol, skip_instance_cache=protocol != "memory", **options)
     except ImportError as exc:
         pkg = {"s3": "s3fs", "gcs": "gcsfs", "hf": "huggingface_hub"}.get(protocol, protocol)
