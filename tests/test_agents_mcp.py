@@ -112,7 +112,9 @@ def test_mcp_config_shapes():
     assert claude == {"mcpServers": {"ale": {"type": "http", "url": "http://127.0.0.1:1/mcp", "headers": {"Authorization": "Bearer tok"}}}}
     gemini = mcp_config("http://127.0.0.1:1/mcp", "tok", fmt="gemini")
     assert gemini["mcpServers"]["ale"]["httpUrl"] == "http://127.0.0.1:1/mcp"
-    assert "run_shell_command" in gemini["tools"]["exclude"]
+    assert gemini["tools"] == {"core": ["mcp_ale_shell", "mcp_ale_read_file", "mcp_ale_write_file", "mcp_ale_list_dir"]}
+    narrow = mcp_config("http://127.0.0.1:1/mcp", "tok", fmt="gemini", tools=("read_file",))
+    assert narrow["tools"] == {"core": ["mcp_ale_read_file"]}
 
 
 def test_stdio_bridge_with_the_sdk_client(box, tmp_path):  # noqa: F811

@@ -101,14 +101,14 @@ class CommandAgent:
         bridge = ToolBridge(ctx.tools, max_steps=min(limits) if limits else None)
         config_path = agent_dir / ("mcp-settings.json" if self.mcp_format == "gemini" else "mcp-config.json")
         async with serve_http(bridge) as (url, token):
-            config_path.write_text(json.dumps(mcp_config(url, token, fmt=self.mcp_format), indent=2))
+            config_path.write_text(json.dumps(mcp_config(url, token, fmt=self.mcp_format, tools=ctx.tools.allowlist), indent=2))
             os.chmod(config_path, 0o600)
             try:
                 return await self._run_harness(ctx, bridge, agent_dir, cwd, url, token, config_path, prompt_file)
             finally:
                 # The token dies with the bridge; the file keeps the shape, not the secret.
                 with contextlib.suppress(OSError):
-                    doc = mcp_config(url, REDACTED, fmt=self.mcp_format)
+                    doc = mcp_config(url, REDACTED, fmt=self.mcp_format, tools=ctx.tools.allowlist)
                     config_path.write_text(json.dumps(doc, indent=2))
 
     async def _run_harness(

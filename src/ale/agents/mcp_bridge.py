@@ -257,13 +257,19 @@ async def serve_http(
             sock.close()
 
 
-def mcp_config(url: str, token: str, *, name: str = SERVER_NAME, fmt: str = "claude") -> dict[str, Any]:
+def mcp_config(
+    url: str, token: str, *, name: str = SERVER_NAME, fmt: str = "claude", tools: tuple[str, ...] = ALL_TOOLS
+) -> dict[str, Any]:
     """The MCP client configuration external harnesses read.
 
     ``claude``: ``{"mcpServers": {name: {"type": "http", "url", "headers"}}}``
     (Claude Code's ``--mcp-config``; also what most harnesses accept).
     ``gemini``: a Gemini CLI settings file with the server (``httpUrl``) and
-    the CLI's own shell, file and web tools excluded.
+    ``tools.core`` naming only the bridge's tools (``mcp_<server>_<tool>``), so the
+    CLI's own shell, file and web tools are not offered. An ``exclude`` list of
+    built-ins would not do: Gemini CLI 0.61 matches it against MCP tools'
+    unprefixed names too (excluding ``read_file`` hides the bridge's), and new
+    built-ins get through it.
     """
     headers = {"Authorization": f"Bearer {token}"}
     if fmt == "claude":
@@ -271,25 +277,9 @@ def mcp_config(url: str, token: str, *, name: str = SERVER_NAME, fmt: str = "cla
     if fmt == "gemini":
         return {
             "mcpServers": {name: {"httpUrl": url, "headers": headers, "trust": True, "timeout": 600000}},
-            "tools": {"exclude": list(GEMINI_BUILTIN_TOOLS)},
+            "tools": {"core": [f"mcp_{name}_{t}" for t in tools]},
         }
     raise ValueError(f"unknown mcp_config format {fmt!r}; known: claude, gemini")
-
-
-# Gemini CLI's built-in tools; excluded so the MCP tools are its only reach.
-GEMINI_BUILTIN_TOOLS = (
-    "run_shell_command",
-    "read_file",
-    "read_many_files",
-    "write_file",
-    "replace",
-    "list_directory",
-    "glob",
-    "search_file_content",
-    "web_fetch",
-    "google_web_search",
-    "save_memory",
-)
 
 
 # -- stdio -----------------------------------------------------------------------
