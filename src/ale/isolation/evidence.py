@@ -193,7 +193,9 @@ def _json_default(obj: Any) -> Any:
 def to_json_text(obj: Any) -> str:
     if isinstance(obj, BaseModel):
         obj = obj.model_dump(mode="json")
-    return json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n"
+    # One line, no indent: only then does json use its C encoder, and evidence is
+    # written on every run's hot path (`jq .` or `python -m json.tool` to read it).
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n"
 
 
 def write_new(path: Path, data: bytes, *, mode: int = 0o644) -> Path:
