@@ -256,3 +256,23 @@ def test_fork_bomb_is_contained_and_the_run_still_graded(docker_client, tmp_path
     assert result.scores == [1.0]
     probes = (plan.run_dir / "evidence" / "probes-after.txt").read_text()
     assert "Cannot fork" not in probes
+
+
+def test_capped_workspace_stops_a_disk_filling_agent(docker_client, tmp_path):
+    from ale.sandbox.scratch import mounts_under
+
+    steps = [
+        shell("cp /input/secret.txt /workspace/secret.txt"),
+        shell("head -c 8000000 /dev/zero > /workspace/fill.bin; echo exit=$?"),
+    ]
+    plan = plan_for(EXAMPLES / "secrets" / "echo_secret", tmp_path, agent="replay", steps=steps)
+    plan = plan.model_copy(update={"limits": plan.limits.model_copy(update={"workspace_max_bytes": 2 * 1024 * 1024})})
+    result = run(plan, docker_client)
+    assert result.status is RunStatus.SCORED, (result.error, result.violations)
+    assert result.scores == [1.0]
+    fill = trajectory(plan)[1]
+    assert "No space left on device" in fill["stderr"] and "exit=1" in fill["stdout"]
+    assert mounts_under(tmp_path) == []  # the tmpfs went with the run
+    from ale.isolation.verify import verify_run_dir
+
+    assert verify_run_dir(plan.run_dir).valid

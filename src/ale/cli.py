@@ -32,7 +32,8 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: Path, script: Path | None,
-          image: str, policy: Path | None, signing_key: Path | None, timeout: float | None, config: dict | None = None):
+          image: str, policy: Path | None, signing_key: Path | None, timeout: float | None, config: dict | None = None,
+          workspace_max_bytes: int | None = None):
     from ale.isolation.policy import IsolationPolicy
     from ale.runs.plan import AgentSpec, Limits, RunPlan, new_run_id
 
@@ -51,7 +52,7 @@ def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: 
         data_source=data,
         image=image,
         policy=pol,
-        limits=Limits(wall_time_s=timeout),
+        limits=Limits(wall_time_s=timeout, workspace_max_bytes=workspace_max_bytes),
         runs_dir=str(runs_dir),
         signing_key=str(signing_key) if signing_key else None,
     )
@@ -93,6 +94,7 @@ def run(
     signing_key: KeyOpt = None,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Agent wall time in seconds (default: the task card's).")] = None,
     agent_config: Annotated[str | None, typer.Option("--agent-config", help="Agent configuration as JSON.")] = None,
+    workspace_max_bytes: Annotated[int | None, typer.Option("--workspace-max-bytes", min=1, help="Cap the workspace (a tmpfs of this size; root only).")] = None,
 ) -> None:
     """Run one task variant with one agent; print the run folder last."""
     cfg = None
@@ -101,7 +103,7 @@ def run(
             cfg = json.loads(agent_config)
         except json.JSONDecodeError as e:
             _fail(f"--agent-config is not valid JSON: {e}")
-    plan = _plan(task_dir, agent, variant, data, runs_dir, script, image, policy, signing_key, timeout, cfg)
+    plan = _plan(task_dir, agent, variant, data, runs_dir, script, image, policy, signing_key, timeout, cfg, workspace_max_bytes)
     result = _execute(plan)
     _print_result(result, plan.run_dir)
     if result.status.value in ("infrastructure_error", "invalid_evaluation_environment", "grading_failed"):

@@ -42,6 +42,7 @@ from ale.runs.plan import RunPlan
 from ale.runs.result import PhaseTiming, RunResult
 from ale.sandbox.base import ExecResult, Mount, SandboxError
 from ale.sandbox.docker import LABEL_EXPERIMENT, LABEL_ROLE, LABEL_RUN, DockerSandbox, connect
+from ale.sandbox.scratch import mount_workspace_tmpfs, release_scratch
 from ale.sandbox.session import ContainerSession, Route, RoutedSession
 from ale.status import RunStatus
 from ale.tasks.loader import (
@@ -181,6 +182,11 @@ def prepare(plan: RunPlan, client: docker.DockerClient | None = None) -> Prepare
         agent = make_agent(plan.agent)
     except AgentConfigError as e:
         raise PreflightError(str(e)) from e
+    if plan.limits.workspace_max_bytes is not None and os.geteuid() != 0:
+        raise PreflightError(
+            f"limits.workspace_max_bytes={plan.limits.workspace_max_bytes} needs root (the workspace "
+            "becomes a size-capped tmpfs mount); run as root or leave it unset"
+        )
     data_spec = plan.data_source or task.card.data_source
     wall = plan.limits.wall_time_s or task.card.timeout_s or DEFAULT_WALL_TIME_S
     try:
@@ -202,10 +208,14 @@ def _make_dirs(state: RunState) -> None:
     os.chmod(state.scratch, 0o700)
     state.input_host.mkdir(mode=0o755)
     state.workspace_host.mkdir(mode=0o755)
-    try:
-        os.chown(state.workspace_host, state.plan.policy.uid, state.plan.policy.gid)
-    except PermissionError:
-        os.chmod(state.workspace_host, 0o777)
+    policy, cap = state.plan.policy, state.plan.limits.workspace_max_bytes
+    if cap is not None:
+        mount_workspace_tmpfs(state.workspace_host, max_bytes=cap, uid=policy.uid, gid=policy.gid)
+    else:
+        try:
+            os.chown(state.workspace_host, policy.uid, policy.gid)
+        except PermissionError:
+            os.chmod(state.workspace_host, 0o777)
     (state.scratch / "private").mkdir(mode=0o700)
     state.setup_reference_host.mkdir(mode=0o700)
 
@@ -661,7 +671,7 @@ async def _cleanup(state: RunState) -> None:
         if state.grader is not None:
             with contextlib.suppress(Exception):
                 await state.grader.close()
-        await asyncio.to_thread(shutil.rmtree, state.scratch, True)
+        await asyncio.to_thread(release_scratch, state.scratch)
 
     await asyncio.shield(_do())
 

@@ -49,6 +49,7 @@ from ale.runs.experiment import Experiment, PlannedUnit, attempt_run_id, content
 from ale.runs.plan import RunPlan
 from ale.runs.result import RunResult
 from ale.runs.store import RunIndex, UnitInfo, read_result, runs_root, write_units
+from ale.sandbox.scratch import release_scratch
 from ale.status import RunStatus, counts_toward_score
 
 Runner = Callable[[RunPlan, asyncio.Event], Awaitable[RunResult]]
@@ -430,7 +431,7 @@ class Orchestrator:
                     moved.append(run_dir.name)
             scratch = root / ".scratch"
             if scratch.is_dir():
-                shutil.rmtree(scratch, ignore_errors=True)
+                release_scratch(scratch)
         return orphans, moved
 
     def _unit_states(self, index: RunIndex) -> list[UnitState]:
