@@ -92,3 +92,11 @@ def test_verify_container_cli_on_a_good_and_a_bad_container(docker_client, tmp_p
         assert p.returncode == 1 and "mounts.sources" in p.stdout
     finally:
         c.remove(force=True, v=True)
+
+
+def test_published_schemas_are_current(tmp_path):
+    p = ale("schema", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    for name in ("result.schema.json", "trajectory.schema.json"):
+        published = json.loads((REPO / "schemas" / name).read_text())
+        assert published == json.loads((tmp_path / name).read_text()), f"schemas/{name} is stale: run `ale schema`"
