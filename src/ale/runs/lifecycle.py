@@ -573,7 +573,7 @@ async def execute_run(
         if state.violations:
             raise SealBroken()
         status = _status_after_agent(state.agent_outcome)
-        if state.agent_outcome and state.agent_outcome.detail:
+        if state.agent_outcome and state.agent_outcome.end is not AgentEnd.FINISHED:
             error = state.agent_outcome.detail
         async with state.phase("grade"):
             await stage_reference(state)
