@@ -145,6 +145,13 @@ def test_renderings(report) -> None:
     assert 'href="../exp/runs/t1-v0-A-r0-a1/trajectory.json"' in html
     assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")  # nothing fetched
     assert "<script" not in html
+    # Each agent's invalid runs are shown beside its mean, never inside it.
+    agents_table = html.split("<table id='agents'>")[1].split("</table>")[0]
+    for a in report.agents:
+        n = a.statuses.get("invalid_evaluation_environment", 0)
+        row = agents_table.split(f"<tr><td>{a.agent}</td>")[1].split("</tr>")[0]
+        assert row.endswith(f">{n}</td>"), row
+    assert sum(a.statuses.get("invalid_evaluation_environment", 0) for a in report.agents) == 5
 
 
 def test_load_report_from_folders(tmp_path: Path) -> None:

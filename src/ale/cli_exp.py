@@ -166,12 +166,13 @@ def report_command(
         err.print(f"wrote {html}")
     if not (as_json or as_csv or html):
         table = Table(title=f"{report.experiment or exp_dir}: {report.total_runs} runs")
-        for col in ("agent", "mean", "95% CI", f"pass ≥ {report.pass_threshold:g}", "tasks", "counted/runs"):
+        for col in ("agent", "mean", "95% CI", f"pass ≥ {report.pass_threshold:g}", "tasks", "counted/runs", "invalid"):
             table.add_column(col)
         for a in report.agents:
             ci = "-" if a.ci_low is None else f"[{a.ci_low:.3f}, {a.ci_high:.3f}]"
             table.add_row(a.agent, "-" if a.mean is None else f"{a.mean:.3f}", ci,
-                          "-" if a.pass_rate is None else f"{a.pass_rate:.3f}", str(a.items), f"{a.counted}/{a.runs}")
+                          "-" if a.pass_rate is None else f"{a.pass_rate:.3f}", str(a.items), f"{a.counted}/{a.runs}",
+                          str(a.statuses.get("invalid_evaluation_environment", 0)))
         console = Console()
         console.print(table)
         console.print("by status: " + ", ".join(f"{k} {v}" for k, v in report.counts_by_status.items() if v))

@@ -11,6 +11,7 @@ import io
 import os
 from html import escape
 from pathlib import Path
+from typing import Any
 
 from ale.report.aggregate import TIERS, UNCLASSIFIED, Report
 
@@ -101,6 +102,10 @@ def histogram_svg(report: Report, bins: int = 10) -> str:
     return "".join(parts) + f'<div class="legend">{legend}</div>'
 
 
+def _invalid(agent: Any) -> int:
+    return agent.statuses.get("invalid_evaluation_environment", 0)
+
+
 def heatmap_svg(report: Report) -> str:
     """Agents (rows) × items (columns), coloured by the agent's item score."""
     agents = [a.agent for a in report.agents]
@@ -183,14 +188,17 @@ def to_html(report: Report, *, link_base: str = "") -> str:
     out.append("<h2>Agents</h2><table id='agents'><tr><th>agent</th><th>mean</th><th>95% CI</th>"
                f"<th>pass rate ≥ {report.pass_threshold:g}</th>"
                + "".join(f"<th>pass@{k}</th>" for k in range(1, max_k + 1))
-               + "<th>tasks scored</th><th>runs counted / final</th></tr>")
+               + "<th>tasks scored</th><th>runs counted / final</th><th>invalid</th></tr>")
     for a in report.agents:
         ci = "–" if a.ci_low is None else f"[{_fmt(a.ci_low)}, {_fmt(a.ci_high)}]"
         out.append(
             f"<tr><td>{escape(a.agent)}</td><td class='num'>{_fmt(a.mean)}</td><td class='num'>{ci}</td>"
             f"<td class='num'>{_fmt(a.pass_rate)}</td>"
             + "".join(f"<td class='num'>{_fmt(a.pass_at_k.get(k))}</td>" for k in range(1, max_k + 1))
-            + f"<td class='num'>{a.items}</td><td class='num'>{a.counted} / {a.runs}</td></tr>"
+            + f"<td class='num'>{a.items}</td><td class='num'>{a.counted} / {a.runs}</td>"
+            # Shown per agent: an agent that breaks its sandbox's checks voids its runs
+            # instead of scoring 0 on them, so its invalid rate belongs beside its mean.
+            + f"<td class='num{' bad' if _invalid(a) else ''}'>{_invalid(a)}</td></tr>"
         )
     out.append("</table>")
 
