@@ -8,8 +8,6 @@ search asks the GCE metadata server, an address off this machine.
 
 from __future__ import annotations
 
-import json
-import os
 import socket
 import threading
 from pathlib import Path
@@ -19,12 +17,20 @@ import pytest
 from ale.data.base import DataError, ReferenceError, VariantKey
 from ale.data.hashing import hash_tree
 from ale.data.remote import BlobCache, RemoteSource, make_filesystem, prefetch, storage_options_for
-from ale.data.sealing import build_manifest, seal_variant, write_manifest
+from ale.data.sealing import seal_variant
 from ale.data.sources import open_source
 from ale.status import RunStatus
-from tests.test_data_support import make_variant, tree_of
+from tests.test_data_support import (
+    KEY,
+    check_corrupt_cache_and_bad_remote_is_reported,
+    check_corrupt_cache_entry_is_refetched,
+    check_manifest_mismatch_names_the_file,
+    check_sealed_reference_and_cache_reuse,
+    make_variant,
+    tree_of,
+    upload_tree,
+)
 
-KEY = VariantKey("dom", "task", "v0")
 GCS_ENV = ("ALE_GCS_ENDPOINT_URL", "STORAGE_EMULATOR_HOST", "ALE_DATA_ANON", "ALE_DATA_STORAGE_OPTIONS", "ALE_REFERENCE_STORAGE_OPTIONS")
 
 
@@ -110,11 +116,6 @@ def gcs(emulator: Emulator, monkeypatch, tmp_path: Path):
     return fs, bucket
 
 
-def _upload(fs, local_root: Path, remote: str) -> None:
-    fs.put(str(local_root) + "/", remote + "/", recursive=True)
-    fs.invalidate_cache()
-
-
 def _bearer(token: str):
     """google-auth credentials holding a fixed access token (never refreshed)."""
     from google.oauth2.credentials import Credentials
@@ -125,7 +126,7 @@ def _bearer(token: str):
 def test_gcs_end_to_end_tree_reference(gcs, emulator: Emulator, tmp_path: Path) -> None:
     fs, bucket = gcs
     v = make_variant(tmp_path / "data", software=True)
-    _upload(fs, tmp_path / "data", f"{bucket}/pre")
+    upload_tree(fs, tmp_path / "data", f"{bucket}/pre")
     mark = emulator.mark()
     src = open_source(f"gs://{bucket}/pre", anon=True)
     assert isinstance(src, RemoteSource)
@@ -153,27 +154,10 @@ def test_gcs_sealed_reference_and_cache_reuse(gcs, emulator: Emulator, tmp_path:
     monkeypatch.delenv("ALE_GCS_ENDPOINT_URL")
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url.removeprefix("http://"))
     monkeypatch.setenv("ALE_DATA_ANON", "1")
-    store = tmp_path / "secrets.json"
-    v = make_variant(tmp_path / "data")
-    seal_variant(v, store, remove_clear=True)
-    _upload(fs, tmp_path / "data", f"{bucket}/sealed")
-    src = open_source(f"gs://{bucket}/sealed", secret_store=store)
-    assert src.fs._location == emulator.url
-    src.stage_input(KEY, tmp_path / "r1")
-    c = src.commit_reference(KEY)
-    manifest = json.loads((v / "manifest.json").read_text())
-    assert c is not None and c.kind == "archive" and c.sha256 == manifest["reference_archive"]["sha256"]
-    src.stage_reference(KEY, tmp_path / "g" / "reference", c)
-    assert (tmp_path / "g" / "reference" / "answer.txt").read_text() == "REFERENCE-MARKER-42\n"
-    assert sorted(os.listdir(tmp_path / "g")) == ["reference"]
-    # a second staging is served by the cache: no download at all
-    again = open_source(f"gs://{bucket}/sealed", secret_store=store)
+    from ale.data.sources import open_source
 
-    def no_download(*a, **k):
-        raise AssertionError("downloaded although cached")
-
-    monkeypatch.setattr(again.fs, "open", no_download)
-    assert again.stage_input(KEY, tmp_path / "r2") == hash_tree(tmp_path / "r1")
+    assert open_source(f"gs://{bucket}/sealed").fs._location == emulator.url
+    check_sealed_reference_and_cache_reuse(fs, f"gs://{bucket}/sealed", tmp_path, monkeypatch)
 
 
 def test_gcs_tampered_archive_is_caught_before_decryption(gcs, tmp_path: Path, monkeypatch) -> None:
@@ -181,7 +165,7 @@ def test_gcs_tampered_archive_is_caught_before_decryption(gcs, tmp_path: Path, m
     store = tmp_path / "secrets.json"
     v = make_variant(tmp_path / "data")
     seal_variant(v, store, remove_clear=True)
-    _upload(fs, tmp_path / "data", f"{bucket}/t")
+    upload_tree(fs, tmp_path / "data", f"{bucket}/t")
     c = open_source(f"gs://{bucket}/t", anon=True, secret_store=store).commit_reference(KEY)
     assert c is not None and c.kind == "archive"
     fs.pipe(f"{bucket}/t/{KEY.relpath}/reference.7z", b"garbage")
@@ -196,48 +180,23 @@ def test_gcs_tampered_archive_is_caught_before_decryption(gcs, tmp_path: Path, m
 
 def test_gcs_manifest_mismatch_names_the_file(gcs, tmp_path: Path) -> None:
     fs, bucket = gcs
-    v = make_variant(tmp_path / "data")
-    write_manifest(v, build_manifest(v))
-    (v / "input" / "a.txt").write_text("HELLO")  # same size, different content
-    _upload(fs, tmp_path / "data", f"{bucket}/m")
-    src = open_source(f"gs://{bucket}/m", anon=True)
-    with pytest.raises(DataError, match=r"input/a.txt: downloaded sha256 .* does not match manifest.json") as e:
-        src.stage_input(KEY, tmp_path / "run")
-    assert e.value.status is RunStatus.INFRASTRUCTURE_ERROR
-    assert not (tmp_path / "run" / "a.txt").exists()
+    check_manifest_mismatch_names_the_file(fs, f"gs://{bucket}/m", tmp_path, anon=True)
 
 
 def test_gcs_corrupt_cache_entry_is_refetched(gcs, tmp_path: Path) -> None:
     fs, bucket = gcs
-    v = make_variant(tmp_path / "data")
-    _upload(fs, tmp_path / "data", f"{bucket}/c")
-    first = open_source(f"gs://{bucket}/c", anon=True).stage_input(KEY, tmp_path / "r1")
-    sha = first["files"]["sub/b.bin"]["sha256"]
-    blob = BlobCache().blob_path(sha)
-    blob.write_bytes(b"rotten" + blob.read_bytes()[6:])
-    second = open_source(f"gs://{bucket}/c", anon=True).stage_input(KEY, tmp_path / "r2")
-    assert second == first
-    assert (tmp_path / "r2" / "sub" / "b.bin").read_bytes() == (v / "input" / "sub" / "b.bin").read_bytes()
-    assert hash_tree(blob.parent)["files"][sha]["sha256"] == sha  # the blob was replaced
+    check_corrupt_cache_entry_is_refetched(fs, f"gs://{bucket}/c", tmp_path, anon=True)
 
 
 def test_gcs_corrupt_cache_and_bad_remote_is_reported(gcs, tmp_path: Path) -> None:
     fs, bucket = gcs
-    v = make_variant(tmp_path / "data")
-    write_manifest(v, build_manifest(v))
-    _upload(fs, tmp_path / "data", f"{bucket}/cb")
-    first = open_source(f"gs://{bucket}/cb", anon=True).stage_input(KEY, tmp_path / "r1")
-    sha = first["files"]["a.txt"]["sha256"]
-    BlobCache().blob_path(sha).write_bytes(b"HELLO")
-    fs.pipe(f"{bucket}/cb/{KEY.relpath}/input/a.txt", b"HELLO")  # the remote copy went bad too
-    with pytest.raises(DataError, match=r"input/a.txt: downloaded sha256 .* does not match manifest.json"):
-        open_source(f"gs://{bucket}/cb", anon=True).stage_input(KEY, tmp_path / "r2")
+    check_corrupt_cache_and_bad_remote_is_reported(fs, f"gs://{bucket}/cb", tmp_path, anon=True)
 
 
 def test_gcs_reference_role_has_its_own_credentials(gcs, emulator: Emulator, tmp_path: Path, monkeypatch) -> None:
     fs, bucket = gcs
     make_variant(tmp_path / "data")
-    _upload(fs, tmp_path / "data", f"{bucket}/r")
+    upload_tree(fs, tmp_path / "data", f"{bucket}/r")
     src = open_source(
         f"gs://{bucket}/r",
         storage_options={"token": _bearer("candidate-token"), "project": "inputs"},
@@ -263,7 +222,7 @@ def test_gcs_prefetch_fills_cache(gcs, tmp_path: Path, monkeypatch) -> None:
     fs, bucket = gcs
     monkeypatch.setenv("ALE_DATA_ANON", "1")
     make_variant(tmp_path / "data")
-    _upload(fs, tmp_path / "data", f"{bucket}/p")
+    upload_tree(fs, tmp_path / "data", f"{bucket}/p")
     lines: list[str] = []
     n = prefetch(f"gs://{bucket}/p", [KEY], progress=False, say=lines.append)
     assert n == sum(p.stat().st_size for p in (tmp_path / "data" / KEY.relpath / "input").rglob("*") if p.is_file())

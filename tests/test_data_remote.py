@@ -4,7 +4,6 @@ tests/test_data_gcs.py); the verified cache."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -13,13 +12,19 @@ import pytest
 from ale.data.base import DataError, ReferenceError, VariantKey
 from ale.data.hashing import hash_tree
 from ale.data.remote import BlobCache, RemoteSource, parse_spec, prefetch, storage_options_for
-from ale.data.sealing import build_manifest, seal_variant, write_manifest
+from ale.data.sealing import seal_variant
 from ale.data.sources import open_source
-from ale.status import RunStatus
-from tests.test_data_support import HfStandIn, make_variant, tree_of
-
-KEY = VariantKey("dom", "task", "v0")
-
+from tests.test_data_support import (
+    KEY,
+    HfStandIn,
+    check_corrupt_cache_and_bad_remote_is_reported,
+    check_corrupt_cache_entry_is_refetched,
+    check_manifest_mismatch_names_the_file,
+    check_sealed_reference_and_cache_reuse,
+    make_variant,
+    tree_of,
+    upload_tree,
+)
 
 # ----------------------------------------------------------------------------- s3 (moto)
 
@@ -66,15 +71,10 @@ def s3(moto_endpoint, monkeypatch, tmp_path):
     return fs, bucket
 
 
-def _upload(fs, local_root: Path, remote: str) -> None:
-    fs.put(str(local_root) + "/", remote + "/", recursive=True)
-    fs.invalidate_cache()
-
-
 def test_s3_end_to_end_tree_reference(s3, tmp_path: Path) -> None:
     fs, bucket = s3
     v = make_variant(tmp_path / "data", software=True)
-    _upload(fs, tmp_path / "data", f"{bucket}/pre")
+    upload_tree(fs, tmp_path / "data", f"{bucket}/pre")
     src = open_source(f"s3://{bucket}/pre")
     assert isinstance(src, RemoteSource)
     tree = src.stage_input(KEY, tmp_path / "run" / "input")
@@ -91,75 +91,28 @@ def test_s3_end_to_end_tree_reference(s3, tmp_path: Path) -> None:
 
 def test_s3_sealed_reference_and_cache_reuse(s3, tmp_path: Path, monkeypatch) -> None:
     fs, bucket = s3
-    store = tmp_path / "secrets.json"
-    v = make_variant(tmp_path / "data")
-    seal_variant(v, store, remove_clear=True)
-    _upload(fs, tmp_path / "data", f"{bucket}/sealed")
-    src = open_source(f"s3://{bucket}/sealed", secret_store=store)
-    src.stage_input(KEY, tmp_path / "r1")
-    c = src.commit_reference(KEY)
-    manifest = json.loads((v / "manifest.json").read_text())
-    assert c is not None and c.kind == "archive" and c.sha256 == manifest["reference_archive"]["sha256"]
-    src.stage_reference(KEY, tmp_path / "g" / "reference", c)
-    assert (tmp_path / "g" / "reference" / "answer.txt").read_text() == "REFERENCE-MARKER-42\n"
-    assert sorted(os.listdir(tmp_path / "g")) == ["reference"]
-    # a second staging is served by the cache: no download at all
-    again = open_source(f"s3://{bucket}/sealed", secret_store=store)
-
-    def no_download(*a, **k):
-        raise AssertionError("downloaded although cached")
-
-    monkeypatch.setattr(again.fs, "open", no_download)
-    assert again.stage_input(KEY, tmp_path / "r2") == hash_tree(tmp_path / "r1")
+    check_sealed_reference_and_cache_reuse(fs, f"s3://{bucket}/sealed", tmp_path, monkeypatch)
 
 
 def test_s3_manifest_mismatch_names_the_file(s3, tmp_path: Path) -> None:
     fs, bucket = s3
-    v = make_variant(tmp_path / "data")
-    write_manifest(v, build_manifest(v))
-    (v / "input" / "a.txt").write_text("HELLO")  # same size, different content
-    _upload(fs, tmp_path / "data", f"{bucket}/m")
-    src = open_source(f"s3://{bucket}/m")
-    with pytest.raises(DataError, match=r"input/a.txt: downloaded sha256 .* does not match manifest.json") as e:
-        src.stage_input(KEY, tmp_path / "run")
-    assert e.value.status is RunStatus.INFRASTRUCTURE_ERROR
-    assert not (tmp_path / "run" / "a.txt").exists()
+    check_manifest_mismatch_names_the_file(fs, f"s3://{bucket}/m", tmp_path)
 
 
 def test_s3_corrupt_cache_entry_is_refetched(s3, tmp_path: Path) -> None:
     fs, bucket = s3
-    v = make_variant(tmp_path / "data")
-    _upload(fs, tmp_path / "data", f"{bucket}/c")
-    src = open_source(f"s3://{bucket}/c")
-    first = src.stage_input(KEY, tmp_path / "r1")
-    cache = BlobCache()
-    sha = first["files"]["sub/b.bin"]["sha256"]
-    blob = cache.blob_path(sha)
-    blob.write_bytes(b"rotten" + blob.read_bytes()[6:])
-    second = open_source(f"s3://{bucket}/c").stage_input(KEY, tmp_path / "r2")
-    assert second == first
-    assert (tmp_path / "r2" / "sub" / "b.bin").read_bytes() == (v / "input" / "sub" / "b.bin").read_bytes()
-    assert hash_tree(blob.parent)["files"][sha]["sha256"] == sha  # the blob was replaced
+    check_corrupt_cache_entry_is_refetched(fs, f"s3://{bucket}/c", tmp_path)
 
 
 def test_s3_corrupt_cache_and_bad_remote_is_reported(s3, tmp_path: Path) -> None:
     fs, bucket = s3
-    v = make_variant(tmp_path / "data")
-    write_manifest(v, build_manifest(v))
-    _upload(fs, tmp_path / "data", f"{bucket}/cb")
-    src = open_source(f"s3://{bucket}/cb")
-    first = src.stage_input(KEY, tmp_path / "r1")
-    sha = first["files"]["a.txt"]["sha256"]
-    BlobCache().blob_path(sha).write_bytes(b"HELLO")
-    fs.pipe(f"{bucket}/cb/{KEY.relpath}/input/a.txt", b"HELLO")  # the remote copy went bad too
-    with pytest.raises(DataError, match=r"input/a.txt: downloaded sha256 .* does not match manifest.json"):
-        open_source(f"s3://{bucket}/cb").stage_input(KEY, tmp_path / "r2")
+    check_corrupt_cache_and_bad_remote_is_reported(fs, f"s3://{bucket}/cb", tmp_path)
 
 
 def test_s3_reference_role_has_its_own_credentials(s3, tmp_path: Path, monkeypatch) -> None:
     fs, bucket = s3
     make_variant(tmp_path / "data")
-    _upload(fs, tmp_path / "data", f"{bucket}/r")
+    upload_tree(fs, tmp_path / "data", f"{bucket}/r")
     src = open_source(f"s3://{bucket}/r", reference_storage_options={"key": "grader", "secret": "grader-secret"})
     assert src.fs is not src.ref_fs
     assert src.ref_fs.key == "grader" and src.fs.key != "grader"
@@ -175,7 +128,7 @@ def test_s3_reference_role_has_its_own_credentials(s3, tmp_path: Path, monkeypat
 def test_prefetch_fills_cache(s3, tmp_path: Path) -> None:
     fs, bucket = s3
     make_variant(tmp_path / "data")
-    _upload(fs, tmp_path / "data", f"{bucket}/p")
+    upload_tree(fs, tmp_path / "data", f"{bucket}/p")
     lines: list[str] = []
     n = prefetch(f"s3://{bucket}/p", [KEY], progress=False, say=lines.append)
     assert n == sum(p.stat().st_size for p in (tmp_path / "data" / KEY.relpath / "input").rglob("*") if p.is_file())

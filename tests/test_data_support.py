@@ -135,6 +135,11 @@ class HfStandIn:
 # ----------------------------------------------------------------------------- shared helpers
 
 
+
+from ale.data.base import VariantKey  # noqa: E402
+
+KEY = VariantKey("dom", "task", "v0")
+
 def make_variant(
     root: Path,
     key: str = "dom/task/v0",
@@ -163,3 +168,95 @@ def make_variant(
 
 def tree_of(path: Path) -> dict[str, bytes]:
     return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+# -- scenarios shared by every object-store source (s3 on moto, gs on an emulator) --
+
+
+def upload_tree(fs, local_root: Path, remote: str) -> None:
+    fs.put(str(local_root) + "/", remote + "/", recursive=True)
+    fs.invalidate_cache()
+
+
+def check_sealed_reference_and_cache_reuse(fs, url: str, tmp_path: Path, monkeypatch, **open_kw) -> None:
+    """A sealed variant: input staged, archive digest committed, reference decrypted;
+    a second staging is served by the verified cache without any download."""
+    from ale.data.hashing import hash_tree
+    from ale.data.sealing import seal_variant
+    from ale.data.sources import open_source
+
+    store = tmp_path / "secrets.json"
+    v = make_variant(tmp_path / "data")
+    seal_variant(v, store, remove_clear=True)
+    upload_tree(fs, tmp_path / "data", url.split("://", 1)[1])
+    src = open_source(url, secret_store=store, **open_kw)
+    src.stage_input(KEY, tmp_path / "r1")
+    c = src.commit_reference(KEY)
+    manifest = json.loads((v / "manifest.json").read_text())
+    assert c is not None and c.kind == "archive" and c.sha256 == manifest["reference_archive"]["sha256"]
+    src.stage_reference(KEY, tmp_path / "g" / "reference", c)
+    assert (tmp_path / "g" / "reference" / "answer.txt").read_text() == "REFERENCE-MARKER-42\n"
+    assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["reference"]
+    again = open_source(url, secret_store=store, **open_kw)
+
+    def no_download(*a, **k):
+        raise AssertionError("downloaded although cached")
+
+    monkeypatch.setattr(again.fs, "open", no_download)
+    assert again.stage_input(KEY, tmp_path / "r2") == hash_tree(tmp_path / "r1")
+
+
+def check_manifest_mismatch_names_the_file(fs, url: str, tmp_path: Path, **open_kw) -> None:
+    import pytest
+
+    from ale.data.base import DataError
+    from ale.data.sealing import build_manifest, write_manifest
+    from ale.data.sources import open_source
+    from ale.status import RunStatus
+
+    v = make_variant(tmp_path / "data")
+    write_manifest(v, build_manifest(v))
+    (v / "input" / "a.txt").write_text("HELLO")  # same size, different content
+    upload_tree(fs, tmp_path / "data", url.split("://", 1)[1])
+    src = open_source(url, **open_kw)
+    with pytest.raises(DataError, match=r"input/a.txt: downloaded sha256 .* does not match manifest.json") as e:
+        src.stage_input(KEY, tmp_path / "run")
+    assert e.value.status is RunStatus.INFRASTRUCTURE_ERROR
+    assert not (tmp_path / "run" / "a.txt").exists()
+
+
+def check_corrupt_cache_entry_is_refetched(fs, url: str, tmp_path: Path, **open_kw) -> None:
+    from ale.data.hashing import hash_tree
+    from ale.data.remote import BlobCache
+    from ale.data.sources import open_source
+
+    v = make_variant(tmp_path / "data")
+    upload_tree(fs, tmp_path / "data", url.split("://", 1)[1])
+    first = open_source(url, **open_kw).stage_input(KEY, tmp_path / "r1")
+    sha = first["files"]["sub/b.bin"]["sha256"]
+    blob = BlobCache().blob_path(sha)
+    blob.write_bytes(b"rotten" + blob.read_bytes()[6:])
+    second = open_source(url, **open_kw).stage_input(KEY, tmp_path / "r2")
+    assert second == first
+    assert (tmp_path / "r2" / "sub" / "b.bin").read_bytes() == (v / "input" / "sub" / "b.bin").read_bytes()
+    assert hash_tree(blob.parent)["files"][sha]["sha256"] == sha  # the blob was replaced
+
+
+def check_corrupt_cache_and_bad_remote_is_reported(fs, url: str, tmp_path: Path, **open_kw) -> None:
+    import pytest
+
+    from ale.data.base import DataError
+    from ale.data.remote import BlobCache
+    from ale.data.sealing import build_manifest, write_manifest
+    from ale.data.sources import open_source
+
+    v = make_variant(tmp_path / "data")
+    write_manifest(v, build_manifest(v))
+    remote = url.split("://", 1)[1]
+    upload_tree(fs, tmp_path / "data", remote)
+    first = open_source(url, **open_kw).stage_input(KEY, tmp_path / "r1")
+    sha = first["files"]["a.txt"]["sha256"]
+    BlobCache().blob_path(sha).write_bytes(b"HELLO")
+    fs.pipe(f"{remote}/{KEY.relpath}/input/a.txt", b"HELLO")  # the remote copy went bad too
+    with pytest.raises(DataError, match=r"input/a.txt: downloaded sha256 .* does not match manifest.json"):
+        open_source(url, **open_kw).stage_input(KEY, tmp_path / "r2")
