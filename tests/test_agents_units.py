@@ -101,7 +101,7 @@ def test_replay_script_errors_name_file_and_index(tmp_path):
     with pytest.raises(AgentConfigError, match=r"index 0: unknown tool 'rm_rf'"):
         load_script(bad)
     bad.write_text("[{")
-    with pytest.raises(AgentConfigError, match=r"script\.json: not valid JSON \(line 1"):
+    with pytest.raises(AgentConfigError, match=r"script\.json is not valid JSON \(line 1"):
         load_script(bad)
     bad.write_text('{"tool": "shell"}')
     with pytest.raises(AgentConfigError, match="expected a JSON list"):

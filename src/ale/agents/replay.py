@@ -8,7 +8,6 @@ which is what probing scripts want).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
 from ale.agents.errors import AgentConfigError
 from ale.agents.tools import ALL_TOOLS
+from ale.documents import load_document
 
 _KNOWN_KEYS = {"script", "steps", "stop_on_error"}
 
@@ -50,16 +50,8 @@ def parse_script(data: Any, source: str) -> list[ReplayCall]:
 
 
 def load_script(path: str | Path) -> list[ReplayCall]:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise AgentConfigError(f"replay script {p}: cannot read it ({e.strerror or e})") from e
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise AgentConfigError(f"replay script {p}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from e
-    return parse_script(data, str(p))
+    data = load_document(path, "replay script", AgentConfigError)
+    return parse_script(data, str(path))
 
 
 class ReplayAgent:

@@ -6,12 +6,10 @@ probes verify them, and the policy used is stored with each run's evidence.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 GIB = 1024**3
@@ -114,15 +112,10 @@ class IsolationPolicy(BaseModel):
         """Load from a JSON or YAML file; None gives the defaults for this host."""
         if path is None:
             return cls()
+        from ale.documents import load_document
+
         p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise ValueError(f"cannot read isolation policy {p}: {e}") from e
-        try:
-            data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as e:
-            raise ValueError(f"isolation policy {p} is not valid JSON/YAML: {e}") from e
+        data = load_document(p, "isolation policy")
         if data is None:
             data = {}
         if not isinstance(data, dict):

@@ -29,6 +29,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ale.documents import load_document
 from ale.isolation.policy import IsolationPolicy
 from ale.runs.plan import AgentSpec, Limits, RunPlan
 from ale.sandbox.image import DEFAULT_TOOLS_IMAGE
@@ -282,14 +283,7 @@ class Experiment(BaseModel):
 def load_experiment(path: str | Path) -> Experiment:
     """Read and validate an experiment file; ExperimentError says what is wrong."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ExperimentError(f"cannot read experiment file {p}: {e.strerror or e}") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ExperimentError(f"{p} is not valid YAML: {e}") from e
+    data = load_document(p, "experiment file", ExperimentError)
     if not isinstance(data, dict):
         raise ExperimentError(f"{p} must be a mapping at the top level, got {type(data).__name__}")
     if "source" in data:
