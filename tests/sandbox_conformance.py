@@ -28,6 +28,14 @@ async def check_timeout_kills_group(sb) -> None:
     assert ps.stdout.strip() == b"0", ps.stdout
 
 
+async def check_timeout_kills_escaped_descendants(sb) -> None:
+    """Children that left the process group (setsid, double fork) die with it too."""
+    r = await sb.exec(["sh", "-c", "setsid sh -c 'sleep 31' & (sh -c 'sleep 32 &') ; sleep 30"], timeout=1)
+    assert r.timed_out
+    ps = await sb.exec(["sh", "-c", "ps -eo args | grep -c '^sleep 3[12]' || true"])
+    assert ps.stdout.strip() == b"0", ps.stdout
+
+
 async def check_output_cap(sb) -> None:
     r = await sb.exec(["sh", "-c", "head -c 5000000 /dev/zero"], output_limit=1000)
     assert len(r.stdout) == 1000 and r.stdout_truncated and r.exit_code == 0
@@ -62,6 +70,7 @@ async def run_conformance(sb) -> None:
         check_exit_codes,
         check_streams_separate,
         check_timeout_kills_group,
+        check_timeout_kills_escaped_descendants,
         check_output_cap,
         check_stdin,
         check_background_does_not_block,

@@ -11,6 +11,7 @@ import shlex
 import socket
 import struct
 import time
+import uuid
 from collections.abc import Iterable
 from contextlib import suppress
 from typing import Any
@@ -24,6 +25,7 @@ from ale.isolation.policy import IsolationPolicy
 from ale.sandbox.base import DEFAULT_OUTPUT_LIMIT, ExecResult, Mount, SandboxError
 
 LABEL_MANAGED = "ale.managed"
+EXEC_TAG_VAR = "ALE_EXEC_ID"
 LABEL_RUN = "ale.run_id"
 LABEL_EXPERIMENT = "ale.experiment"
 LABEL_ROLE = "ale.role"
@@ -209,13 +211,18 @@ class DockerSandbox:
         env: dict[str, str] | None = None,
         wrap_timeout: bool = True,
     ) -> ExecResult:
-        """Run argv; on timeout the process group is killed (coreutils `timeout`)
-        and, should the stream still not close, every candidate process is.
-        `wrap_timeout=False` leaves only the host-side deadline (for commands that
-        kill every process but themselves, `timeout` included)."""
+        """Run argv; on timeout its whole process tree is killed: coreutils `timeout`
+        kills the process group, then every process that inherited this command's
+        tag (`ALE_EXEC_ID` in its environment: children that left the group with
+        setsid or a double fork included). Should the stream still not close, every
+        candidate process is killed. `wrap_timeout=False` leaves only the host-side
+        deadline (for commands that kill every process but themselves)."""
+        tag = None
         if timeout is not None and wrap_timeout:
             t = max(timeout, 0.1)
             argv = ["timeout", "-s", "KILL", f"{t:.3f}", *argv]
+            tag = uuid.uuid4().hex
+            env = {**(env or {}), EXEC_TAG_VAR: tag}
         started = time.monotonic()
         try:
             exec_id = await asyncio.to_thread(
@@ -265,6 +272,8 @@ class DockerSandbox:
         )
         if collector.error is not None and not forced:
             raise SandboxError(f"exec stream from {self.name} failed: {collector.error}")
+        if timed_out and tag is not None and not forced:
+            await self._kill_tagged(tag)
         return ExecResult(
             exit_code=exit_code,
             stdout=bytes(collector.out),
@@ -291,6 +300,15 @@ class DockerSandbox:
         finally:
             with suppress(Exception):
                 collector.sock.close()  # type: ignore[union-attr]
+
+    async def _kill_tagged(self, tag: str) -> None:
+        """Kill every process whose environment carries this command's tag."""
+        script = (
+            'for i in 1 2 3; do for p in /proc/[0-9]*; do '
+            'grep -qzx "$1=$2" "$p/environ" 2>/dev/null && kill -9 "${p#/proc/}" 2>/dev/null; '
+            "done; done; true"
+        )
+        await self.exec(["sh", "-c", script, "kill-tagged", EXEC_TAG_VAR, tag], timeout=30, wrap_timeout=False)
 
     async def kill_user_processes(self) -> int:
         """Kill every candidate process (all but PID 1) and report how many remain
