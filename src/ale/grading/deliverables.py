@@ -14,6 +14,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from ale.data.hashing import tree_digest
+
 
 class DeliverableFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -37,10 +39,8 @@ class DeliverablesManifest(BaseModel):
 
 
 def listing_digest(files: list[DeliverableFile]) -> str:
-    h = hashlib.sha256()
-    for f in sorted(files, key=lambda f: f.path):
-        h.update(f"{f.path}\0{f.sha256}\0{f.size}\n".encode())
-    return h.hexdigest()
+    """The tree digest every hashed listing in ale uses (input, reference, deliverables)."""
+    return tree_digest({f.path: {"sha256": f.sha256, "size": f.size} for f in files})
 
 
 def _copy_hashing(src_fd: int, dest: Path, limit: int) -> tuple[str, int]:

@@ -101,6 +101,7 @@ class RunState:
     agent_outcome: AgentOutcome | None = None
     trajectory: Any = None
     costs: dict[str, float] = field(default_factory=dict)
+    workspace_at_creation: dict | None = None  # listing + inode, proof the workspace began empty
 
     @contextlib.contextmanager
     def cost(self, what: str) -> Iterator[None]:
@@ -245,7 +246,7 @@ async def provision(state: RunState) -> None:
             for m in mounts
         ],
     )
-    state.store.write_json("workspace-empty.json", {"at_creation": workspace_listing(state.workspace_host)})
+    state.workspace_at_creation = workspace_listing(state.workspace_host)
     state.sandbox = await asyncio.to_thread(
         DockerSandbox.create,
         state.prep.client,
@@ -324,12 +325,10 @@ def seal_input_and_workspace(state: RunState) -> None:
 
 def _seal_input_and_workspace(state: RunState) -> None:
     state.store.write_json("input-after-start.json", ev.hash_tree(state.input_host))
+    created = state.workspace_at_creation or {}
     listing = workspace_listing(state.workspace_host)
-    proof = json.loads(state.store.path("workspace-empty.json").read_text())
-    proof["at_agent_start"] = listing
-    state.store.path("workspace-empty.json").unlink()
-    state.store.write_json("workspace-empty.json", proof)
-    state.add_checks("agent-start", workspace_empty_checks(listing, expected_inode=proof["at_creation"].get("inode")))
+    state.store.write_json("workspace-empty.json", {"at_creation": created, "at_agent_start": listing})
+    state.add_checks("agent-start", workspace_empty_checks(listing, expected_inode=created.get("inode")))
 
 
 async def commit_reference(state: RunState) -> None:
@@ -677,6 +676,9 @@ async def _cleanup(state: RunState) -> None:
 
 
 def _finish_record(state: RunState, result: RunResult) -> None:
+    if state.workspace_at_creation is not None and not state.store.path("workspace-empty.json").exists():
+        # The run stopped before the agent's start: keep the creation proof alone.
+        state.store.write_json("workspace-empty.json", {"at_creation": state.workspace_at_creation})
     state.store.write_json("checks.json", state.checks)
     state.store.write_json("phases.json", [p.model_dump(mode="json") for p in state.phases])
     state.events.append("run.end", status=result.status.value, score=result.score)
