@@ -23,13 +23,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from ale.isolation import evidence as ev  # noqa: E402
-from ale.isolation.policy import IsolationPolicy  # noqa: E402
+from ale.defaults import DEFAULT_TOOLS_IMAGE  # noqa: E402
+from ale.plan import AgentSpec, RunPlan  # noqa: E402
+from ale.record import evidence as ev  # noqa: E402
 from ale.runs.lifecycle import execute_run, prepare  # noqa: E402
-from ale.runs.plan import AgentSpec, RunPlan  # noqa: E402
-from ale.sandbox.base import Mount  # noqa: E402
-from ale.sandbox.docker import DockerSandbox, connect, remove_containers  # noqa: E402
-from ale.sandbox.image import DEFAULT_TOOLS_IMAGE  # noqa: E402
+from ale.sandbox.base import Mount, SandboxSpec  # noqa: E402
+from ale.sandbox.docker import DockerProvider, DockerSandbox, connect, remove_containers  # noqa: E402
+from ale.sandbox.policy import IsolationPolicy  # noqa: E402
 
 
 async def bare(client, policy: IsolationPolicy, tmp: Path) -> float:
@@ -40,10 +40,9 @@ async def bare(client, policy: IsolationPolicy, tmp: Path) -> float:
     ws.mkdir()
     t0 = time.perf_counter()
     sb = DockerSandbox.create(
-        client, name=f"ale-bench-{rid}", image=DEFAULT_TOOLS_IMAGE, policy=policy,
+        client, SandboxSpec(name=f"ale-bench-{rid}", image=DEFAULT_TOOLS_IMAGE, policy=policy,
         mounts=[Mount(str(inp), "/input", True), Mount(str(ws), "/workspace", False)],
-        labels={"ale.run_id": f"bench-{rid}", "ale.experiment": "bench-overhead"}, workdir="/workspace",
-    )
+        labels={"ale.run_id": f"bench-{rid}", "ale.experiment": "bench-overhead"}, workdir="/workspace"))
     await sb.start()
     await sb.exec(["true"])
     await sb.stop()
@@ -72,7 +71,7 @@ async def full(client, policy: IsolationPolicy, runs_dir: Path) -> tuple[float, 
         agent=AgentSpec(name="nop"), policy=policy, runs_dir=str(runs_dir), experiment="bench-overhead",
     )
     t0 = time.perf_counter()
-    result = await execute_run(plan, client=client)
+    result = await execute_run(plan, provider=DockerProvider(client))
     elapsed = time.perf_counter() - t0
     assert result.status.value == "scored", (result.status, result.error, result.violations)
     costs = dict(result.extra.get("costs", {}))
@@ -99,7 +98,7 @@ def write_section(lines: list[str]) -> None:
 async def main(repeats: int) -> None:
     client = connect()
     policy = IsolationPolicy(memory_bytes=512 * 1024**2)
-    prepare(RunPlan(run_id="warm", task_dir=str(HERE / "tasks" / "noop"), agent=AgentSpec(name="nop")), client)
+    prepare(RunPlan(run_id="warm", task_dir=str(HERE / "tasks" / "noop"), agent=AgentSpec(name="nop")), DockerProvider(client))
     b, f, costs = [], [], []
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)

@@ -92,7 +92,7 @@ def bench_orchestrator(runs: int, concurrency: int) -> dict:
 def bench_bare(runs: int, concurrency: int) -> dict:
     import docker
 
-    from ale.isolation.policy import IsolationPolicy
+    from ale.defaults import DEFAULT_TOOLS_IMAGE
     from ale.sandbox.base import Mount
     from ale.sandbox.docker import (
         LABEL_EXPERIMENT,
@@ -100,7 +100,7 @@ def bench_bare(runs: int, concurrency: int) -> dict:
         container_create_kwargs,
         remove_containers,
     )
-    from ale.sandbox.image import DEFAULT_TOOLS_IMAGE
+    from ale.sandbox.policy import IsolationPolicy
 
     client = docker.from_env(timeout=120)
     policy = IsolationPolicy(cpus=1, memory_bytes=268435456)

@@ -41,6 +41,9 @@ def _isolated_config(tmp_path_factory, monkeypatch):
     base = tmp_path_factory.getbasetemp()
     monkeypatch.setenv("ALE_CONFIG_DIR", str(base / "ale-config"))
     monkeypatch.setenv("ALE_CACHE_DIR", str(base / "ale-cache"))
+    # Tables (status, report) are laid out for the terminal; tests pin a width
+    # so that none depends on the one it runs in. Errors are never wrapped.
+    monkeypatch.setenv("COLUMNS", "200")
 
 
 @pytest.fixture

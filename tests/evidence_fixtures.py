@@ -25,9 +25,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import ale
-from ale.isolation import evidence as ev
-from ale.isolation.policy import GIB, IsolationPolicy
+from ale import layout
+from ale.record import evidence as ev
+from ale.redaction import redact
 from ale.sandbox.base import Mount
+from ale.sandbox.policy import GIB, IsolationPolicy
 
 FIX = Path(__file__).parent / "fixtures"
 CAPTURES = ("inspect_good.json", "inspect_good_after.json", "image_good.json", "probe_good.txt")
@@ -64,7 +66,7 @@ def load_fixture(name: str) -> Any:
 
 
 def _t(value: str) -> datetime:
-    from ale.isolation.verify import parse_time
+    from ale.record.verify import parse_time
 
     t = parse_time(value)
     assert t is not None, value
@@ -114,8 +116,8 @@ def build_run_folder(
     from ale.grading.deliverables import extract_deliverables
     from ale.isolation.checks import check_inspect, diff_captures
     from ale.isolation.probes import parse_probes, workspace_listing
-    from ale.runs.plan import AgentSpec, RunPlan
-    from ale.runs.result import PhaseTiming, RunResult
+    from ale.plan import AgentSpec, RunPlan
+    from ale.result import PhaseTiming, RunResult
 
     scores = list(scores) if scores is not None else None
     if score is None and scores:
@@ -144,7 +146,7 @@ def build_run_folder(
         runs_dir=str(run_dir.parent),
     )
     (run_dir / "plan.json").write_text(plan.model_dump_json(indent=2))
-    events = ev.EventLog(run_dir / ev.EVENTS_FILE)
+    events = ev.EventLog(run_dir / layout.EVENTS)
     store = ev.EvidenceStore(run_dir)
     events.append("run.start", run_id=plan.run_id, plan_digest=plan.digest())
     store.write_json("policy.json", json.loads(POLICY.model_dump_json()))
@@ -208,7 +210,7 @@ def build_run_folder(
     })
     events.append("reference.committed", sha256=reference_sha, setup_digest=setup_tree["digest"])
     store.write_json("agent.json", {
-        "name": plan.agent.name, "config": ev.redact(plan.agent.config), "allowlist": list(plan.agent.allowlist),
+        "name": plan.agent.name, "config": redact(plan.agent.config), "allowlist": list(plan.agent.allowlist),
     })
     store.write_json("network.json", {"network_mode": "none", "controller": "outside the sandbox"})
     (run_dir / "trajectory.jsonl").write_text(json.dumps({"step": 1, "tool": "shell", "argv": ["ls"]}) + "\n")
@@ -248,7 +250,7 @@ def build_run_folder(
     if sign:
         ev.write_manifest_and_sign(run_dir, key)
     pub = run_dir.parent / f"{run_dir.name}-operator.pub.pem"
-    from ale.isolation.signing import public_key_pem
+    from ale.record.signing import public_key_pem
 
     pub.write_bytes(public_key_pem(key))
     return RunFolder(run_dir=run_dir, key=key, public_key_path=pub, run_id=plan.run_id)

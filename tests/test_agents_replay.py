@@ -10,7 +10,7 @@ import pytest
 
 from ale.agents.base import AgentEnd
 from ale.agents.replay import ReplayAgent
-from ale.agents.tools import TRUNCATION_MARKER
+from ale.sandbox.tools import TRUNCATION_MARKER
 from tests.test_agents_support import ANSWER, box, make_ctx  # noqa: F401 - box is a fixture
 
 pytestmark = pytest.mark.docker

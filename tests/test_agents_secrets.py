@@ -14,7 +14,7 @@ from ale.agents.base import AgentEnd
 from ale.agents.command import CommandAgent
 from ale.agents.errors import AgentConfigError
 from ale.agents.registry import agent_evidence
-from ale.runs.plan import AgentSpec
+from ale.plan import AgentSpec
 from tests.test_agents_support import ANSWER, box, make_ctx, standin_command  # noqa: F401 - box is a fixture
 
 pytestmark = pytest.mark.docker

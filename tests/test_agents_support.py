@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from ale.agents.base import AgentContext
-from ale.agents.tools import ToolBox
 from ale.agents.trajectory import TrajectoryWriter
+from ale.sandbox.base import SandboxSpec
+from ale.sandbox.tools import ToolBox
 from tests.conftest import TOOLS_IMAGE
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -47,9 +48,9 @@ def box(tmp_path_factory, docker_client):
     """A sealed container (the run template) with input numbers.txt, removed at the end."""
     import asyncio
 
-    from ale.isolation.policy import IsolationPolicy
     from ale.sandbox.base import Mount
     from ale.sandbox.docker import DockerSandbox
+    from ale.sandbox.policy import IsolationPolicy
 
     root = tmp_path_factory.mktemp("agents-box")
     input_dir, workspace = root / "input", root / "workspace"
@@ -59,15 +60,13 @@ def box(tmp_path_factory, docker_client):
     os.chmod(input_dir, 0o755)
     os.chmod(workspace, 0o777)
     sandbox = DockerSandbox.create(
-        docker_client,
-        name=f"ale-test-agents-{uuid.uuid4().hex[:10]}",
+        docker_client, SandboxSpec(name=f"ale-test-agents-{uuid.uuid4().hex[:10]}",
         image=TOOLS_IMAGE,
         policy=IsolationPolicy(cpus=1.0, memory_bytes=512 * 1024**2),
         mounts=[Mount(str(input_dir), "/input", True), Mount(str(workspace), "/workspace", False)],
         labels={TEST_LABEL: TEST_LABEL_VALUE},
         workdir="/workspace",
-        environment={},
-    )
+        environment={}))
     try:
         asyncio.run(sandbox.start())
         yield Box(sandbox, input_dir, workspace)

@@ -21,7 +21,7 @@ from ale.agents.trajectory import (
     load_trajectory,
     write_schema,
 )
-from ale.runs.plan import AgentSpec
+from ale.plan import AgentSpec
 
 REPO = Path(__file__).resolve().parents[1]
 

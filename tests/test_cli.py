@@ -10,9 +10,9 @@ import uuid
 
 import pytest
 
-from ale.isolation.policy import IsolationPolicy
 from ale.sandbox.base import Mount
 from ale.sandbox.docker import container_create_kwargs
+from ale.sandbox.policy import IsolationPolicy
 from tests.conftest import EXAMPLES, REPO, TOOLS_IMAGE
 
 

@@ -1,4 +1,4 @@
-"""The hash-chained event log (ale.isolation.evidence.EventLog / verify_chain)."""
+"""The hash-chained event log (ale.record.evidence.EventLog / verify_chain)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ale.isolation.evidence import GENESIS, EventLog, EvidenceError, event_hash, verify_chain
+from ale.record.evidence import GENESIS, EventLog, EvidenceError, event_hash, verify_chain
 
 
 def make_log(path: Path, n: int = 5) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Ed25519 keys and DSSE envelopes (ale.isolation.signing)."""
+"""Ed25519 keys and DSSE envelopes (ale.record.signing)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ale.isolation.signing import (
+from ale.record.signing import (
     PAYLOAD_TYPE,
     STATEMENT_TYPE,
     SignatureInvalid,

@@ -1,4 +1,4 @@
-"""Evidence files, tree hashes, redaction and sealing (ale.isolation.evidence)."""
+"""Evidence files, tree hashes, redaction and sealing (ale.record.evidence)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from ale import layout
 from ale.data.hashing import hash_tree as data_hash_tree
-from ale.isolation import evidence as ev
-from ale.isolation.signing import public_key_sha256, verify_envelope
+from ale.record import evidence as ev
+from ale.record.signing import public_key_sha256, verify_envelope
+from ale.redaction import REDACTED, redact, unredacted_secrets
 
 
 def test_sha256_file(tmp_path: Path) -> None:
@@ -84,23 +86,23 @@ def test_redact_keys_and_values() -> None:
         "OPENAI_API_KEY": "sk-xxxxxxxxxxxxxxxx",
         "credentials": {"user": "u", "secret": "s"},
     }
-    out = ev.redact(cfg)
+    out = redact(cfg)
     assert out == {
         "model": "gpt-x",
-        "api_key": ev.REDACTED,
+        "api_key": REDACTED,
         "max_tokens": 4096,
         "author": "Jane",
-        "nested": {"Authorization": ev.REDACTED, "list": [ev.REDACTED, "ok"], "password": ""},
-        "command": f"run --token-file /x --header 'Authorization: {ev.REDACTED}'",
-        "OPENAI_API_KEY": ev.REDACTED,
-        "credentials": {"user": "u", "secret": ev.REDACTED},
+        "nested": {"Authorization": REDACTED, "list": [REDACTED, "ok"], "password": ""},
+        "command": f"run --token-file /x --header 'Authorization: {REDACTED}'",
+        "OPENAI_API_KEY": REDACTED,
+        "credentials": {"user": "u", "secret": REDACTED},
     }
     assert cfg["api_key"] == "abc"  # a copy, the input is untouched
-    assert ev.unredacted_secrets(out) == []
-    assert sorted(ev.unredacted_secrets(cfg)) == [
+    assert unredacted_secrets(out) == []
+    assert sorted(unredacted_secrets(cfg)) == [
         "OPENAI_API_KEY", "api_key", "command", "credentials.secret", "nested.Authorization", "nested.list[0]",
     ]
-    assert ev.unredacted_secrets({"api_key": "<redacted>"}) == []
+    assert unredacted_secrets({"api_key": "<redacted>"}) == []
 
 
 def test_sign_refuses_a_second_seal_and_odd_entries(tmp_path: Path) -> None:
@@ -112,7 +114,7 @@ def test_sign_refuses_a_second_seal_and_odd_entries(tmp_path: Path) -> None:
     with pytest.raises(ev.EvidenceError, match="not regular files: link"):
         ev.write_manifest_and_sign(run, key)
     (run / "link").unlink()
-    assert not (run / ev.PUBLIC_KEY_FILE).exists()  # a refused seal leaves nothing behind
+    assert not (run / layout.PUBLIC_KEY).exists()  # a refused seal leaves nothing behind
     env_path = ev.write_manifest_and_sign(run, key)
     statement = verify_envelope(json.loads(env_path.read_text()), key.public_key())
     assert {s["name"] for s in statement["subject"]} == {"result.json", "public_key.pem"}

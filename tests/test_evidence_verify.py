@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from ale import layout
 from ale.cli_verify import verify_command
-from ale.isolation import evidence as ev
-from ale.isolation.signing import public_key_pem
-from ale.isolation.verify import VerifyReport, verify_run_dir
+from ale.record import evidence as ev
+from ale.record.signing import public_key_pem
+from ale.record.verify import VerifyReport, verify_run_dir
 from tests.evidence_fixtures import RunFolder, build_run_folder, load_fixture, requires_captures
 
 pytestmark = requires_captures
@@ -72,7 +73,7 @@ def test_verify_needs_no_docker(run: RunFolder) -> None:
         "import sys\n"
         "sys.modules['docker'] = None  # any import of docker now fails\n"
         "from pathlib import Path\n"
-        "from ale.isolation.verify import verify_run_dir\n"
+        "from ale.record.verify import verify_run_dir\n"
         f"r = verify_run_dir(Path({str(run.run_dir)!r}), Path({str(run.public_key_path)!r}))\n"
         "assert r.valid, r.reasons\n"
     )
@@ -129,7 +130,7 @@ def test_resigned_forgery_passes_only_the_recorded_key(run: RunFolder) -> None:
     """Whoever holds the folder can re-sign it with a key of their own: the recorded
     key then verifies the signature, the operator's key does not."""
     run.edit_json("result.json", lambda d: d.update(score=1.0, scores=[1.0, 1.0]))
-    for name in (ev.MANIFEST_FILE, ev.ATTESTATION_FILE, ev.PUBLIC_KEY_FILE):
+    for name in (layout.MANIFEST, layout.ATTESTATION, layout.PUBLIC_KEY):
         run.rel(name).unlink()
     ev.write_manifest_and_sign(run.run_dir, Ed25519PrivateKey.generate())
     own = verify(run, operator_key=False)
@@ -163,11 +164,11 @@ def test_edited_manifest_is_caught(run: RunFolder) -> None:
 
 
 def test_removed_signature_is_caught(run: RunFolder) -> None:
-    run.rel(ev.ATTESTATION_FILE).unlink()
+    run.rel(layout.ATTESTATION).unlink()
     assert_invalid(verify(run), "attestation.dsse.json is missing")
 
 
-@pytest.mark.parametrize("name", [ev.ATTESTATION_FILE, ev.MANIFEST_FILE])
+@pytest.mark.parametrize("name", [layout.ATTESTATION, layout.MANIFEST])
 @pytest.mark.parametrize("value", [None, [], "x", {}])
 def test_hollowed_seal_is_caught(run: RunFolder, name: str, value) -> None:
     run.rel(name).write_text(json.dumps(value))
@@ -329,13 +330,13 @@ def test_signed_but_malformed_records_fail_closed(run: RunFolder, tmp_path: Path
     and never crashes the verifier."""
     names = sorted(
         p.relative_to(run.run_dir).as_posix() for p in run.run_dir.rglob("*.json")
-        if p.name not in (ev.MANIFEST_FILE, ev.ATTESTATION_FILE)
+        if p.name not in (layout.MANIFEST, layout.ATTESTATION)
     ) + ["events.jsonl", "evidence/probes-before.txt"]
     for i, name in enumerate(names):
         for j, value in enumerate((None, [1], {"files": {"a": 1}, "State": 1, "source": 1})):
             d = tmp_path / f"case-{i}-{j}"
             shutil.copytree(run.run_dir, d)
-            for sealed in (ev.MANIFEST_FILE, ev.ATTESTATION_FILE, ev.PUBLIC_KEY_FILE):
+            for sealed in (layout.MANIFEST, layout.ATTESTATION, layout.PUBLIC_KEY):
                 (d / sealed).unlink()
             (d / name).write_text(json.dumps(value) + "\n")
             try:

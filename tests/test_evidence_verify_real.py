@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from ale.isolation.policy import IsolationPolicy
-from ale.isolation.signing import public_key_pem
-from ale.isolation.verify import verify_run_dir
+from ale.record.signing import public_key_pem
+from ale.record.verify import verify_run_dir
+from ale.sandbox.docker import DockerProvider
+from ale.sandbox.policy import IsolationPolicy
 from tests.conftest import EXAMPLES, TOOLS_IMAGE, our_containers
 
 pytestmark = pytest.mark.docker
@@ -21,9 +22,9 @@ pytestmark = pytest.mark.docker
 
 @pytest.fixture(scope="module")
 def real_run(docker_client, tmp_path_factory) -> tuple[Path, Path]:
-    from ale.isolation.signing import load_or_create_signing_key
+    from ale.plan import AgentSpec, RunPlan
+    from ale.record.signing import load_or_create_signing_key
     from ale.runs.lifecycle import execute_run
-    from ale.runs.plan import AgentSpec, RunPlan
 
     base = tmp_path_factory.mktemp("real-run")
     key_path = base / "operator-key.pem"
@@ -36,7 +37,7 @@ def real_run(docker_client, tmp_path_factory) -> tuple[Path, Path]:
         runs_dir=str(base / "runs"),
         signing_key=str(key_path),
     )
-    result = asyncio.run(execute_run(plan, client=docker_client))
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
     assert our_containers(docker_client, **{"ale.run_id": plan.run_id}) == []
     assert result.status.value == "scored", (result.error, result.violations)
     pub = base / "operator.pub.pem"

@@ -14,15 +14,11 @@ from pathlib import Path
 import pytest
 
 import ale
+from ale.plan import RunPlan
+from ale.result import RunResult
+from ale.runs.exp_record import ExperimentChanged, OutputBusy
 from ale.runs.experiment import Experiment, load_experiment, plan_units
-from ale.runs.orchestrator import (
-    ExperimentChanged,
-    Orchestrator,
-    OutputBusy,
-    run_experiment,
-)
-from ale.runs.plan import RunPlan
-from ale.runs.result import RunResult
+from ale.runs.orchestrator import Orchestrator, run_experiment
 from ale.runs.store import RunIndex, rebuild_index, runs_root
 from ale.status import RunStatus
 
@@ -311,7 +307,7 @@ def test_progress_displays(tmp_path: Path) -> None:
 
     from rich.console import Console
 
-    from ale.runs.orchestrator import PlainProgress, RichProgress
+    from ale.runs.progress import PlainProgress, RichProgress
 
     exp = make_exp(tmp_path, n_tasks=4)
     outcome = {"t00": (RunStatus.SCORED, 1.0), "t01": (RunStatus.SCORED, 0.0),

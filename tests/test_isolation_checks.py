@@ -30,7 +30,6 @@ from ale.isolation.checks import (
     looks_like_credential,
     normalize_cap,
 )
-from ale.isolation.policy import GIB, IsolationPolicy
 from ale.isolation.probes import (
     parse_mountinfo,
     parse_probes,
@@ -41,6 +40,7 @@ from ale.isolation.probes import (
 )
 from ale.isolation.verify_container import VerifyReport, render_report
 from ale.sandbox.base import Mount
+from ale.sandbox.policy import GIB, IsolationPolicy
 
 FIX = Path(__file__).parent / "fixtures"
 POLICY = IsolationPolicy(memory_bytes=1 * GIB, cpus=1)

@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 
 from ale.isolation.checks import Check, check_inspect, diff_captures, failures
-from ale.isolation.policy import GIB, IsolationPolicy
 from ale.isolation.probes import run_probes, workspace_empty_checks, workspace_listing
 from ale.isolation.verify_container import render_report, verify_container
 from ale.sandbox.base import Mount
-from ale.sandbox.docker import DockerSandbox, container_create_kwargs
+from ale.sandbox.docker import DockerProvider, DockerSandbox, container_create_kwargs
+from ale.sandbox.policy import GIB, IsolationPolicy
 
 docker = pytest.importorskip("docker")
 from docker.types import Mount as DockerMount  # noqa: E402
@@ -172,27 +172,27 @@ def test_verify_container_on_created_and_running(env: Env, tmp_path: Path) -> No
     c = env.client.containers.create(**kwargs)
     env.containers.append(c)
     saved = tmp_path / "inspect.json"
-    rep = verify_container(env.client, c.name, input_dir=str(env.input),
+    rep = verify_container(DockerProvider(env.client), c.name, input_dir=str(env.input),
                            workspace_dir=str(env.workspace), policy=POLICY, save_inspect=saved)
     assert rep.ok, render_report(rep)
     assert rep.phase == "before" and saved.exists() and rep.image and rep.probe_output is None
     c.start()
-    rep = verify_container(env.client, c.id, input_dir=str(env.input),
+    rep = verify_container(DockerProvider(env.client), c.id, input_dir=str(env.input),
                            workspace_dir=str(env.workspace), policy=POLICY, save_inspect=None)
     assert rep.ok, render_report(rep)
     assert rep.phase == "running" and "=== ale-probe:end ===" in (rep.probe_output or "")
     # The same container judged against another workspace folder is rejected.
-    rep = verify_container(env.client, c.id, input_dir=str(env.input),
+    rep = verify_container(DockerProvider(env.client), c.id, input_dir=str(env.input),
                            workspace_dir=str(env.extra), policy=POLICY, save_inspect=None)
     assert not rep.ok
     assert {v.split()[0] for v in rep.violations} == {"mounts.sources"}
     assert "NOT SEALED" in render_report(rep)
     c.kill()
     c.wait(timeout=60)
-    rep = verify_container(env.client, c.id, input_dir=str(env.input),
+    rep = verify_container(DockerProvider(env.client), c.id, input_dir=str(env.input),
                            workspace_dir=str(env.workspace), policy=POLICY, save_inspect=None)
     assert rep.ok and rep.phase == "after", render_report(rep)
-    missing = verify_container(env.client, "ale-isoreal-no-such-container", input_dir=str(env.input),
+    missing = verify_container(DockerProvider(env.client), "ale-isoreal-no-such-container", input_dir=str(env.input),
                                workspace_dir=str(env.workspace), policy=POLICY, save_inspect=None)
     assert not missing.ok and missing.checks[0]["ok"] is None
 
@@ -295,7 +295,7 @@ def test_workspace_not_empty_at_start(env: Env) -> None:
     assert failing(env.inspect_checks(b, "before")) == set()
     checks = workspace_empty_checks(workspace_listing(env.full_ws))
     assert failing(checks) == {"ws.empty_at_start"}
-    rep = verify_container(env.client, b.before["Id"], input_dir=str(env.input),
+    rep = verify_container(DockerProvider(env.client), b.before["Id"], input_dir=str(env.input),
                            workspace_dir=str(env.full_ws), policy=POLICY, save_inspect=None)
     assert {v.split()[0] for v in rep.violations} == {"ws.empty_at_start"}
 

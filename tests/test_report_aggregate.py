@@ -12,8 +12,8 @@ import pytest
 
 import ale
 from ale.report import aggregate, bootstrap_ci, load_report, pass_at_k, to_csv, to_html, to_json
+from ale.result import RunResult
 from ale.runs.experiment import ReportSpec, TierSpec
-from ale.runs.result import RunResult
 from ale.runs.store import UnitInfo, write_units
 from ale.status import RunStatus
 

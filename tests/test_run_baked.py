@@ -11,8 +11,9 @@ import pytest
 
 from ale.data.baked import bake_image
 from ale.data.sealing import seal_variant
-from ale.isolation.verify import verify_run_dir
+from ale.record.verify import verify_run_dir
 from ale.runs.lifecycle import execute_run
+from ale.sandbox.docker import DockerProvider
 from ale.status import RunStatus
 from tests.conftest import EXAMPLES, REPO, TOOLS_IMAGE, our_containers
 from tests.test_run_e2e import plan_for, shell, trajectory
@@ -38,7 +39,7 @@ def test_oracle_on_a_baked_image_scores_and_verifies(baked_word_count, docker_cl
     tag, store = baked_word_count
     monkeypatch.setenv("ALE_GRADER_SECRETS", str(store))
     plan = plan_for(EXAMPLES / "files" / "word_count", tmp_path, agent="oracle", data=f"image:{tag}", image=tag)
-    result = asyncio.run(execute_run(plan, client=docker_client))
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
     assert result.status is RunStatus.SCORED, (result.error, result.violations)
     assert result.scores == [1.0, 1.0]
     commit = json.loads((plan.run_dir / "evidence" / "reference-commit.json").read_text())
@@ -61,7 +62,7 @@ def test_the_agent_cannot_open_the_archive_from_inside(baked_word_count, docker_
         shell("ls /opt/ale-data 2>&1 | head; env | grep -ci pass; echo done"),
     ]
     plan = plan_for(EXAMPLES / "files" / "word_count", tmp_path, agent="replay", steps=steps, data=f"image:{tag}", image=tag)
-    result = asyncio.run(execute_run(plan, client=docker_client))
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
     assert result.status is RunStatus.SCORED, (result.error, result.violations)
     t = trajectory(plan)
     archives = [line for line in t[0]["stdout"].splitlines() if line.endswith("reference.7z")]

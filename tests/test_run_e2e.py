@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ale.isolation.policy import IsolationPolicy
+from ale.plan import AgentSpec, Limits, RunPlan
 from ale.runs.lifecycle import PreflightError, execute_run
-from ale.runs.plan import AgentSpec, Limits, RunPlan
+from ale.sandbox.docker import DockerProvider
+from ale.sandbox.policy import IsolationPolicy
 from ale.status import RunStatus
 from tests.conftest import EXAMPLES, REPO, TOOLS_IMAGE, our_containers
 
@@ -41,7 +42,7 @@ def plan_for(task_dir: Path, runs_dir: Path, agent: str = "oracle", variant: int
 
 
 def run(plan: RunPlan, client):
-    result = asyncio.run(execute_run(plan, client=client))
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(client)))
     assert our_containers(client, **{"ale.run_id": plan.run_id}) == [], "a container outlived its run"
     assert not (Path(plan.runs_dir) / ".scratch" / plan.run_id).exists(), "scratch folder left behind"
     return result
@@ -57,7 +58,7 @@ def trajectory(plan: RunPlan) -> list[dict]:
 
 @pytest.mark.parametrize("task", ["files/word_count", "physics/cloth_sim", "secrets/echo_secret"])
 def test_examples_oracle_scores_one_and_nop_zero(task, docker_client, tmp_path):
-    from ale.isolation.verify import verify_run_dir
+    from ale.record.verify import verify_run_dir
 
     oracle_plan = plan_for(EXAMPLES / task, tmp_path)
     oracle = run(oracle_plan, docker_client)
@@ -239,7 +240,7 @@ def test_missing_variant_folder_is_a_clear_error(docker_client, tmp_path):
 def test_preflight_error_creates_nothing(docker_client, tmp_path):
     plan = plan_for(EXAMPLES / "files" / "word_count", tmp_path, agent="nop", variant=9)
     with pytest.raises(PreflightError, match="out of range"):
-        asyncio.run(execute_run(plan, client=docker_client))
+        asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
     assert not plan.run_dir.exists()
 
 
@@ -273,6 +274,6 @@ def test_capped_workspace_stops_a_disk_filling_agent(docker_client, tmp_path):
     fill = trajectory(plan)[1]
     assert "No space left on device" in fill["stderr"] and "exit=1" in fill["stdout"]
     assert mounts_under(tmp_path) == []  # the tmpfs went with the run
-    from ale.isolation.verify import verify_run_dir
+    from ale.record.verify import verify_run_dir
 
     assert verify_run_dir(plan.run_dir).valid

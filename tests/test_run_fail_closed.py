@@ -12,6 +12,7 @@ import pytest
 from ale.isolation.checks import Check
 from ale.runs import lifecycle
 from ale.runs.lifecycle import execute_run
+from ale.sandbox.docker import DockerProvider
 from ale.status import RunStatus, counts_toward_score
 from tests.conftest import EXAMPLES, TOOLS_IMAGE, our_containers
 from tests.test_run_e2e import plan_for
@@ -31,7 +32,7 @@ def volume_image(docker_client):
 
 def test_image_volume_means_no_agent_and_no_score(volume_image, docker_client, tmp_path):
     plan = plan_for(EXAMPLES / "secrets" / "echo_secret", tmp_path, agent="oracle", image=volume_image)
-    result = asyncio.run(execute_run(plan, client=docker_client))
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
     assert result.status is RunStatus.INVALID_EVALUATION_ENVIRONMENT
     assert result.scores is None and result.score is None
     assert any("image.no_volumes" in v for v in result.violations)
@@ -63,7 +64,7 @@ def test_task_writing_into_the_workspace_makes_the_run_invalid(docker_client, tm
             return [1.0]
     '''))
     plan = plan_for(task, tmp_path / "runs", agent="nop")
-    result = asyncio.run(execute_run(plan, client=docker_client))
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
     assert result.status is RunStatus.INVALID_EVALUATION_ENVIRONMENT
     assert any("ws.empty_at_start" in v for v in result.violations) and result.score is None
 
@@ -79,7 +80,7 @@ def test_drift_found_after_the_agent_withholds_the_score(docker_client, tmp_path
 
     monkeypatch.setattr(lifecycle, "check_inspect", drifting)
     plan = plan_for(EXAMPLES / "secrets" / "echo_secret", tmp_path, agent="oracle")
-    result = asyncio.run(execute_run(plan, client=docker_client))
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
     assert result.status is RunStatus.INVALID_EVALUATION_ENVIRONMENT
     assert result.scores is None and any("test.drift" in v for v in result.violations)
     assert (plan.run_dir / "trajectory.json").exists()  # the agent did run

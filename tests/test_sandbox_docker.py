@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from ale.isolation.policy import IsolationPolicy
-from ale.sandbox.base import Mount
+from ale.sandbox.base import Mount, SandboxSpec
 from ale.sandbox.docker import DockerSandbox, remove_containers
+from ale.sandbox.policy import IsolationPolicy
 from tests.conftest import TOOLS_IMAGE, our_containers
 from tests.sandbox_conformance import run_conformance
 
@@ -25,14 +25,12 @@ def sandbox(docker_client, tmp_path, label):
     os.chown(ws, 1000, 1000)
     (inp / "data.txt").write_text("hello\n")
     sb = DockerSandbox.create(
-        docker_client,
-        name=f"ale-{label}",
+        docker_client, SandboxSpec(name=f"ale-{label}",
         image=TOOLS_IMAGE,
         policy=IsolationPolicy(memory_bytes=512 * 1024**2),
         mounts=[Mount(str(inp), "/input", True), Mount(str(ws), "/workspace", False)],
         labels={"ale.run_id": label},
-        workdir="/workspace",
-    )
+        workdir="/workspace"))
     asyncio.run(sb.start())
     yield sb
     remove_containers(docker_client, run_id=label)
@@ -58,12 +56,10 @@ def test_create_with_missing_image_is_a_clear_error(docker_client, tmp_path, lab
 
     with pytest.raises(SandboxError, match="ale image build"):
         DockerSandbox.create(
-            docker_client,
-            name=f"ale-{label}",
+            docker_client, SandboxSpec(name=f"ale-{label}",
             image="ale-no-such-image:nope",
             policy=IsolationPolicy(),
             mounts=[Mount(str(tmp_path), "/input", True)],
             labels={"ale.run_id": label},
-            workdir="/workspace",
-        )
+            workdir="/workspace"))
     assert our_containers(docker_client, **{"ale.run_id": label}) == []

@@ -13,11 +13,11 @@ import os
 
 import pytest
 
-from ale.agents.tools import ToolBox
-from ale.isolation.policy import IsolationPolicy
-from ale.sandbox.base import Mount
+from ale.sandbox.base import Mount, SandboxSpec
 from ale.sandbox.docker import DockerSandbox, remove_containers
+from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.session import ContainerSession
+from ale.sandbox.tools import ToolBox
 from ale.tasks.loader import call_task_fn
 from tests.conftest import TOOLS_IMAGE, our_containers
 from tests.test_tasks_examples import ALL, Run
@@ -32,8 +32,7 @@ def test_oracle_in_the_tools_image_scores_one(docker_client, tmp_path, label, de
     os.chown(run.workspace, 1000, 1000)
     labels = {"ale.run_id": label, "ale.test": "tasks"}
     sb = DockerSandbox.create(
-        docker_client,
-        name=f"ale-{label}",
+        docker_client, SandboxSpec(name=f"ale-{label}",
         image=TOOLS_IMAGE,
         policy=IsolationPolicy(memory_bytes=512 * 1024**2, cpus=1.0),
         mounts=[
@@ -41,8 +40,7 @@ def test_oracle_in_the_tools_image_scores_one(docker_client, tmp_path, label, de
             Mount(str(run.workspace), v.output_dir, False),
         ],
         labels=labels,
-        workdir=v.output_dir,
-    )
+        workdir=v.output_dir))
     try:
 
         async def go() -> None:

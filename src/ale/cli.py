@@ -6,10 +6,13 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+
+from ale.cli_output import err, fail
+from ale.defaults import DEFAULT_INPUT_DIR, DEFAULT_OUTPUT_DIR, DEFAULT_TOOLS_IMAGE
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Run AI agents on benchmark tasks in sandboxes proven sealed.")
 image_app = typer.Typer(no_args_is_help=True, help="Build the sandbox images.")
@@ -17,7 +20,6 @@ task_app = typer.Typer(no_args_is_help=True, help="Check task folders before pub
 app.add_typer(image_app, name="image")
 app.add_typer(task_app, name="task")
 
-err = Console(stderr=True, soft_wrap=True)
 out = Console()
 
 RunsDir = Annotated[Path, typer.Option("--runs-dir", envvar="ALE_RUNS_DIR", help="Where run folders are written.")]
@@ -26,16 +28,15 @@ PolicyOpt = Annotated[Path | None, typer.Option("--policy", envvar="ALE_POLICY",
 KeyOpt = Annotated[Path | None, typer.Option("--signing-key", envvar="ALE_SIGNING_KEY", help="Ed25519 PEM key that signs evidence (default: created in the config dir).")]
 
 
-def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(code)
+def _fail(message: str, code: int = 2) -> NoReturn:
+    fail(message, code)
 
 
 def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: Path, script: Path | None,
           image: str, policy: Path | None, signing_key: Path | None, timeout: float | None, config: dict | None = None,
           workspace_max_bytes: int | None = None):
-    from ale.isolation.policy import IsolationPolicy
-    from ale.runs.plan import AgentSpec, Limits, RunPlan, new_run_id
+    from ale.plan import AgentSpec, Limits, RunPlan, new_run_id
+    from ale.sandbox.policy import IsolationPolicy
 
     cfg = dict(config or {})
     if script is not None:
@@ -89,7 +90,7 @@ def run(
     data: Annotated[str | None, typer.Option("--data", envvar="ALE_DATA", help="Data source: local:<dir>, s3://, gs://, hf://, image:<ref>.")] = None,
     runs_dir: RunsDir = Path("runs"),
     script: Annotated[Path | None, typer.Option("--script", help="Replay agent: JSON file of tool calls.")] = None,
-    image: ImageOpt = "ale-tools:latest",
+    image: ImageOpt = DEFAULT_TOOLS_IMAGE,
     policy: PolicyOpt = None,
     signing_key: KeyOpt = None,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Agent wall time in seconds (default: the task card's).")] = None,
@@ -115,7 +116,7 @@ def task_check(
     task_dir: Annotated[Path, typer.Argument(help="The task folder.")],
     data: Annotated[str | None, typer.Option("--data", envvar="ALE_DATA")] = None,
     runs_dir: RunsDir = Path("runs"),
-    image: ImageOpt = "ale-tools:latest",
+    image: ImageOpt = DEFAULT_TOOLS_IMAGE,
     policy: PolicyOpt = None,
 ) -> None:
     """Oracle must score 1.0 on every component, nop must score 0, on every variant."""
@@ -150,15 +151,14 @@ def task_check(
 @image_app.command("build")
 def image_build(
     base: Annotated[str | None, typer.Option("--base", envvar="ALE_BASE_IMAGE", help="Base image (default python:3.11-slim; 'debian-bootstrap' forces a local Debian bootstrap).")] = None,
-    tag: Annotated[str, typer.Option("--tag")] = "ale-tools:latest",
+    tag: Annotated[str, typer.Option("--tag")] = DEFAULT_TOOLS_IMAGE,
 ) -> None:
     """Build the tools image (cached by content: a second build is a lookup)."""
     from ale.sandbox.base import SandboxError
-    from ale.sandbox.docker import connect
     from ale.sandbox.image import build_tools_image
 
     try:
-        ref = build_tools_image(connect(), base=base, tag=tag, say=lambda m: err.print(m))
+        ref = build_tools_image(base=base, tag=tag, say=lambda m: err.print(m))
     except SandboxError as e:
         _fail(str(e), 1)
     err.print(f"tools image: {ref} (tagged {tag})")
@@ -167,7 +167,7 @@ def image_build(
 @app.command()
 def schema(out_dir: Annotated[Path, typer.Argument()] = Path("schemas")) -> None:
     """Write the JSON Schemas of result.json and trajectory.json."""
-    from ale.runs.result import write_schema
+    from ale.result import write_schema
 
     out_dir.mkdir(parents=True, exist_ok=True)
     write_schema(str(out_dir / "result.schema.json"))
@@ -198,24 +198,25 @@ def verify_container_cmd(
     input_dir: Annotated[Path, typer.Option("--input", help="Host folder that must be mounted read-only.")],
     workspace: Annotated[Path, typer.Option("--workspace", help="Host folder that must be mounted read-write.")],
     policy: PolicyOpt = None,
-    input_target: Annotated[str, typer.Option("--input-target")] = "/input",
-    workspace_target: Annotated[str, typer.Option("--workspace-target")] = "/workspace",
+    input_target: Annotated[str, typer.Option("--input-target")] = DEFAULT_INPUT_DIR,
+    workspace_target: Annotated[str, typer.Option("--workspace-target")] = DEFAULT_OUTPUT_DIR,
     save_inspect: Annotated[Path | None, typer.Option("--save-inspect", help="Write the raw inspect JSON here.")] = None,
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Check a container someone created from the template. Exit 0 sealed, 1 not."""
-    from ale.isolation.policy import IsolationPolicy
     from ale.isolation.verify_container import render_report, verify_container
     from ale.sandbox.base import SandboxError
-    from ale.sandbox.docker import connect
+    from ale.sandbox.policy import IsolationPolicy
+    from ale.sandbox.providers import make_provider
 
     try:
         pol = IsolationPolicy.load(policy)
-        client = connect()
+        provider = make_provider()
+        provider.engine_record()  # fails here, with a clear message, when no engine answers
     except (ValueError, SandboxError) as e:
         _fail(str(e))
     report = verify_container(
-        client, name_or_id, input_dir=str(input_dir.resolve()), workspace_dir=str(workspace.resolve()),
+        provider, name_or_id, input_dir=str(input_dir.resolve()), workspace_dir=str(workspace.resolve()),
         policy=pol, input_target=input_target, workspace_target=workspace_target, save_inspect=save_inspect,
     )
     print(report.model_dump_json(indent=2) if json_out else render_report(report))

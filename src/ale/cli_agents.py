@@ -15,7 +15,8 @@ from pathlib import Path
 import typer
 
 from ale.agents.errors import AgentConfigError
-from ale.agents.tools import ALL_TOOLS
+from ale.defaults import CANDIDATE_USER, DEFAULT_OUTPUT_DIR
+from ale.sandbox.tools import ALL_TOOLS
 
 app = typer.Typer(help="Agents: list them, check replay scripts, publish schemas, serve the MCP bridge.", no_args_is_help=True)
 
@@ -56,19 +57,19 @@ def check_script(path: Path) -> None:
 @app.command("mcp-stdio")
 def mcp_stdio(
     container: str = typer.Option(..., help="Name or id of a running container ale created (label ale.managed=1)."),
-    workdir: str = typer.Option("/workspace", help="The workspace path inside the container."),
+    workdir: str = typer.Option(DEFAULT_OUTPUT_DIR, help="The workspace path inside the container."),
     allow: str = typer.Option(",".join(ALL_TOOLS), help="Comma-separated tool allowlist."),
-    user: str = typer.Option("1000:1000", help="The candidate uid:gid tools run as."),
+    user: str = typer.Option(CANDIDATE_USER, help="The candidate uid:gid tools run as."),
     trajectory_dir: Path | None = typer.Option(None, help="Record steps to DIR/trajectory.jsonl (and .json at the end)."),
     max_steps: int | None = typer.Option(None, help="Refuse tool calls past this many."),
 ) -> None:
     """Serve the MCP tools of one container over stdin/stdout."""
     from ale.agents.mcp_bridge import serve_stdio
-    from ale.agents.tools import ToolBox
     from ale.agents.trajectory import TrajectoryWriter
-    from ale.isolation.policy import IsolationPolicy
-    from ale.sandbox.base import SandboxError
-    from ale.sandbox.docker import LABEL_MANAGED, DockerSandbox, connect
+    from ale.sandbox.base import LABEL_MANAGED, SandboxError, SandboxGone
+    from ale.sandbox.policy import IsolationPolicy
+    from ale.sandbox.providers import make_provider
+    from ale.sandbox.tools import ToolBox
 
     allowlist = tuple(t.strip() for t in allow.split(",") if t.strip())
     unknown = set(allowlist) - set(ALL_TOOLS)
@@ -76,22 +77,23 @@ def mcp_stdio(
         typer.echo(f"error: unknown tools {sorted(unknown)}; known: {', '.join(ALL_TOOLS)}", err=True)
         raise typer.Exit(2)
     try:
-        client = connect()
-        found = client.containers.get(container)
+        # Only `user` is read from the policy on the exec path; the rest stays at its defaults.
+        sandbox = make_provider().attach(container, IsolationPolicy(user=user, cpus=1.0))
+        found = sandbox.inspect()
+    except SandboxGone as e:
+        typer.echo(f"error: container {container!r} not found: {e}", err=True)
+        raise typer.Exit(1) from None
     except SandboxError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
-    except Exception as e:  # docker.errors.NotFound and friends
-        typer.echo(f"error: container {container!r} not found: {e}", err=True)
-        raise typer.Exit(1) from None
-    if found.labels.get(LABEL_MANAGED) != "1":
+    labels = (found.get("Config") or {}).get("Labels") or {}
+    status = (found.get("State") or {}).get("Status")
+    if labels.get(LABEL_MANAGED) != "1":
         typer.echo(f"error: container {container!r} was not created by ale (no {LABEL_MANAGED}=1 label); refusing", err=True)
         raise typer.Exit(1)
-    if found.status != "running":
-        typer.echo(f"error: container {container!r} is {found.status}, not running", err=True)
+    if status != "running":
+        typer.echo(f"error: container {container!r} is {status}, not running", err=True)
         raise typer.Exit(1)
-    # Only `user` is read from the policy on the exec path; the rest stays at its defaults.
-    sandbox = DockerSandbox(client, found, IsolationPolicy(user=user, cpus=1.0))
     writer = TrajectoryWriter(trajectory_dir, "mcp-stdio", "mcp-stdio") if trajectory_dir else None
     tools = ToolBox(sandbox, workdir=workdir, allowlist=allowlist, recorder=writer)
     try:

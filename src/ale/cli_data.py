@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
+from ale.cli_output import fail
 from ale.data.base import DataError, VariantKey
+from ale.defaults import DEFAULT_TOOLS_IMAGE
 
 data_app = typer.Typer(no_args_is_help=True, help="Fetch, seal and check task data.")
 
@@ -22,9 +24,8 @@ SecretsOpt = Annotated[
 ]
 
 
-def _fail(message: str, code: int = 1) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code)
+def _fail(message: str, code: int = 1) -> NoReturn:
+    fail(message, code)
 
 
 def _targets(target: Path, data: str | None) -> list[tuple[str, list[VariantKey], Path]]:
@@ -141,7 +142,7 @@ def validate(
 def bake_command(
     data_root: Annotated[Path, typer.Argument(help="A data root (holding tasks/) with sealed references.")],
     tag: Annotated[str, typer.Option("--tag", help="The image to build.")] = "ale-data:latest",
-    base: Annotated[str, typer.Option("--base", help="The image to build FROM.")] = "ale-tools:latest",
+    base: Annotated[str, typer.Option("--base", help="The image to build FROM.")] = DEFAULT_TOOLS_IMAGE,
     task: Annotated[list[str] | None, typer.Option("--task", help="domain/task/variant to include (repeatable; default: all).")] = None,
     image_data_root: Annotated[str, typer.Option("--data-root", help="Where the data lives inside the image.")] = "/opt/ale-data",
 ) -> None:

@@ -9,20 +9,21 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from ale import layout
+from ale.cli_output import err, fail
+
 exp_app = typer.Typer(no_args_is_help=True, help="Run experiments: agents × tasks × repeats, resumable.")
 
-err = Console(stderr=True)
 
 
-def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(code)
+def _fail(message: str, code: int = 2) -> NoReturn:
+    fail(message, code)
 
 
 def write_reports(exp_dir: Path) -> tuple[Path, Path]:
@@ -47,14 +48,10 @@ def run_command(
     concurrency: Annotated[int | None, typer.Option("--concurrency", "-j", min=1, help="Runs at once (default: the file's `concurrency`).")] = None,
 ) -> None:
     """Run (or resume) an experiment; prints where the report is, last."""
+    from ale.runs.exp_record import ExperimentChanged, OutputBusy
     from ale.runs.experiment import ExperimentError, load_experiment, plan_units
-    from ale.runs.orchestrator import (
-        ExperimentChanged,
-        OutputBusy,
-        PlainProgress,
-        RichProgress,
-        run_experiment,
-    )
+    from ale.runs.orchestrator import run_experiment
+    from ale.runs.progress import PlainProgress, RichProgress
     from ale.runs.store import read_result, runs_root
     from ale.sandbox.base import SandboxError
 
@@ -101,7 +98,7 @@ def status_command(exp_dir: Annotated[Path, typer.Argument(help="The experiment'
     """How far an experiment is: runs by status, and whether it is running now."""
     from ale.runs.store import INDEX_NAME, RunIndex, rebuild_index
 
-    record = exp_dir / "experiment.json"
+    record = exp_dir / layout.EXPERIMENT_RECORD
     if not record.is_file():
         _fail(f"{exp_dir} is not an experiment folder (no experiment.json)")
     data = json.loads(record.read_text())
@@ -147,7 +144,7 @@ def report_command(
     options = None
     if threshold is not None:
         base = ReportSpec()
-        record = exp_dir / "experiment.json"
+        record = exp_dir / layout.EXPERIMENT_RECORD
         if record.is_file():
             rep = json.loads(record.read_text()).get("experiment", {}).get("report")
             if rep:
@@ -184,12 +181,11 @@ def report_command(
 
 def cleanup_command() -> None:
     """Remove every container ale left behind (label ale.managed=1; nothing else)."""
-    from ale.runs.orchestrator import cleanup_all
     from ale.sandbox.base import SandboxError
-    from ale.sandbox.docker import connect
+    from ale.sandbox.providers import make_provider
 
     try:
-        removed = cleanup_all(connect())
+        removed = make_provider().remove_managed()
     except SandboxError as e:
         _fail(str(e), 1)
     for name in removed:

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from ale.isolation.verify import VerifyReport, verify_run_dir
+from ale.record.verify import VerifyReport, verify_run_dir
 
 
 def verify_command(run_dir: Path, json_out: bool, public_key: Path | None) -> int:
@@ -18,7 +18,7 @@ def verify_command(run_dir: Path, json_out: bool, public_key: Path | None) -> in
     if json_out:
         print(json.dumps(report.model_dump(mode="json"), indent=2, default=str))
     else:
-        print_report(report, Console())
+        print_report(report, Console(soft_wrap=True))
     return report.exit_code
 
 

@@ -16,8 +16,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ALE_CACHE_DIR") or platformdirs.user_cache_dir("ale"))
 
 
-def default_runs_dir() -> Path:
-    return Path(os.environ.get("ALE_RUNS_DIR") or "runs")
 
 
 def repo_root() -> Path | None:

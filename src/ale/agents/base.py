@@ -7,7 +7,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
-from ale.agents.tools import ToolBox
+from ale.sandbox.tools import ToolBox
 
 
 class AgentEnd(StrEnum):

@@ -43,7 +43,6 @@ from ale.agents.mcp_bridge import ToolBridge, mcp_config, serve_http
 from ale.agents.secrets import BASE_ENV, REDACTED, build_agent_env
 
 _KNOWN_KEYS = {"command", "env_pass", "env", "mcp_config_format", "cwd", "max_steps", "kill_grace_s"}
-PLACEHOLDERS = ("prompt", "prompt_file", "workdir", "input_dir", "mcp_config", "mcp_url", "agent_dir")
 
 
 def _substitute(template: str, values: dict[str, str]) -> str:
@@ -173,7 +172,7 @@ class CommandAgent:
         usage = {"tool_calls": bridge.executed, "rejected_http_requests": bridge.rejected_requests, "seconds": round(time.monotonic() - started, 3)}
         if exited in done:
             rc = proc.returncode
-            usage["exit_code"] = rc
+            usage["exit_code"] = -1 if rc is None else rc
             if bridge.failures:
                 return AgentOutcome(AgentEnd.FAILED, detail="tool calls failed in the provider: " + "; ".join(bridge.failures[:5]), usage=usage)
             if rc != 0:

@@ -33,7 +33,7 @@ import uvicorn
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 
-from ale.agents.tools import ALL_TOOLS, ToolBox, ToolOutcome
+from ale.sandbox.tools import ALL_TOOLS, ToolBox, ToolOutcome
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
 from ale.sandbox.session import ContainerSession
+from ale.tasks.loader import call_task_fn
 
 
 class OracleAgent:
@@ -18,7 +19,6 @@ class OracleAgent:
         solve = getattr(ctx.task, "solve_fn", None)
         if solve is None:
             return AgentOutcome(AgentEnd.FAILED, detail="the task defines no solve() oracle")
-        from ale.tasks.loader import call_task_fn
 
         session = ContainerSession(ctx.tools, default_timeout=ctx.tools.default_timeout)
         await call_task_fn(solve, ctx.task_cfg, session)

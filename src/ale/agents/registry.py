@@ -8,8 +8,8 @@ from typing import Any
 from ale.agents.base import Agent
 from ale.agents.errors import AgentConfigError
 from ale.agents.secrets import redact
-from ale.agents.tools import ALL_TOOLS
-from ale.runs.plan import AgentSpec
+from ale.plan import AgentSpec
+from ale.sandbox.tools import ALL_TOOLS
 
 # name -> (module, class); imported on use so `ale` starts fast and the oracle
 # (with the task loader behind it) is only loaded when asked for.

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
 from ale.agents.errors import AgentConfigError
-from ale.agents.tools import ALL_TOOLS
 from ale.documents import load_document
+from ale.sandbox.tools import ALL_TOOLS
 
 _KNOWN_KEYS = {"script", "steps", "stop_on_error"}
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ale.agents.errors import AgentConfigError
-from ale.isolation.evidence import REDACTED
-from ale.isolation.evidence import redact as redact_evidence
+from ale.redaction import REDACTED
+from ale.redaction import redact as redact_evidence
 
 BASE_ENV = ("PATH", "HOME", "LANG")
 

@@ -21,9 +21,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ale import layout
+
 INLINE_LIMIT = 64 * 1024
 PREVIEW_CHARS = 2048
-FILES_DIR = "trajectory-files"
+FILES_DIR = layout.TRAJECTORY_FILES
 SCHEMA_VERSION = 1
 
 
@@ -97,8 +99,8 @@ class TrajectoryWriter:
         self.run_id = run_id
         self.agent = agent
         self.inline_limit = inline_limit
-        self.jsonl_path = self.run_dir / "trajectory.jsonl"
-        self.json_path = self.run_dir / "trajectory.json"
+        self.jsonl_path = self.run_dir / layout.TRAJECTORY_LOG
+        self.json_path = self.run_dir / layout.TRAJECTORY
         if self.jsonl_path.exists() or self.json_path.exists():
             raise FileExistsError(f"a trajectory already exists in {self.run_dir}; refusing to overwrite it")
         self.started_at = _now()

@@ -15,13 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import docker
-
-from ale.agents.tools import ToolBox
-from ale.isolation.policy import IsolationPolicy
-from ale.sandbox.base import Mount
-from ale.sandbox.docker import LABEL_EXPERIMENT, LABEL_ROLE, LABEL_RUN, DockerSandbox
+from ale.sandbox.base import (
+    LABEL_EXPERIMENT,
+    LABEL_ROLE,
+    LABEL_RUN,
+    Mount,
+    Sandbox,
+    SandboxProvider,
+    SandboxSpec,
+)
+from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.session import ContainerSession, Route, RoutedSession
+from ale.sandbox.tools import ToolBox
+from ale.tasks.loader import call_task_fn
 
 
 class GradingError(RuntimeError):
@@ -62,7 +68,7 @@ class Grader:
 
     def __init__(
         self,
-        client: docker.DockerClient,
+        provider: SandboxProvider,
         *,
         image: str,
         policy: IsolationPolicy,
@@ -71,14 +77,14 @@ class Grader:
         inputs: GradingInputs,
         command_timeout: float,
     ):
-        self.client = client
+        self.provider = provider
         self.image = image
         self.policy = policy
         self.run_id = run_id
         self.experiment = experiment
         self.inputs = inputs
         self.command_timeout = command_timeout
-        self.container: DockerSandbox | None = None
+        self.container: Sandbox | None = None
 
     async def _container_session(self) -> ContainerSession:
         i = self.inputs
@@ -90,15 +96,15 @@ class Grader:
             Mount(str(i.deliverables_host), i.output_dir, True),
             Mount(str(i.reference_host), i.reference_dir, True),
         ]
-        self.container = await asyncio.to_thread(
-            DockerSandbox.create,
-            self.client,
-            name=f"ale-grade-{self.run_id}"[:120],
-            image=self.image,
-            policy=self.policy,
-            mounts=mounts,
-            labels=labels,
-            workdir="/tmp",
+        self.container = await self.provider.create(
+            SandboxSpec(
+                name=f"ale-grade-{self.run_id}"[:120],
+                image=self.image,
+                policy=self.policy,
+                mounts=tuple(mounts),
+                labels=labels,
+                workdir="/tmp",
+            )
         )
         await self.container.start()
         tools = ToolBox(self.container, workdir="/tmp", default_timeout=self.command_timeout)
@@ -116,8 +122,6 @@ class Grader:
         )
 
     async def grade(self, evaluate: Any, cfg: Any, timeout: float) -> list[float]:
-        from ale.tasks.loader import call_task_fn
-
         try:
             value = await asyncio.wait_for(call_task_fn(evaluate, cfg, self.session()), timeout)
         except TimeoutError as e:

@@ -17,10 +17,11 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
-from ale.isolation.policy import IsolationPolicy
 from ale.sandbox.base import Mount
+from ale.sandbox.policy import IsolationPolicy
 
 Phase = Literal["before", "running", "after"]
 
@@ -85,6 +86,11 @@ class _Missing(Exception):
 
 
 _ABSENT = object()
+
+
+def _ns_empty(inspect: Any, path: str) -> tuple[bool, Any, str]:
+    value = _get(inspect, path)
+    return value == "", value, ""
 
 
 def _get(doc: Any, path: str, default: Any = _ABSENT) -> Any:
@@ -313,8 +319,7 @@ def check_inspect(
 
     # namespaces ---------------------------------------------------------------
     for cid, key in (("ns.pid", "PidMode"), ("ns.uts", "UTSMode"), ("ns.userns", "UsernsMode")):
-        add(_run(cid, "", lambda key=key: (
-            _get(inspect, f"{hc}.{key}") == "", _get(inspect, f"{hc}.{key}"), "")))
+        add(_run(cid, "", partial(_ns_empty, inspect, f"{hc}.{key}")))
     add(_run("ns.ipc", "private or none", lambda: (
         _get(inspect, f"{hc}.IpcMode") in ("private", "none"), _get(inspect, f"{hc}.IpcMode"), "")))
     add(_run("ns.cgroupns", policy.cgroupns_mode, lambda: (
@@ -507,7 +512,8 @@ def _mount_checks(
 
     def access(read_only: bool) -> Callable[[], tuple[bool, Any, str]]:
         def fn() -> tuple[bool, Any, str]:
-            obs, bad = {}, []
+            obs: dict[str, Any] = {}
+            bad: list[str] = []
             for m in expected:
                 if m.read_only != read_only:
                     continue

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from ale.isolation.checks import Check
-from ale.isolation.policy import IsolationPolicy
 from ale.sandbox.base import SandboxError
+from ale.sandbox.policy import IsolationPolicy
 
 MARK = "=== ale-probe:"
 # Writable mounts the runtime adds under --read-only that are accepted (see module doc).
@@ -340,7 +340,8 @@ def parse_probes(
 
     def readonly_paths() -> tuple[bool, Any, str]:
         top, exists = mounted()
-        obs, bad = {}, []
+        obs: dict[str, str | None] = {}
+        bad: list[str] = []
         for p in ("/sys", *READONLY_PATHS):
             if p in top:
                 obs[p] = "ro" if "ro" in top[p]["options"] else "rw"
@@ -378,7 +379,7 @@ def parse_probes(
         lim = limits()
         if "memory.limit_in_bytes" in lim:  # cgroup v1
             obs = {k: lim.get(k) for k in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")}
-            ok = int(obs["memory.limit_in_bytes"]) == policy.memory_bytes
+            ok = int(obs["memory.limit_in_bytes"] or -1) == policy.memory_bytes
             if obs["memory.memsw.limit_in_bytes"] is None:
                 return ok, obs, "swap accounting is off in this kernel: the swap limit is unseen"
             ok = ok and int(obs["memory.memsw.limit_in_bytes"]) == policy.memory_swap_bytes

@@ -13,10 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import docker
-import docker.errors
 from pydantic import BaseModel, Field
 
+from ale.defaults import DEFAULT_INPUT_DIR, DEFAULT_OUTPUT_DIR
 from ale.isolation.checks import (
     Check,
     Phase,
@@ -25,9 +24,9 @@ from ale.isolation.checks import (
     image_record,
     violation_lines,
 )
-from ale.isolation.policy import IsolationPolicy
 from ale.isolation.probes import run_probes, workspace_empty_checks, workspace_listing
-from ale.sandbox.base import Mount
+from ale.sandbox.base import ImageMissing, Mount, SandboxError, SandboxGone, SandboxProvider
+from ale.sandbox.policy import IsolationPolicy
 
 
 class VerifyReport(BaseModel):
@@ -51,19 +50,22 @@ def _report(name: str, checks: list[Check], **extra: Any) -> VerifyReport:
     )
 
 
+_PHASES: dict[str, Phase] = {"created": "before", "running": "running", "exited": "after"}
+
+
 def _phase_of(status: Any) -> Phase | None:
-    return {"created": "before", "running": "running", "exited": "after"}.get(status)
+    return _PHASES.get(status) if isinstance(status, str) else None
 
 
 def verify_container(
-    client: docker.DockerClient,
+    provider: SandboxProvider,
     name_or_id: str,
     *,
     input_dir: str,
     workspace_dir: str,
     policy: IsolationPolicy,
-    input_target: str = "/input",
-    workspace_target: str = "/workspace",
+    input_target: str = DEFAULT_INPUT_DIR,
+    workspace_target: str = DEFAULT_OUTPUT_DIR,
     save_inspect: Path | None = None,
 ) -> VerifyReport:
     """Check a container against the policy; probes too when it is running.
@@ -79,13 +81,14 @@ def verify_container(
                           f"{label} folder {path} does not exist on this host")
             return _report(name_or_id, [check])
     try:
-        inspect = client.api.inspect_container(name_or_id)
-    except docker.errors.NotFound:
+        sandbox = provider.attach(name_or_id, policy)
+        inspect = sandbox.inspect()
+    except SandboxGone:
         return _report(name_or_id, [Check("inspect.available", None, "a container", None,
                                           f"no container named {name_or_id!r}")])
-    except docker.errors.APIError as e:
+    except SandboxError as e:
         return _report(name_or_id, [Check("inspect.available", None, "a container", None,
-                                          f"docker inspect {name_or_id} failed: {e}")])
+                                          f"inspect {name_or_id} failed: {e}")])
     inspect_path = None
     if save_inspect is not None:
         save_inspect.parent.mkdir(parents=True, exist_ok=True)
@@ -105,9 +108,9 @@ def verify_container(
     image_inspect = None
     image: dict[str, Any] | None = None
     try:
-        image_inspect = client.api.inspect_image(inspect.get("Image", ""))
+        image_inspect = provider.image_inspect(inspect.get("Image", ""))
         image = image_record(image_inspect, inspect)
-    except docker.errors.APIError as e:
+    except (ImageMissing, SandboxError) as e:
         checks.append(Check("image.available", None, "the container's image", inspect.get("Image"),
                             f"cannot inspect the image: {e}"))
 
@@ -123,9 +126,7 @@ def verify_container(
 
     probe_output = None
     if phase == "running":
-        from ale.sandbox.docker import DockerSandbox
 
-        sandbox = DockerSandbox(client, client.containers.get(inspect["Id"]), policy)
         probe_output, probe_checks = asyncio.run(
             run_probes(sandbox, policy, input_dir=input_target, workspace_dir=workspace_target)
         )

@@ -41,8 +41,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from ale import layout
+from ale.result import RunResult
 from ale.runs.experiment import ReportSpec, TierSpec
-from ale.runs.result import RunResult
 from ale.runs.store import UnitInfo, iter_results, read_units, unit_of
 from ale.status import RunStatus, counts_toward_score
 
@@ -320,7 +321,7 @@ def load_report(exp_dir: str | Path, options: ReportSpec | None = None) -> Repor
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such experiment folder")
     name = None
-    record = root / "experiment.json"
+    record = root / layout.EXPERIMENT_RECORD
     if record.is_file():
         data = json.loads(record.read_text())
         name = data.get("name")

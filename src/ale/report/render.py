@@ -229,17 +229,17 @@ def to_html(report: Report, *, link_base: str = "") -> str:
     out.append("</table>")
 
     # per task
-    agents = [a.agent for a in report.agents]
+    agents = [summary.agent for summary in report.agents]
     out.append("<h2>Tasks</h2><div class='scroll'><table id='items'><tr><th>task</th><th>tier</th><th>best</th>"
                + "".join(f"<th>{escape(a)}</th>" for a in agents) + "</tr>")
     for item in report.items:
         cells = []
-        for a in agents:
-            s = item.agents.get(a)
-            if s is None:
+        for name in agents:
+            summary = item.agents.get(name)
+            if summary is None:
                 cells.append("<td class='muted'>–</td>")
             else:
-                cells.append(f"<td class='num'>{_fmt(s.mean)} <span class='muted'>({len(s.scores)}/{s.runs})</span></td>")
+                cells.append(f"<td class='num'>{_fmt(summary.mean)} <span class='muted'>({len(summary.scores)}/{summary.runs})</span></td>")
         out.append(f"<tr><td>{escape(item.item)}</td><td>{item.tier}</td><td class='num'>{_fmt(item.best)}</td>{''.join(cells)}</tr>")
     out.append("</table></div>")
 

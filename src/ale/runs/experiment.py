@@ -29,10 +29,11 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ale.defaults import DEFAULT_TOOLS_IMAGE
 from ale.documents import load_document
-from ale.isolation.policy import IsolationPolicy
-from ale.runs.plan import AgentSpec, Limits, RunPlan
-from ale.sandbox.image import DEFAULT_TOOLS_IMAGE
+from ale.plan import AgentSpec, Limits, RunPlan
+from ale.sandbox.policy import IsolationPolicy
+from ale.tasks.loader import TaskError, load_task, load_variants
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _GLOB_CHARS = set("*?[")
@@ -429,7 +430,6 @@ def read_task_list(path: Path) -> list[TaskEntry]:
 
 def task_variants(task_dir: Path) -> int:
     """How many variants the task's ``load()`` declares (for ``variants: all``)."""
-    from ale.tasks.loader import TaskError, load_task, load_variants
 
     try:
         return len(load_variants(load_task(task_dir)))

@@ -26,24 +26,40 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import docker
-
 import ale
+from ale import layout
 from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
-from ale.agents.tools import ToolBox
+from ale.agents.errors import AgentConfigError
+from ale.agents.registry import agent_evidence, make_agent
+from ale.agents.trajectory import TrajectoryWriter
 from ale.data.base import DataError, ReferenceCommitment
+from ale.data.sources import open_source
 from ale.grading.deliverables import extract_deliverables
 from ale.grading.grader import Grader, GradingError, GradingInputs
-from ale.isolation import evidence as ev
 from ale.isolation.checks import Check, check_inspect, diff_captures, failures
 from ale.isolation.probes import parse_probes, probe_argv, workspace_empty_checks, workspace_listing
-from ale.isolation.signing import load_or_create_signing_key
-from ale.runs.plan import RunPlan
-from ale.runs.result import PhaseTiming, RunResult
-from ale.sandbox.base import ExecResult, Mount, SandboxError
-from ale.sandbox.docker import LABEL_EXPERIMENT, LABEL_ROLE, LABEL_RUN, DockerSandbox, connect
+from ale.layout import Evidence
+from ale.plan import RunPlan
+from ale.record import evidence as ev
+from ale.record.signing import load_or_create_signing_key
+from ale.result import Phase, PhaseTiming, RunResult
+from ale.sandbox.base import (
+    LABEL_EXPERIMENT,
+    LABEL_ROLE,
+    LABEL_RUN,
+    EngineUnreachable,
+    ExecResult,
+    ImageMissing,
+    Mount,
+    Sandbox,
+    SandboxError,
+    SandboxProvider,
+    SandboxSpec,
+)
+from ale.sandbox.providers import make_provider
 from ale.sandbox.scratch import mount_workspace_tmpfs, release_scratch
 from ale.sandbox.session import ContainerSession, Route, RoutedSession
+from ale.sandbox.tools import ToolBox
 from ale.status import RunStatus
 from ale.tasks.loader import (
     TaskDefinition,
@@ -78,7 +94,7 @@ class Prepared:
     variant: TaskVariant
     data_spec: str | None
     wall_time_s: float
-    client: docker.DockerClient
+    provider: SandboxProvider
     agent: Any
 
 
@@ -94,7 +110,7 @@ class RunState:
     phases: list[PhaseTiming] = field(default_factory=list)
     checks: list[dict] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
-    sandbox: DockerSandbox | None = None
+    sandbox: Sandbox | None = None
     grader: Grader | None = None
     source: Any = None
     commitment: ReferenceCommitment | None = None
@@ -102,6 +118,9 @@ class RunState:
     trajectory: Any = None
     costs: dict[str, float] = field(default_factory=dict)
     workspace_at_creation: dict | None = None  # listing + inode, proof the workspace began empty
+    inspect_before: dict | None = None  # the raw capture at create, diffed with the one after exit
+    input_after_start: dict | None = None  # the input's tree hash once start() has run
+    reference_commit: dict | None = None  # what was committed before the agent started
 
     @contextlib.contextmanager
     def cost(self, what: str) -> Iterator[None]:
@@ -143,7 +162,7 @@ class RunState:
         ]
 
     @contextlib.asynccontextmanager
-    async def phase(self, name: str) -> AsyncIterator[None]:
+    async def phase(self, name: Phase) -> AsyncIterator[None]:
         started = _now()
         t0 = time.monotonic()
         self.events.append("phase.start", phase=name)
@@ -168,7 +187,7 @@ class SealBroken(Exception):
 
 
 # -- preflight -----------------------------------------------------------------
-def prepare(plan: RunPlan, client: docker.DockerClient | None = None) -> Prepared:
+def prepare(plan: RunPlan, provider: SandboxProvider | None = None) -> Prepared:
     """Load the task once, pick the variant, check the engine and image."""
     try:
         task = load_task(plan.task_dir)
@@ -176,8 +195,6 @@ def prepare(plan: RunPlan, client: docker.DockerClient | None = None) -> Prepare
         variant = select_variant(variants, plan.variant)
     except TaskError as e:
         raise PreflightError(str(e)) from e
-    from ale.agents.errors import AgentConfigError
-    from ale.agents.registry import make_agent
 
     try:
         agent = make_agent(plan.agent)
@@ -191,16 +208,15 @@ def prepare(plan: RunPlan, client: docker.DockerClient | None = None) -> Prepare
     data_spec = plan.data_source or task.card.data_source
     wall = plan.limits.wall_time_s or task.card.timeout_s or DEFAULT_WALL_TIME_S
     try:
-        client = client or connect()
+        provider = provider or make_provider(plan.provider)
+        provider.image_inspect(plan.image)
+    except ImageMissing as e:
+        raise PreflightError(str(e)) from e
+    except EngineUnreachable as e:
+        raise PreflightError(str(e), retryable=True) from e
     except SandboxError as e:
         raise PreflightError(str(e), retryable=True) from e
-    try:
-        client.images.get(plan.image)
-    except docker.errors.ImageNotFound as e:
-        raise PreflightError(
-            f"image {plan.image!r} is not in the local Docker engine: build it with `ale image build`"
-        ) from e
-    return Prepared(plan, task, variant, data_spec, float(wall), client, agent)
+    return Prepared(plan, task, variant, data_spec, float(wall), provider, agent)
 
 
 # -- phases --------------------------------------------------------------------
@@ -222,15 +238,14 @@ def _make_dirs(state: RunState) -> None:
 
 
 async def stage_input(state: RunState) -> None:
-    from ale.data.sources import open_source
 
     spec = state.prep.data_spec
     if spec is None:
-        state.store.write_json("input-staged.json", {"source": None, "note": "task has no data source"})
+        state.store.write_json(Evidence.INPUT_STAGED, {"source": None, "note": "task has no data source"})
         return
-    state.source = open_source(spec, base_dir=state.prep.task.path, docker_client=state.prep.client)
+    state.source = open_source(spec, base_dir=state.prep.task.path, docker_client=getattr(state.prep.provider, "client", None))
     tree = await asyncio.to_thread(state.source.stage_input, state.variant.data_key, state.input_host)
-    state.store.write_json("input-staged.json", {"source": spec, "key": state.variant.data_key.relpath, "tree": tree})
+    state.store.write_json(Evidence.INPUT_STAGED, {"source": spec, "key": state.variant.data_key.relpath, "tree": tree})
 
 
 async def provision(state: RunState) -> None:
@@ -240,23 +255,22 @@ async def provision(state: RunState) -> None:
         labels[LABEL_EXPERIMENT] = plan.experiment
     mounts = state.mounts()
     state.store.write_json(
-        "mounts.json",
+        Evidence.MOUNTS,
         [
             {"source": m.source, "inode": os.stat(m.source).st_ino, "target": m.target, "read_only": m.read_only}
             for m in mounts
         ],
     )
     state.workspace_at_creation = workspace_listing(state.workspace_host)
-    state.sandbox = await asyncio.to_thread(
-        DockerSandbox.create,
-        state.prep.client,
-        name=f"ale-{plan.run_id}"[:120],
-        image=plan.image,
-        policy=plan.policy,
-        mounts=mounts,
-        labels=labels,
-        workdir=state.variant.output_dir,
-        environment={},
+    state.sandbox = await state.prep.provider.create(
+        SandboxSpec(
+            name=f"ale-{plan.run_id}"[:120],
+            image=plan.image,
+            policy=plan.policy,
+            mounts=tuple(mounts),
+            labels=labels,
+            workdir=state.variant.output_dir,
+        )
     )
     state.events.append("sandbox.created", name=state.sandbox.name, id=state.sandbox.id)
 
@@ -273,11 +287,11 @@ async def verify_created(state: RunState) -> None:
 
 async def _verify_created(state: RunState) -> None:
     assert state.sandbox is not None
-    client = state.prep.client
     inspect = await asyncio.to_thread(state.sandbox.inspect)
-    state.store.write_json("inspect-before.json", inspect)
-    image = await asyncio.to_thread(client.api.inspect_image, inspect.get("Image", state.plan.image))
-    state.store.write_json("image.json", image)
+    state.inspect_before = inspect
+    state.store.write_json(Evidence.INSPECT_BEFORE, inspect)
+    image = await asyncio.to_thread(state.prep.provider.image_inspect, inspect.get("Image", state.plan.image))
+    state.store.write_json(Evidence.IMAGE, image)
     checks = check_inspect(
         inspect, state.plan.policy, state.mounts(), phase="before", image_inspect=image, mount_inodes=_mount_inodes(state)
     )
@@ -312,7 +326,7 @@ async def verify_running(state: RunState, phase: str, probe: ExecResult | None =
         v = state.variant
         r = probe or await state.sandbox.exec(probe_argv(v.input_dir, v.output_dir), user=state.plan.policy.user, timeout=60)
         raw = r.stdout.decode(errors="replace") + (f"\n#stderr\n{r.stderr.decode(errors='replace')}" if r.stderr else "")
-        state.store.write_text(f"probes-{phase}.txt", raw)
+        state.store.write_text(Evidence.probes(phase), raw)
         checks = parse_probes(r.stdout.decode(errors="replace"), state.plan.policy, input_dir=v.input_dir, workspace_dir=v.output_dir)
         state.add_checks(f"probes-{phase}", checks)
 
@@ -324,10 +338,11 @@ def seal_input_and_workspace(state: RunState) -> None:
 
 
 def _seal_input_and_workspace(state: RunState) -> None:
-    state.store.write_json("input-after-start.json", ev.hash_tree(state.input_host))
+    state.input_after_start = ev.hash_tree(state.input_host)
+    state.store.write_json(Evidence.INPUT_AFTER_START, state.input_after_start)
     created = state.workspace_at_creation or {}
     listing = workspace_listing(state.workspace_host)
-    state.store.write_json("workspace-empty.json", {"at_creation": created, "at_agent_start": listing})
+    state.store.write_json(Evidence.WORKSPACE_EMPTY, {"at_creation": created, "at_agent_start": listing})
     state.add_checks("agent-start", workspace_empty_checks(listing, expected_inode=created.get("inode")))
 
 
@@ -337,26 +352,22 @@ async def commit_reference(state: RunState) -> None:
         src_commit = await asyncio.to_thread(state.source.commit_reference, state.variant.data_key)
     state.commitment = src_commit
     setup_tree = ev.hash_tree(state.setup_reference_host)
-    state.store.write_json(
-        "reference-commit.json",
-        {
-            "source": None if src_commit is None else {"kind": src_commit.kind, "sha256": src_commit.sha256, "files": src_commit.files},
-            "setup_written": setup_tree,
-            "committed_at": _now().isoformat(),
-        },
-    )
+    state.reference_commit = {
+        "source": None if src_commit is None else {"kind": src_commit.kind, "sha256": src_commit.sha256, "files": src_commit.files},
+        "setup_written": setup_tree,
+        "committed_at": _now().isoformat(),
+    }
+    state.store.write_json(Evidence.REFERENCE_COMMIT, state.reference_commit)
     state.events.append("reference.committed", sha256=None if src_commit is None else src_commit.sha256, setup_digest=setup_tree["digest"])
 
 
 async def run_agent(state: RunState) -> None:
-    from ale.agents.registry import agent_evidence
-    from ale.agents.trajectory import TrajectoryWriter
 
     assert state.sandbox is not None
     plan, v = state.plan, state.variant
     agent = state.prep.agent
-    state.store.write_json("agent.json", agent_evidence(plan.agent))
-    state.store.write_json("network.json", {"network_mode": plan.policy.network_mode, "controller": "outside the sandbox; tools reach it only through docker exec"})
+    state.store.write_json(Evidence.AGENT, agent_evidence(plan.agent))
+    state.store.write_json(Evidence.NETWORK, {"network_mode": plan.policy.network_mode, "controller": "outside the sandbox; tools reach it only through docker exec"})
     state.trajectory = TrajectoryWriter(state.run_dir, plan.run_id, plan.agent.display)
     deadline = time.monotonic() + state.prep.wall_time_s
     tools = ToolBox(
@@ -388,7 +399,9 @@ async def run_agent(state: RunState) -> None:
         import traceback
 
         state.agent_outcome = AgentOutcome(AgentEnd.FAILED, detail=f"{type(e).__name__}: {e}\n{traceback.format_exc()[-4000:]}")
-    state.events.append("agent.ended", end=state.agent_outcome.end.value, detail=(state.agent_outcome.detail or "")[:2000])
+    outcome = state.agent_outcome
+    assert outcome is not None
+    state.events.append("agent.ended", end=outcome.end.value, detail=(outcome.detail or "")[:2000])
 
 
 async def kill_agent_processes(state: RunState) -> ExecResult | None:
@@ -405,8 +418,8 @@ async def stop_and_verify_exited(state: RunState) -> None:
     await state.sandbox.stop()
     with state.cost("verify"):
         after = await asyncio.to_thread(state.sandbox.inspect)
-        state.store.write_json("inspect-after.json", after)
-        before = json.loads(state.store.path("inspect-before.json").read_text())
+        state.store.write_json(Evidence.INSPECT_AFTER, after)
+        before = state.inspect_before or {}
         checks = check_inspect(after, state.plan.policy, state.mounts(), phase="after", mount_inodes=_mount_inodes(state))
         checks += diff_captures(before, after)
         state.add_checks("inspect-after", checks)
@@ -417,7 +430,7 @@ def collect_deliverables(state: RunState) -> None:
     manifest = extract_deliverables(
         state.workspace_host, state.run_dir / "deliverables", max_files=lim.deliverable_max_files, max_bytes=lim.deliverable_max_bytes
     )
-    ev.write_json_new(state.run_dir / "deliverables.json", json.loads(manifest.model_dump_json()))
+    ev.write_json_new(state.run_dir / layout.DELIVERABLES, json.loads(manifest.model_dump_json()))
     state.events.append("deliverables.collected", files=len(manifest.files), skipped=len(manifest.skipped), digest=manifest.digest)
 
 
@@ -430,9 +443,9 @@ async def remove_sandbox(state: RunState) -> None:
 def check_input_unchanged(state: RunState) -> None:
     with state.cost("evidence"):
         after = ev.hash_tree(state.input_host)
-    state.store.write_json("input-after-run.json", after)
-    start = json.loads(state.store.path("input-after-start.json").read_text())
-    if after["digest"] != start["digest"]:
+    state.store.write_json(Evidence.INPUT_AFTER_RUN, after)
+    start = state.input_after_start or {}
+    if after["digest"] != start.get("digest"):
         state.violations.append("[after-run] input.unchanged: the staged input changed during the run")
 
 
@@ -444,8 +457,8 @@ async def stage_reference(state: RunState) -> None:
     else:
         dest.mkdir(mode=0o700)
     setup_tree = ev.hash_tree(state.setup_reference_host)
-    committed = json.loads(state.store.path("reference-commit.json").read_text())
-    if setup_tree["digest"] != committed["setup_written"]["digest"]:
+    committed = state.reference_commit or {}
+    if setup_tree["digest"] != (committed.get("setup_written") or {}).get("digest"):
         raise GradingError("reference written by start() changed after it was committed")
     for rel in setup_tree["files"]:
         target = dest / rel
@@ -459,7 +472,7 @@ async def stage_reference(state: RunState) -> None:
         for f in files:
             os.chmod(os.path.join(root, f), 0o644)
     state.store.write_json(
-        "reference-check.json",
+        Evidence.REFERENCE_CHECK,
         {
             "source_sha256": None if state.commitment is None else state.commitment.sha256,
             "setup_written_digest": setup_tree["digest"],
@@ -473,7 +486,7 @@ async def stage_reference(state: RunState) -> None:
 async def grade(state: RunState) -> list[float]:
     plan, v = state.plan, state.variant
     state.grader = Grader(
-        state.prep.client,
+        state.prep.provider,
         image=plan.image,
         policy=plan.policy,
         run_id=plan.run_id,
@@ -507,7 +520,7 @@ def _classify_failure(e: Exception, state: RunState) -> tuple[RunStatus, str, di
         # A reference failing its digest, password or limits is grading_failed;
         # an unreachable or missing input is infrastructure_error (retryable).
         return RunStatus(e.status), f"{type(e).__name__}: {e}", {}
-    if isinstance(e, SandboxError | docker.errors.DockerException | OSError):
+    if isinstance(e, SandboxError | OSError):
         return RunStatus.INFRASTRUCTURE_ERROR, f"{type(e).__name__}: {e}", {}
     # The task's own start() raising lands here: the run could not be set up.
     return RunStatus.INFRASTRUCTURE_ERROR, f"{type(e).__name__}: {e}", {"traceback": traceback.format_exc()[-8000:]}
@@ -520,19 +533,19 @@ def _status_after_agent(outcome: AgentOutcome | None) -> RunStatus:
 
 
 async def execute_run(
-    plan: RunPlan, *, client: docker.DockerClient | None = None, prepared: Prepared | None = None
+    plan: RunPlan, *, provider: SandboxProvider | None = None, prepared: Prepared | None = None
 ) -> RunResult:
     """Run one plan to its end and return the result (written last, atomically).
 
     Raises PreflightError (nothing created) for a bad task, variant, engine or
     image. Every later failure becomes a status; containers are always removed.
     """
-    prep = prepared or await asyncio.to_thread(prepare, plan, client)
+    prep: Prepared = prepared if prepared is not None else await asyncio.to_thread(prepare, plan, provider)
     run_dir = plan.run_dir
     run_dir.mkdir(parents=True, exist_ok=False)
-    ev.write_json_new(run_dir / "plan.json", json.loads(plan.model_dump_json()))
+    ev.write_json_new(run_dir / layout.PLAN, json.loads(plan.model_dump_json()))
     scratch = Path(plan.runs_dir) / ".scratch" / plan.run_id
-    state = RunState(prep=prep, run_dir=run_dir, scratch=scratch, events=ev.EventLog(run_dir / "events.jsonl"), store=ev.EvidenceStore(run_dir))
+    state = RunState(prep=prep, run_dir=run_dir, scratch=scratch, events=ev.EventLog(run_dir / layout.EVENTS), store=ev.EvidenceStore(run_dir))
     started = _now()
     status: RunStatus = RunStatus.INFRASTRUCTURE_ERROR
     scores: list[float] | None = None
@@ -543,29 +556,29 @@ async def execute_run(
         _record_static_evidence(state)
     try:
         _make_dirs(state)
-        async with state.phase("stage_input"):
+        async with state.phase(Phase.STAGE_INPUT):
             await stage_input(state)
-        async with state.phase("provision"):
+        async with state.phase(Phase.PROVISION):
             await provision(state)
             await verify_created(state)
             assert state.sandbox is not None
             await state.sandbox.start()
             state.events.append("sandbox.started")
-        async with state.phase("task_start"):
+        async with state.phase(Phase.TASK_START):
             await run_task_setup(state)
-        async with state.phase("verify_before"):
+        async with state.phase(Phase.VERIFY_BEFORE):
             await verify_running(state, "before")
             seal_input_and_workspace(state)
             await commit_reference(state)
         if state.violations:
             raise SealBroken()
-        async with state.phase("agent"):
+        async with state.phase(Phase.AGENT):
             await run_agent(state)
-        async with state.phase("stop"):
+        async with state.phase(Phase.STOP):
             probe = await kill_agent_processes(state)
             await verify_running(state, "after", probe)
             await stop_and_verify_exited(state)
-        async with state.phase("deliverables"):
+        async with state.phase(Phase.DELIVERABLES):
             collect_deliverables(state)
             await remove_sandbox(state)
             check_input_unchanged(state)
@@ -574,7 +587,7 @@ async def execute_run(
         status = _status_after_agent(state.agent_outcome)
         if state.agent_outcome and state.agent_outcome.end is not AgentEnd.FINISHED:
             error = state.agent_outcome.detail
-        async with state.phase("grade"):
+        async with state.phase(Phase.GRADE):
             await stage_reference(state)
             scores = await grade(state)
     except Exception as e:
@@ -613,9 +626,9 @@ async def execute_run(
 
 def _record_static_evidence(state: RunState) -> None:
     plan = state.plan
-    state.store.write_json("policy.json", json.loads(plan.policy.model_dump_json()))
+    state.store.write_json(Evidence.POLICY, json.loads(plan.policy.model_dump_json()))
     state.store.write_json(
-        "harness.json",
+        Evidence.HARNESS,
         {
             "ale_version": ale.__version__,
             "python": platform.python_version(),
@@ -625,32 +638,9 @@ def _record_static_evidence(state: RunState) -> None:
         },
     )
     try:
-        state.store.write_json("engine.json", _engine_record(state.prep.client))
-    except docker.errors.DockerException as e:
-        state.store.write_json("engine.json", {"error": str(e)})
-
-
-_ENGINE_CACHE: dict[str, tuple[float, dict]] = {}
-_ENGINE_TTL_S = 60.0
-
-
-def _engine_record(client: docker.DockerClient) -> dict:
-    """Engine version and security options; `docker info` is slow, so it is read
-    at most once a minute per engine rather than once per run."""
-    key = str(client.api.base_url)
-    hit = _ENGINE_CACHE.get(key)
-    if hit and time.monotonic() - hit[0] < _ENGINE_TTL_S:
-        return hit[1]
-    info = client.info()
-    record = {
-        "version": client.version(),
-        "security_options": info.get("SecurityOptions"),
-        "cgroup_version": info.get("CgroupVersion"),
-        "driver": info.get("Driver"),
-        "default_runtime": info.get("DefaultRuntime"),
-    }
-    _ENGINE_CACHE[key] = (time.monotonic(), record)
-    return record
+        state.store.write_json(Evidence.ENGINE, state.prep.provider.engine_record())
+    except SandboxError as e:
+        state.store.write_json(Evidence.ENGINE, {"error": str(e)})
 
 
 async def _cleanup(state: RunState) -> None:
@@ -676,15 +666,15 @@ async def _cleanup(state: RunState) -> None:
 
 
 def _finish_record(state: RunState, result: RunResult) -> None:
-    if state.workspace_at_creation is not None and not state.store.path("workspace-empty.json").exists():
+    if state.workspace_at_creation is not None and not state.store.path(Evidence.WORKSPACE_EMPTY).exists():
         # The run stopped before the agent's start: keep the creation proof alone.
-        state.store.write_json("workspace-empty.json", {"at_creation": state.workspace_at_creation})
-    state.store.write_json("checks.json", state.checks)
-    state.store.write_json("phases.json", [p.model_dump(mode="json") for p in state.phases])
+        state.store.write_json(Evidence.WORKSPACE_EMPTY, {"at_creation": state.workspace_at_creation})
+    state.store.write_json(Evidence.CHECKS, state.checks)
+    state.store.write_json(Evidence.PHASES, [p.model_dump(mode="json") for p in state.phases])
     state.events.append("run.end", status=result.status.value, score=result.score)
     tmp = state.run_dir / "result.json.tmp"
     tmp.write_text(result.model_dump_json(indent=2))
-    os.replace(tmp, state.run_dir / "result.json")
+    os.replace(tmp, state.run_dir / layout.RESULT)
     # Nothing may be written into the run folder after this: the manifest covers it all.
     key = load_or_create_signing_key(Path(state.plan.signing_key) if state.plan.signing_key else None)
     ev.write_manifest_and_sign(state.run_dir, key)

@@ -21,252 +21,69 @@ One asyncio process runs every unit of an experiment (see ``experiment.py``):
   container labelled with the experiment is removed. A second signal stops
   waiting for the grace period.
 
-A lock file (``<output>/.lock``, ``flock``) keeps two orchestrators off one output
-folder; the kernel drops it when the process dies, SIGKILL included.
+This module owns scheduling and the retry policy; the experiment record and
+the output lock are ``exp_record.py``'s, crash reconcile and resume are
+``reconcile.py``'s, and progress display is ``progress.py``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import inspect
-import json
 import os
-import shutil
 import signal
-import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import ale
-from ale.runs.experiment import Experiment, PlannedUnit, attempt_run_id, content_hash, plan_units
-from ale.runs.plan import RunPlan
-from ale.runs.result import RunResult
-from ale.runs.store import RunIndex, UnitInfo, read_result, runs_root, write_units
-from ale.sandbox.scratch import release_scratch
-from ale.status import RunStatus, counts_toward_score
+from ale import layout
+from ale.plan import RunPlan
+from ale.result import RunResult
+from ale.runs.exp_record import (
+    OutputLock,
+    unit_info,
+    write_experiment_record,
+)
+from ale.runs.experiment import Experiment, PlannedUnit, plan_units
+from ale.runs.lifecycle import execute_run
+from ale.runs.progress import NullProgress, ProgressSink, ProgressState
+from ale.runs.reconcile import Janitor, UnitState, reconcile, resume_states
+from ale.runs.store import RunIndex, runs_root
+from ale.sandbox.base import SandboxProvider
+from ale.sandbox.providers import make_provider
+from ale.status import RunStatus
 
 Runner = Callable[[RunPlan, asyncio.Event], Awaitable[RunResult]]
-Janitor = Callable[[str], list[str]]  # experiment name -> removed container names
-
-EXPERIMENT_RECORD = "experiment.json"
-INCOMPLETE_DIR = ".incomplete"
 
 
-class ExperimentChanged(RuntimeError):
-    """The experiment differs from the one that started this output folder."""
+
+# -- the default runner and janitor (a sandbox provider) ----------------------
 
 
-class OutputBusy(RuntimeError):
-    """Another orchestrator holds this output folder."""
-
-
-# -- progress ----------------------------------------------------------------
-
-
-@dataclass
-class ProgressState:
-    total: int
-    done: int = 0  # units with a final result (this session or earlier)
-    skipped: int = 0  # of which were already final at start
-    running: int = 0
-    scored: int = 0
-    failed: int = 0  # agent_failed, timeout, grading_failed, infrastructure_error (final)
-    invalid: int = 0
-    retries: int = 0
-    slots: int = 0
-    score_sum: float = 0.0
-    score_n: int = 0
-    started_at: float = field(default_factory=time.monotonic)
-    finished_this_session: int = 0
-    stopping: bool = False
-
-    @property
-    def mean_score(self) -> float | None:
-        return self.score_sum / self.score_n if self.score_n else None
-
-    def eta_s(self) -> float | None:
-        if not self.finished_this_session:
-            return None
-        remaining = self.total - self.done
-        rate = self.finished_this_session / max(time.monotonic() - self.started_at, 1e-6)
-        return remaining / rate
-
-    def count_final(self, result: RunResult) -> None:
-        self.done += 1
-        status = RunStatus(result.status)
-        if status is RunStatus.INVALID_EVALUATION_ENVIRONMENT:
-            self.invalid += 1
-        elif status is RunStatus.SCORED:
-            self.scored += 1
-        else:
-            self.failed += 1
-        if counts_toward_score(status, result.score):
-            assert result.score is not None
-            self.score_sum += result.score
-            self.score_n += 1
-
-
-class ProgressSink(Protocol):
-    def start(self, state: ProgressState) -> None: ...
-    def update(self, state: ProgressState, message: str | None = None) -> None: ...
-    def stop(self, state: ProgressState) -> None: ...
-
-
-def _fmt_eta(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
-
-
-def summary_line(s: ProgressState) -> str:
-    mean = "-" if s.mean_score is None else f"{s.mean_score:.3f}"
-    return (
-        f"done {s.done}/{s.total}  running {s.running}  scored {s.scored}  failed {s.failed}  "
-        f"invalid {s.invalid}  retries {s.retries}  mean {mean}  slots {s.slots}  "
-        f"eta {_fmt_eta(s.eta_s())}" + ("  [stopping]" if s.stopping else "")
-    )
-
-
-class PlainProgress:
-    """One line per event, for CI logs and non-terminals."""
-
-    def __init__(self, stream: Any = None, every_s: float = 30.0):
-        self.stream = stream or sys.stderr
-        self.every_s = every_s
-        self._last = 0.0
-
-    def _print(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
-
-    def start(self, state: ProgressState) -> None:
-        self._print(f"[ale] {state.total} runs planned, {state.skipped} already done")
-
-    def update(self, state: ProgressState, message: str | None = None) -> None:
-        now = time.monotonic()
-        if message:
-            self._print(f"[ale] {message}")
-        if message or now - self._last >= self.every_s:
-            self._last = now
-            self._print(f"[ale] {summary_line(state)}")
-
-    def stop(self, state: ProgressState) -> None:
-        self._print(f"[ale] finished: {summary_line(state)}")
-
-
-class RichProgress:
-    """A live panel: a bar plus done / running / failed / invalid, mean score, ETA."""
-
-    def __init__(self, console: Any = None):
-        from rich.console import Console
-
-        self.console = console or Console(stderr=True)
-        self._live: Any = None
-        self._recent: deque[str] = deque(maxlen=6)
-
-    def _render(self, s: ProgressState) -> Any:
-        from rich.console import Group
-        from rich.progress_bar import ProgressBar
-        from rich.table import Table
-        from rich.text import Text
-
-        table = Table.grid(padding=(0, 2))
-        for _ in range(8):
-            table.add_column()
-        mean = "-" if s.mean_score is None else f"{s.mean_score:.3f}"
-        table.add_row(
-            Text(f"done {s.done}/{s.total}", style="bold"),
-            Text(f"running {s.running}", style="cyan"),
-            Text(f"scored {s.scored}", style="green"),
-            Text(f"failed {s.failed}", style="yellow"),
-            Text(f"invalid {s.invalid}", style="red"),
-            Text(f"mean {mean}"),
-            Text(f"slots {s.slots}"),
-            Text(f"ETA {_fmt_eta(s.eta_s())}" + (" (stopping)" if s.stopping else "")),
-        )
-        bar = ProgressBar(total=max(s.total, 1), completed=s.done, width=60)
-        return Group(bar, table, *[Text(r, style="dim") for r in self._recent])
-
-    def start(self, state: ProgressState) -> None:
-        from rich.live import Live
-
-        self._live = Live(self._render(state), console=self.console, refresh_per_second=4, transient=False)
-        self._live.start()
-
-    def update(self, state: ProgressState, message: str | None = None) -> None:
-        if message:
-            self._recent.append(message)
-        if self._live is not None:
-            self._live.update(self._render(state))
-
-    def stop(self, state: ProgressState) -> None:
-        if self._live is not None:
-            self._live.update(self._render(state))
-            self._live.stop()
-            self._live = None
-
-
-class NullProgress:
-    def start(self, state: ProgressState) -> None:
-        pass
-
-    def update(self, state: ProgressState, message: str | None = None) -> None:
-        pass
-
-    def stop(self, state: ProgressState) -> None:
-        pass
-
-
-# -- the default runner and janitor (real Docker) ----------------------------
-
-
-def docker_runner(client: Any = None) -> Runner:
-    """The lifecycle's ``execute_run`` as a Runner, sharing one Docker client."""
-    from ale.runs.lifecycle import execute_run
-
-    takes_cancel = "cancel" in inspect.signature(execute_run).parameters
+def provider_runner(provider: SandboxProvider | None = None) -> Runner:
+    """The lifecycle's ``execute_run`` as a Runner, sharing one provider."""
 
     async def run(plan: RunPlan, cancel: asyncio.Event) -> RunResult:
-        if takes_cancel:
-            return await execute_run(plan, client=client, cancel=cancel)  # type: ignore[call-arg]
-        return await execute_run(plan, client=client)
+        return await execute_run(plan, provider=provider)
 
     return run
 
 
-def docker_janitor(client: Any) -> Janitor:
-    from ale.sandbox.docker import remove_containers
+def provider_janitor(provider: SandboxProvider) -> Janitor:
+    """Removes the sandboxes labelled with one experiment, nothing else."""
 
     def clean(experiment: str) -> list[str]:
-        return remove_containers(client, experiment=experiment)
+        return provider.remove_managed(experiment=experiment)
 
     return clean
 
 
-def cleanup_all(client: Any) -> list[str]:
-    """Remove every container labelled ``ale.managed=1`` (and nothing else)."""
-    from ale.sandbox.docker import remove_containers
-
-    return remove_containers(client)
-
-
 # -- the orchestrator ---------------------------------------------------------
-
-
-@dataclass
-class UnitState:
-    unit: PlannedUnit
-    next_attempt: int = 1
-    final: RunResult | None = None
 
 
 @dataclass
@@ -311,18 +128,16 @@ class Orchestrator:
         self.ramp_start = max(1, min(ramp_start, self.concurrency))
         self.ramp_after_s = ramp_after_s
         self.stop_grace_s = stop_grace_s
-        self._client: Any = None
+        self._provider: SandboxProvider | None = None
         if runner is None or janitor is None:
-            from ale.sandbox.docker import connect
-
-            self._client = connect()
-        self.runner = runner or docker_runner(self._client)
-        self.janitor = janitor or docker_janitor(self._client)
+            self._provider = make_provider(exp.environment.provider)
+        self.runner = runner or provider_runner(self._provider)
+        self.janitor = janitor or provider_janitor(self._provider)  # type: ignore[arg-type]
         self.progress: ProgressSink = progress or NullProgress()
         self.cancel = asyncio.Event()
         self._stop_requests = 0
         self._changed: asyncio.Event | None = None
-        self._lock_fd: int | None = None
+        self._lock = OutputLock(self.output)
         # Observed by tests and the bench: the largest number of runs in flight.
         self.max_in_flight = 0
 
@@ -350,133 +165,20 @@ class Orchestrator:
                 loop.remove_signal_handler(sig)
 
     # -- preparation ---------------------------------------------------------
-    def _acquire_lock(self) -> None:
-        self.output.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.output / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as e:
-            os.close(fd)
-            raise OutputBusy(
-                f"another `ale exp run` is using {self.output} (lock {self.output / '.lock'})"
-            ) from e
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lock_fd = fd
-
-    def _release_lock(self) -> None:
-        if self._lock_fd is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-                os.close(self._lock_fd)
-            self._lock_fd = None
-
-    def _check_record(self) -> None:
-        """Refuse a changed experiment; write the record of this one."""
-        record_path = self.output / EXPERIMENT_RECORD
-        digest = content_hash(self.exp, self.units)
-        history: list[dict[str, Any]] = []
-        if record_path.is_file():
-            try:
-                old = json.loads(record_path.read_text())
-            except ValueError as e:
-                raise ExperimentChanged(f"{record_path} is unreadable ({e}); move it aside to start over") from e
-            if old.get("name") != self.exp.name and not self.allow_changed:
-                raise ExperimentChanged(
-                    f"{self.output} holds experiment {old.get('name')!r}, not {self.exp.name!r}; "
-                    "use another output folder"
-                )
-            if old.get("content_hash") != digest and not self.allow_changed:
-                raise ExperimentChanged(
-                    f"the experiment changed since {self.output} was started "
-                    f"(content hash {str(old.get('content_hash'))[:12]} -> {digest[:12]}). "
-                    "Runs already done would mix two experiments. Use a new output folder, "
-                    "or pass --allow-changed to continue anyway."
-                )
-            history = list(old.get("history", []))
-            if old.get("content_hash") != digest:
-                history.append({"content_hash": old.get("content_hash"), "replaced_at": _utc()})
-        record = {
-            "name": self.exp.name,
-            "content_hash": digest,
-            "source": self.exp.source,
-            "units": len(self.units),
-            "harness_version": ale.__version__,
-            "updated_at": _utc(),
-            "history": history,
-            "experiment": json.loads(self.exp.model_dump_json()),
-        }
-        tmp = record_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(record, indent=2))
-        tmp.replace(record_path)
-        write_units(
-            self.output,
-            {u.unit_id: UnitInfo(u.unit_id, u.task, u.variant, u.agent, u.repeat) for u in self.units},
-        )
-
-    def _reconcile(self) -> tuple[list[str], list[str]]:
-        """After a crash: remove orphan containers, move half-done run folders aside."""
-        orphans = self.janitor(self.exp.name)
-        moved: list[str] = []
-        root = runs_root(self.output)
-        if root.is_dir():
-            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-            for run_dir in sorted(root.iterdir()):
-                if not run_dir.is_dir() or run_dir.name.startswith("."):
-                    continue
-                if not (run_dir / "result.json").is_file():
-                    dest = self.output / INCOMPLETE_DIR / f"{run_dir.name}.{stamp}"
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.move(str(run_dir), dest)
-                    moved.append(run_dir.name)
-            scratch = root / ".scratch"
-            if scratch.is_dir():
-                release_scratch(scratch)
-        return orphans, moved
-
-    def _unit_states(self, index: RunIndex) -> list[UnitState]:
-        """Each unit's next attempt, or its final result (read from the run folders)."""
-        root = runs_root(self.output)
-        states = []
-        rows = []
-        max_attempts = self.exp.retry.max_attempts
-        for unit in self.units:
-            st = UnitState(unit)
-            attempt = 1
-            latest: RunResult | None = None
-            while True:
-                run_dir = root / attempt_run_id(unit.unit_id, attempt)
-                result = read_result(run_dir) if run_dir.is_dir() else None
-                if result is None:
-                    break
-                rows.append((result, _info(unit), run_dir))
-                latest = result
-                attempt += 1
-            st.next_attempt = attempt
-            if latest is not None and (
-                not RunStatus(latest.status).retryable
-                or not latest.extra.get("retryable", True)
-                or latest.attempt >= max_attempts
-            ):
-                st.final = latest
-            states.append(st)
-        index.record_many(rows)
-        return states
-
     # -- running -------------------------------------------------------------
     async def run(self) -> OrchestratorSummary:
-        self._acquire_lock()
+        self._lock.acquire()
         try:
             return await self._run_locked()
         finally:
-            self._release_lock()
+            self._lock.release()
 
     async def _run_locked(self) -> OrchestratorSummary:
-        self._check_record()
-        orphans, moved = await asyncio.to_thread(self._reconcile)
+        write_experiment_record(self.exp, self.units, self.output, allow_changed=self.allow_changed)
+        orphans, moved = await asyncio.to_thread(reconcile, self.output, self.exp.name, self.janitor)
         runs_root(self.output).mkdir(parents=True, exist_ok=True)
         index = RunIndex(self.output)
-        states = await asyncio.to_thread(self._unit_states, index)
+        states = await asyncio.to_thread(resume_states, self.units, self.output, index, self.exp.retry.max_attempts)
         progress = ProgressState(total=len(states))
         for st in states:
             if st.final is not None:
@@ -485,7 +187,7 @@ class Orchestrator:
         progress.slots = self.ramp_start
         self.progress.start(progress)
         if moved:
-            self.progress.update(progress, f"moved {len(moved)} interrupted run folder(s) to {INCOMPLETE_DIR}/; redoing them")
+            self.progress.update(progress, f"moved {len(moved)} interrupted run folder(s) to {layout.INCOMPLETE_DIR}/; redoing them")
         if orphans:
             self.progress.update(progress, f"removed {len(orphans)} orphan container(s)")
 
@@ -574,7 +276,7 @@ class Orchestrator:
                     if exc is not None:  # _attempt turns runner errors into results
                         raise exc
                     result = task.result()
-                    index.record(result, _info(st.unit), runs_root(self.output) / result.run_id)
+                    index.record(result, unit_info(st.unit), runs_root(self.output) / result.run_id)
                     status = RunStatus(result.status)
                     retryable = status.retryable and result.extra.get("retryable", True)
                     if retryable and attempt < self.exp.retry.max_attempts and not self.stopping:
@@ -609,14 +311,15 @@ class Orchestrator:
                     score = "-" if result.score is None else f"{result.score:.3f}"
                     self.progress.update(progress, f"{result.run_id}: {status.value} score={score}")
                 for task in [t for t in done if t in delayed]:
-                    delayed.discard(task)  # type: ignore[arg-type]
+                    delayed.discard(task)
         finally:
-            for t in list(in_flight) + list(delayed) + list(ramp_timers):
+            pending_tasks: list[asyncio.Task[Any]] = [*in_flight, *delayed, *ramp_timers]
+            for t in pending_tasks:
                 t.cancel()
             if in_flight:
                 await asyncio.wait(list(in_flight), timeout=30)
-            for t in ramp_timers:
-                t.cancel()
+            for timer in ramp_timers:
+                timer.cancel()
             progress.running = 0
             # Whatever the runs left (a crash, a cancelled run): remove it.
             with contextlib.suppress(Exception):
@@ -675,17 +378,13 @@ class Orchestrator:
 def _write_result(plan: RunPlan, result: RunResult) -> None:
     run_dir = plan.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not (run_dir / "plan.json").exists():
-        (run_dir / "plan.json").write_text(plan.model_dump_json(indent=2))
-    if (run_dir / "result.json").exists():
+    if not (run_dir / layout.PLAN).exists():
+        (run_dir / layout.PLAN).write_text(plan.model_dump_json(indent=2))
+    if (run_dir / layout.RESULT).exists():
         return
     tmp = run_dir / "result.json.tmp"
     tmp.write_text(result.model_dump_json(indent=2))
-    os.replace(tmp, run_dir / "result.json")
-
-
-def _info(unit: PlannedUnit) -> UnitInfo:
-    return UnitInfo(unit.unit_id, unit.task, unit.variant, unit.agent, unit.repeat)
+    os.replace(tmp, run_dir / layout.RESULT)
 
 
 def _short(text: str | None, limit: int = 120) -> str:
@@ -693,10 +392,6 @@ def _short(text: str | None, limit: int = 120) -> str:
         return "no detail"
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _utc() -> str:
-    return datetime.now(UTC).isoformat()
 
 
 async def run_experiment(

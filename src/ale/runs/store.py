@@ -16,11 +16,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ale.runs.result import RunResult
+from ale import layout
+from ale.result import RunResult
 
-INDEX_NAME = "index.sqlite"
-RUNS_SUBDIR = "runs"
-UNITS_NAME = "units.json"
+INDEX_NAME = layout.RUNS_INDEX
+RUNS_SUBDIR = layout.RUNS_DIR
+UNITS_NAME = layout.UNITS
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -76,7 +77,7 @@ def runs_root(output: Path) -> Path:
 
 def read_result(run_dir: Path) -> RunResult | None:
     """The run's final result, or None when it has none (yet) or it is unreadable."""
-    path = run_dir / "result.json"
+    path = run_dir / layout.RESULT
     try:
         return RunResult.model_validate_json(path.read_bytes())
     except (OSError, ValidationError, ValueError):

@@ -1,5 +1,7 @@
 """The docker provider: one sealed container per run, through the Docker SDK.
 
+This module (with ``image.py``, which builds the tools image) is the only one that
+talks to Docker; everything else holds a ``SandboxProvider`` / ``Sandbox``.
 Every container ale creates carries the label ``ale.managed=1`` plus the run id
 (and experiment id where there is one); cleanup selects by those labels only.
 """
@@ -7,7 +9,6 @@ Every container ale creates carries the label ``ale.managed=1`` plus the run id
 from __future__ import annotations
 
 import asyncio
-import shlex
 import socket
 import struct
 import time
@@ -21,14 +22,22 @@ import docker.errors
 from docker.types import LogConfig
 from docker.types import Mount as DockerMount
 
-from ale.isolation.policy import IsolationPolicy
-from ale.sandbox.base import DEFAULT_OUTPUT_LIMIT, ExecResult, Mount, SandboxError
+from ale.sandbox.base import (
+    DEFAULT_OUTPUT_LIMIT,
+    LABEL_EXPERIMENT,
+    LABEL_MANAGED,
+    LABEL_RUN,
+    EngineUnreachable,
+    ExecResult,
+    ImageMissing,
+    Mount,
+    SandboxError,
+    SandboxGone,
+    SandboxSpec,
+)
+from ale.sandbox.policy import IsolationPolicy
 
-LABEL_MANAGED = "ale.managed"
 EXEC_TAG_VAR = "ALE_EXEC_ID"
-LABEL_RUN = "ale.run_id"
-LABEL_EXPERIMENT = "ale.experiment"
-LABEL_ROLE = "ale.role"
 
 # Grace on top of a command's own timeout before the host gives up waiting on
 # the exec stream (a daemonised child can hold stdout open after the kill).
@@ -59,14 +68,15 @@ INIT_COMMAND = [
 ]
 
 
-def connect() -> docker.DockerClient:
-    """A client for the local engine, or a SandboxError saying how to start one."""
+def connect(base_url: str | None = None) -> docker.DockerClient:
+    """A client for the engine at ``base_url`` (default: ``DOCKER_HOST`` or the
+    local socket), or ``EngineUnreachable`` saying how to start one."""
     try:
-        client = docker.from_env(timeout=120)
+        client = docker.DockerClient(base_url=base_url, timeout=120) if base_url else docker.from_env(timeout=120)
         client.ping()
         return client
     except Exception as e:  # docker raises several unrelated types here
-        raise SandboxError(
+        raise EngineUnreachable(
             "cannot reach the Docker engine "
             f"({type(e).__name__}: {e}). Start it (as root: `dockerd &` or "
             "`service docker start`), or set DOCKER_HOST."
@@ -135,48 +145,48 @@ class DockerSandbox:
         self.name: str = container.name
         self.id: str = container.id
 
+    shares_host_filesystem = True
+
     # -- lifecycle -----------------------------------------------------------
     @classmethod
-    def create(
-        cls,
-        client: docker.DockerClient,
-        *,
-        name: str,
-        image: str,
-        policy: IsolationPolicy,
-        mounts: list[Mount],
-        labels: dict[str, str],
-        workdir: str,
-        environment: dict[str, str] | None = None,
-    ) -> DockerSandbox:
+    def create(cls, client: docker.DockerClient, spec: SandboxSpec) -> DockerSandbox:
         kwargs = container_create_kwargs(
-            name=name,
-            image=image,
-            policy=policy,
-            mounts=mounts,
-            labels={LABEL_MANAGED: "1", **labels},
-            workdir=workdir,
-            environment=environment,
+            name=spec.name,
+            image=spec.image,
+            policy=spec.policy,
+            mounts=spec.mounts,
+            labels={LABEL_MANAGED: "1", **spec.labels},
+            workdir=spec.workdir,
+            environment=spec.environment,
         )
         try:
             container = client.containers.create(**kwargs)
         except docker.errors.ImageNotFound as e:
-            raise SandboxError(
-                f"image {image!r} not found in the local engine; build it with "
+            raise ImageMissing(
+                f"image {spec.image!r} not found in the local engine; build it with "
                 "`ale image build` (or pass --image)"
             ) from e
         except docker.errors.APIError as e:
-            raise SandboxError(f"docker refused to create container {name!r}: {e.explanation or e}") from e
-        return cls(client, container, policy)
+            raise SandboxError(f"docker refused to create container {spec.name!r}: {e.explanation or e}") from e
+        except docker.errors.DockerException as e:
+            raise EngineUnreachable(f"docker failed creating {spec.name!r}: {e}") from e
+        return cls(client, container, spec.policy)
 
     def inspect(self) -> dict[str, Any]:
         """The raw `docker inspect` document (never cached)."""
-        return self.client.api.inspect_container(self.id)
+        try:
+            return self.client.api.inspect_container(self.id)
+        except docker.errors.NotFound as e:
+            raise SandboxGone(f"container {self.name} is gone") from e
+        except docker.errors.DockerException as e:
+            raise SandboxError(f"docker inspect {self.name} failed: {e}") from e
 
     async def start(self) -> None:
         try:
             await asyncio.to_thread(self.container.start)
-        except docker.errors.APIError as e:
+        except docker.errors.NotFound as e:
+            raise SandboxGone(f"container {self.name} is gone") from e
+        except docker.errors.DockerException as e:
             raise SandboxError(f"docker could not start {self.name}: {e.explanation or e}") from e
 
     async def stop(self) -> None:
@@ -189,14 +199,20 @@ class DockerSandbox:
                         self.container.kill()
                     self.container.wait(timeout=60)
 
-        await asyncio.to_thread(_kill)
+        try:
+            await asyncio.to_thread(_kill)
+        except docker.errors.DockerException as e:
+            raise SandboxError(f"docker could not stop {self.name}: {e}") from e
 
     async def remove(self) -> None:
         def _rm() -> None:
             with suppress(docker.errors.NotFound):
                 self.container.remove(force=True, v=True)
 
-        await asyncio.to_thread(_rm)
+        try:
+            await asyncio.to_thread(_rm)
+        except docker.errors.DockerException as e:
+            raise SandboxError(f"docker could not remove {self.name}: {e}") from e
 
     # -- exec ----------------------------------------------------------------
     async def exec(
@@ -235,9 +251,11 @@ class DockerSandbox:
                 environment=env,
             )
         except docker.errors.NotFound as e:
-            raise SandboxError(f"container {self.name} is gone") from e
+            raise SandboxGone(f"container {self.name} is gone") from e
         except docker.errors.APIError as e:
             raise SandboxError(f"exec in {self.name} failed: {e.explanation or e}") from e
+        except docker.errors.DockerException as e:
+            raise SandboxError(f"exec in {self.name} failed: {e}") from e
 
         collector = _StreamCollector(output_limit)
         pump = asyncio.ensure_future(asyncio.to_thread(self._pump, exec_id["Id"], stdin, collector))
@@ -256,13 +274,13 @@ class DockerSandbox:
             elif exited_at is None:
                 # A background child can keep the stream open after the command
                 # exited; stop waiting for it shortly after the exit.
-                state = await asyncio.to_thread(self.client.api.exec_inspect, exec_id["Id"])
+                state = await self._exec_state(exec_id["Id"])
                 if not state.get("Running"):
                     exited_at = now
             elif now - exited_at > 0.2:
                 collector.close()
         await pump
-        info = await asyncio.to_thread(self.client.api.exec_inspect, exec_id["Id"])
+        info = await self._exec_state(exec_id["Id"])
         duration = time.monotonic() - started
         exit_code = info.get("ExitCode")
         if exit_code is None:
@@ -284,6 +302,14 @@ class DockerSandbox:
             duration_s=duration,
         )
 
+    async def _exec_state(self, exec_id: str) -> dict[str, Any]:
+        try:
+            return await asyncio.to_thread(self.client.api.exec_inspect, exec_id)
+        except docker.errors.NotFound as e:
+            raise SandboxGone(f"container {self.name} is gone") from e
+        except docker.errors.DockerException as e:
+            raise SandboxError(f"exec inspect in {self.name} failed: {e}") from e
+
     def _pump(self, exec_id: str, stdin: bytes | None, collector: _StreamCollector) -> None:
         try:
             sock = self.client.api.exec_start(exec_id, socket=True)
@@ -299,7 +325,7 @@ class DockerSandbox:
                 collector.error = e
         finally:
             with suppress(Exception):
-                collector.sock.close()  # type: ignore[union-attr]
+                collector.sock.close()
 
     async def _kill_tagged(self, tag: str) -> None:
         """Kill every process whose environment carries this command's tag."""
@@ -430,5 +456,80 @@ def remove_containers(
     return removed
 
 
-def shell_quote(args: list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in args)
+
+_ENGINE_TTL_S = 60.0
+
+
+class DockerProvider:
+    """The ``SandboxProvider`` for one Docker engine (``DOCKER_HOST`` or the local
+    socket). The client is made on first use, so constructing a provider never
+    touches the engine."""
+
+    name = "docker"
+
+    def __init__(self, client: docker.DockerClient | None = None, *, base_url: str | None = None):
+        self._client = client
+        self._base_url = base_url
+        self._engine: tuple[float, dict[str, Any]] | None = None
+
+    @property
+    def client(self) -> docker.DockerClient:
+        """The SDK client (for the Docker-specific tools: image builds, tests)."""
+        if self._client is None:
+            self._client = connect(self._base_url)
+        return self._client
+
+    def ping(self) -> None:
+        """Raise ``EngineUnreachable`` unless the engine answers."""
+        try:
+            self.client.ping()
+        except docker.errors.DockerException as e:
+            raise EngineUnreachable(f"the Docker engine does not answer: {e}") from e
+
+    def engine_record(self) -> dict[str, Any]:
+        """Engine version and security options; `docker info` is slow, so it is
+        read at most once a minute rather than once per run."""
+        hit = self._engine
+        if hit and time.monotonic() - hit[0] < _ENGINE_TTL_S:
+            return hit[1]
+        try:
+            info = self.client.info()
+            record = {
+                "version": self.client.version(),
+                "security_options": info.get("SecurityOptions"),
+                "cgroup_version": info.get("CgroupVersion"),
+                "driver": info.get("Driver"),
+                "default_runtime": info.get("DefaultRuntime"),
+            }
+        except docker.errors.DockerException as e:
+            raise SandboxError(f"docker info failed: {e}") from e
+        self._engine = (time.monotonic(), record)
+        return record
+
+    def image_inspect(self, image: str) -> dict[str, Any]:
+        try:
+            return self.client.api.inspect_image(image)
+        except docker.errors.ImageNotFound as e:
+            raise ImageMissing(
+                f"image {image!r} is not in the local Docker engine: build it with `ale image build`"
+            ) from e
+        except docker.errors.DockerException as e:
+            raise SandboxError(f"docker image inspect {image!r} failed: {e}") from e
+
+    async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        return await asyncio.to_thread(DockerSandbox.create, self.client, spec)
+
+    def attach(self, name_or_id: str, policy: IsolationPolicy) -> DockerSandbox:
+        try:
+            container = self.client.containers.get(name_or_id)
+        except docker.errors.NotFound as e:
+            raise SandboxGone(f"no container named {name_or_id!r}") from e
+        except docker.errors.DockerException as e:
+            raise SandboxError(f"docker could not find {name_or_id!r}: {e}") from e
+        return DockerSandbox(self.client, container, policy)
+
+    def remove_managed(self, *, run_id: str | None = None, experiment: str | None = None) -> list[str]:
+        try:
+            return remove_containers(self.client, run_id=run_id, experiment=experiment)
+        except docker.errors.DockerException as e:
+            raise SandboxError(f"docker could not list or remove ale's containers: {e}") from e

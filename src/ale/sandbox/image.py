@@ -15,12 +15,12 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from ale.defaults import DEFAULT_TOOLS_IMAGE, TOOLS_REPO
 from ale.paths import repo_root
 from ale.sandbox.base import SandboxError
+from ale.sandbox.docker import connect
 
 DEFAULT_BASE = "python:3.11-slim"
-TOOLS_REPO = "ale-tools"
-DEFAULT_TOOLS_IMAGE = f"{TOOLS_REPO}:latest"
 BOOTSTRAP_SUITE = "bookworm"
 BOOTSTRAP_PACKAGES = "python3,python3-numpy,procps"
 
@@ -87,12 +87,15 @@ def resolve_base(client: docker.DockerClient, base: str | None, say: Say = print
 
 
 def build_tools_image(
-    client: docker.DockerClient,
+    client: docker.DockerClient | None = None,
     base: str | None = None,
     tag: str = DEFAULT_TOOLS_IMAGE,
     say: Say = print,
 ) -> str:
-    """Build (or find cached) the tools image; returns its content tag."""
+    """Build (or find cached) the tools image; returns its content tag.
+    ``client`` defaults to the local engine (``EngineUnreachable`` if none)."""
+    if client is None:
+        client = connect()
     base_ref = resolve_base(client, base, say)
     base_id = _has_image(client, base_ref) or ""
     dockerfile = images_dir() / "Dockerfile"

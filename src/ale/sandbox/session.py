@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ale.agents.tools import ToolBox, ToolRefused
+from ale.sandbox.tools import ToolBox, ToolRefused
 
 
 class CommandFailed(RuntimeError):

@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ale.tasks.errors import TaskError
+
 CARD_FILE = "task_card.json"
 
 _MEMORY_UNITS = {
@@ -156,7 +158,6 @@ def load_card(task_dir: str | Path) -> TaskCard:
 
     Raises ``TaskError`` naming the file (and the line, for malformed JSON).
     """
-    from ale.tasks.loader import TaskError
 
     task_dir = Path(task_dir).resolve()
     path = task_dir / CARD_FILE

@@ -33,12 +33,16 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ale.data.base import VariantKey
+from ale.defaults import DEFAULT_INPUT_DIR, DEFAULT_OUTPUT_DIR
 from ale.tasks.card import TaskCard, load_card
+from ale.tasks.compat import cua_bench as compat
+from ale.tasks.errors import TaskError
 
 MAIN_FILE = "main.py"
 TD_TYPES = {
@@ -47,16 +51,10 @@ TD_TYPES = {
     "evaluate_task": "evaluate",
     "solve_task": "solve",
 }
-DEFAULT_INPUT_DIR = "/input"
-DEFAULT_OUTPUT_DIR = "/workspace"
 DEFAULT_REFERENCE_DIR = "/reference"
 
 _module_counter = itertools.count(1)
 _SEGMENT_RE = re.compile(r"^[A-Za-z0-9._+-]+$")
-
-
-class TaskError(ValueError):
-    """A task folder is malformed: the message names the file and what is wrong."""
 
 
 @dataclass
@@ -122,7 +120,7 @@ def task_code_hash(task_dir: str | Path) -> str:
                 continue
             h = hashlib.sha256()
             with open(full, "rb") as f:
-                for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                for chunk in iter(partial(f.read, 1 << 20), b""):
                     h.update(chunk)
             entries.append((rel, h.hexdigest()))
     outer = hashlib.sha256()
@@ -138,7 +136,6 @@ def ensure_cua_bench() -> None:
         return
     if importlib.util.find_spec("cua_bench") is not None:
         return
-    from ale.tasks.compat import cua_bench as compat
 
     sys.modules["cua_bench"] = compat
 

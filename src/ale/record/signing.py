@@ -22,6 +22,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from ale.paths import config_dir
+
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 KEY_FILE_NAME = "signing_key.pem"
@@ -41,7 +43,6 @@ def canonical_json(obj: Any) -> bytes:
 
 
 def default_key_path() -> Path:
-    from ale.paths import config_dir
 
     return config_dir() / KEY_FILE_NAME
 

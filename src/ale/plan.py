@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ale.isolation.policy import IsolationPolicy
-from ale.sandbox.image import DEFAULT_TOOLS_IMAGE
+from ale.defaults import DEFAULT_TOOLS_IMAGE
+from ale.sandbox.policy import IsolationPolicy
 
 
 class AgentSpec(BaseModel):
@@ -48,6 +48,7 @@ class RunPlan(BaseModel):
     agent: AgentSpec
     data_source: str | None = None  # None: the task card's, else none
     image: str = DEFAULT_TOOLS_IMAGE
+    provider: str = "docker"  # the SandboxProvider (ale.sandbox.providers)
     policy: IsolationPolicy = Field(default_factory=IsolationPolicy)
     limits: Limits = Field(default_factory=Limits)
     runs_dir: str = "runs"

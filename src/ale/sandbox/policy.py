@@ -12,6 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from ale.defaults import CANDIDATE_USER
+from ale.documents import load_document
+
 GIB = 1024**3
 MIB = 1024**2
 
@@ -48,7 +51,7 @@ class IsolationPolicy(BaseModel):
     pids_limit: int = Field(256, gt=0)
     memory_bytes: int = Field(8 * GIB, gt=16 * MIB)
     cpus: float = Field(default_factory=default_cpus, gt=0)
-    user: str = "1000:1000"
+    user: str = CANDIDATE_USER
     tmpfs: tuple[TmpfsMount, ...] = (TmpfsMount(),)
     log_max_size: str = "10m"
     runtime: str = "runc"
@@ -112,7 +115,6 @@ class IsolationPolicy(BaseModel):
         """Load from a JSON or YAML file; None gives the defaults for this host."""
         if path is None:
             return cls()
-        from ale.documents import load_document
 
         p = Path(path)
         data = load_document(p, "isolation policy")

@@ -19,57 +19,66 @@ import math
 import re
 from datetime import datetime
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ale.isolation import evidence as ev
-from ale.isolation import signing
+from ale import layout
+from ale.grading.deliverables import DeliverablesManifest, listing_digest
+from ale.isolation.checks import check_inspect, diff_captures, failures
+from ale.isolation.probes import parse_probes, workspace_empty_checks
+from ale.layout import Evidence
+from ale.record import evidence as ev
+from ale.record import signing
+from ale.redaction import unredacted_secrets
+from ale.result import RunResult
+from ale.sandbox.base import Mount
+from ale.sandbox.policy import IsolationPolicy
 from ale.status import RunStatus
 
 # Evidence every run that got started records, whatever its outcome.
 BASE_FILES = (
-    "plan.json",
-    "result.json",
-    ev.EVENTS_FILE,
-    "evidence/policy.json",
-    "evidence/harness.json",
-    "evidence/engine.json",
-    "evidence/phases.json",
-    "evidence/checks.json",
+    layout.PLAN,
+    layout.RESULT,
+    layout.EVENTS,
+    layout.evidence_path(Evidence.POLICY),
+    layout.evidence_path(Evidence.HARNESS),
+    layout.evidence_path(Evidence.ENGINE),
+    layout.evidence_path(Evidence.PHASES),
+    layout.evidence_path(Evidence.CHECKS),
 )
 # Evidence recorded before the agent's first step.
 BEFORE_AGENT_FILES = (
-    "evidence/mounts.json",
-    "evidence/inspect-before.json",
-    "evidence/image.json",
-    "evidence/probes-before.txt",
-    "evidence/input-after-start.json",
-    "evidence/workspace-empty.json",
-    "evidence/reference-commit.json",
-    "evidence/agent.json",
-    "evidence/network.json",
+    layout.evidence_path(Evidence.MOUNTS),
+    layout.evidence_path(Evidence.INSPECT_BEFORE),
+    layout.evidence_path(Evidence.IMAGE),
+    layout.evidence_path(Evidence.probes("before")),
+    layout.evidence_path(Evidence.INPUT_AFTER_START),
+    layout.evidence_path(Evidence.WORKSPACE_EMPTY),
+    layout.evidence_path(Evidence.REFERENCE_COMMIT),
+    layout.evidence_path(Evidence.AGENT),
+    layout.evidence_path(Evidence.NETWORK),
 )
 # Evidence recorded after the agent ended and before grading.
 AFTER_AGENT_FILES = (
-    "evidence/inspect-after.json",
-    "evidence/probes-after.txt",
-    "evidence/input-after-run.json",
-    "deliverables.json",
+    layout.evidence_path(Evidence.INSPECT_AFTER),
+    layout.evidence_path(Evidence.probes("after")),
+    layout.evidence_path(Evidence.INPUT_AFTER_RUN),
+    layout.DELIVERABLES,
 )
-GRADED_FILES = ("evidence/reference-check.json",)
+GRADED_FILES = (layout.evidence_path(Evidence.REFERENCE_CHECK),)
 # The JSON type each record must hold: anything else is unknown, and unknown is invalid.
-LIST_FILES = frozenset({"evidence/mounts.json", "evidence/phases.json", "evidence/checks.json"})
+LIST_FILES = frozenset({layout.evidence_path(Evidence.MOUNTS), layout.evidence_path(Evidence.PHASES), layout.evidence_path(Evidence.CHECKS)})
 OBJECT_FILES = frozenset(
-    {"plan.json", "result.json", "deliverables.json", ev.MANIFEST_FILE, ev.ATTESTATION_FILE}
+    {layout.PLAN, layout.RESULT, layout.DELIVERABLES, layout.MANIFEST, layout.ATTESTATION}
     | {f for f in BASE_FILES + BEFORE_AGENT_FILES + AFTER_AGENT_FILES + GRADED_FILES if f.endswith(".json")}
 ) - LIST_FILES
 # Phases whose checks the harness must have recorded in checks.json when their evidence exists.
 CHECKED_PHASES = {
-    "inspect-before": "evidence/inspect-before.json",
-    "inspect-after": "evidence/inspect-after.json",
-    "probes-before": "evidence/probes-before.txt",
-    "probes-after": "evidence/probes-after.txt",
+    "inspect-before": layout.evidence_path(Evidence.INSPECT_BEFORE),
+    "inspect-after": layout.evidence_path(Evidence.INSPECT_AFTER),
+    "probes-before": layout.evidence_path(Evidence.probes("before")),
+    "probes-after": layout.evidence_path(Evidence.probes("after")),
 }
 
 
@@ -122,7 +131,11 @@ def parse_time(value: Any) -> datetime | None:
     return t if t.tzinfo is not None else None
 
 
-def _safe_relpath(name: Any) -> bool:
+def _as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _safe_relpath(name: Any) -> TypeGuard[str]:
     if not isinstance(name, str) or not name or "\x00" in name or "\\" in name:
         return False
     p = PurePosixPath(name)
@@ -132,7 +145,6 @@ def _safe_relpath(name: Any) -> bool:
 def _load_policy(data: Any) -> Any:
     """The stored policy, validated without the host-CPU rule: that rule is about the
     machine that ran the run, and the verifying machine may have fewer CPUs."""
-    from ale.isolation.policy import IsolationPolicy
 
     if not isinstance(data, dict):
         raise ValueError(f"policy must be a JSON object, got {type(data).__name__}")
@@ -206,8 +218,8 @@ class _Verifier:
         d = self.run_dir
         if not d.is_dir():
             raise _Unusable(f"{d} is not a directory")
-        if not (d / ev.ATTESTATION_FILE).exists() and not (d / "result.json").exists():
-            raise _Unusable(f"{d} is not a run folder: it has neither {ev.ATTESTATION_FILE} nor result.json")
+        if not (d / layout.ATTESTATION).exists() and not (d / layout.RESULT).exists():
+            raise _Unusable(f"{d} is not a run folder: it has neither {layout.ATTESTATION} nor result.json")
         statement = self.guarded("signature", self.verify_signature, public_key_path)
         self.guarded("files", self.verify_files, statement)
         result = self.guarded("result", self.verify_result_record, statement)
@@ -235,12 +247,12 @@ class _Verifier:
             return None
 
     def verify_signature(self, public_key_path: Path | None) -> dict | None:
-        if not (self.run_dir / ev.ATTESTATION_FILE).exists():
-            self.check("signature.present", False, ev.ATTESTATION_FILE, None,
-                       f"{ev.ATTESTATION_FILE} is missing: the run was never signed, or its signature was removed")
+        if not (self.run_dir / layout.ATTESTATION).exists():
+            self.check("signature.present", False, layout.ATTESTATION, None,
+                       f"{layout.ATTESTATION} is missing: the run was never signed, or its signature was removed")
             return None
-        envelope = self.load(ev.ATTESTATION_FILE)
-        if ev.ATTESTATION_FILE in self._unreadable:
+        envelope = self.load(layout.ATTESTATION)
+        if layout.ATTESTATION in self._unreadable:
             return None
         if public_key_path is not None:
             try:
@@ -250,15 +262,15 @@ class _Verifier:
             kid = signing.public_key_sha256(key)
             self.key_source = f"the key given with --public-key {public_key_path} (sha256:{kid[:16]}…)"
         else:
-            pem = self.run_dir / ev.PUBLIC_KEY_FILE
+            pem = self.run_dir / layout.PUBLIC_KEY
             try:
                 key = signing.load_public_key(pem)
             except signing.SignatureInvalid as e:
-                self.check("signature.key", False, ev.PUBLIC_KEY_FILE, None, f"no usable recorded key: {e}")
+                self.check("signature.key", False, layout.PUBLIC_KEY, None, f"no usable recorded key: {e}")
                 return self._untrusted(envelope)
             kid = signing.public_key_sha256(key)
             self.key_source = (
-                f"the key recorded in the run folder ({ev.PUBLIC_KEY_FILE}, sha256:{kid[:16]}…): this shows "
+                f"the key recorded in the run folder ({layout.PUBLIC_KEY}, sha256:{kid[:16]}…): this shows "
                 "the files are unchanged since they were signed, not who signed them; pass --public-key "
                 "with the operator's key to check the signer"
             )
@@ -269,7 +281,7 @@ class _Verifier:
             self.check("signature.valid", False, f"signed by sha256:{kid[:16]}…", None, str(e))
             return self._untrusted(envelope)
         self.check("signature.valid", True, f"signed by sha256:{kid[:16]}…", "verified")
-        predicate = statement.get("predicate") if isinstance(statement.get("predicate"), dict) else {}
+        predicate = _as_dict(statement.get("predicate"))
         claimed = predicate.get("public_key_sha256")
         self.check("signature.key_recorded", claimed == kid, kid, claimed,
                    "" if claimed == kid else "the statement names another signing key than the one that verified it")
@@ -319,24 +331,23 @@ class _Verifier:
             for name in sorted(set(files) - set(subjects)):
                 self.check(f"file.{name}", False, None, self.digest(name),
                            f"{name} is not listed in the signed statement: it was added after signing")
-        if not (self.run_dir / ev.MANIFEST_FILE).exists():
-            self.check("manifest.present", False, ev.MANIFEST_FILE, None, f"{ev.MANIFEST_FILE} is missing")
+        if not (self.run_dir / layout.MANIFEST).exists():
+            self.check("manifest.present", False, layout.MANIFEST, None, f"{layout.MANIFEST} is missing")
             return
-        manifest = self.load(ev.MANIFEST_FILE)
-        if ev.MANIFEST_FILE in self._unreadable:
+        manifest = self.load(layout.MANIFEST)
+        if layout.MANIFEST in self._unreadable:
             return
         if not isinstance(manifest, dict):
             self.check("manifest.shape", False, "a JSON object", type(manifest).__name__,
-                       f"{ev.MANIFEST_FILE} must map each file to its sha256")
+                       f"{layout.MANIFEST} must map each file to its sha256")
         elif statement is not None:
             diff = sorted(k for k in set(manifest) | set(subjects) if manifest.get(k) != subjects.get(k))
             self.check("manifest.agrees", not diff, "the signed subjects", diff,
-                       f"{ev.MANIFEST_FILE} disagrees with the signed statement on: {', '.join(diff[:10])}" if diff else "")
+                       f"{layout.MANIFEST} disagrees with the signed statement on: {', '.join(diff[:10])}" if diff else "")
 
     def verify_result_record(self, statement: dict | None) -> Any:
-        from ale.runs.result import RunResult
 
-        data = self.load("result.json")
+        data = self.load(layout.RESULT)
         if not isinstance(data, dict):
             return None
         try:
@@ -347,17 +358,17 @@ class _Verifier:
             return None
         self.run_id, self.status = result.run_id, result.status.value
         if statement is not None:
-            pred = statement.get("predicate") if isinstance(statement.get("predicate"), dict) else {}
+            pred = _as_dict(statement.get("predicate"))
             claims = {"run_id": result.run_id, "status": result.status.value, "score": result.score,
                       "scores": result.scores, "harness_version": result.harness_version}
-            diff = {k: {"result.json": v, "statement": pred.get(k)} for k, v in claims.items() if pred.get(k) != v}
+            diff = {k: {layout.RESULT: v, "statement": pred.get(k)} for k, v in claims.items() if pred.get(k) != v}
             self.check("result.matches_statement", not diff, "result.json = signed predicate", diff,
                        f"result.json disagrees with the signed statement on {', '.join(diff)}" if diff else "")
-        plan = self.load("plan.json")
+        plan = self.load(layout.PLAN)
         if isinstance(plan, dict):
             self.check("result.plan_run_id", plan.get("run_id") == result.run_id, result.run_id, plan.get("run_id"),
                        "" if plan.get("run_id") == result.run_id else "plan.json names another run")
-        harness = self.load("evidence/harness.json")
+        harness = self.load(layout.evidence_path(Evidence.HARNESS))
         if isinstance(harness, dict):
             hv = harness.get("ale_version")
             self.check("result.harness_version", hv == result.harness_version, result.harness_version, hv,
@@ -365,7 +376,7 @@ class _Verifier:
         return result
 
     def verify_required(self, result: Any) -> None:
-        phases = self.load("evidence/phases.json")
+        phases = self.load(layout.evidence_path(Evidence.PHASES))
         names = {p.get("name") for p in phases if isinstance(p, dict)} if isinstance(phases, list) else set()
         graded = result is not None and result.status.carries_score
         required = list(BASE_FILES)
@@ -394,17 +405,17 @@ class _Verifier:
                                f"it holds {json.dumps(data)[:80]}")
 
     def verify_events(self, statement: dict | None, result: Any) -> None:
-        path = self.run_dir / ev.EVENTS_FILE
+        path = self.run_dir / layout.EVENTS
         if not path.is_file():
             return
         events, problems = ev.read_chain(path)
         for p in problems:
             self.check("events.chain", False, "an intact hash chain", None,
-                       p.replace(str(path), ev.EVENTS_FILE), area="events")
+                       p.replace(str(path), layout.EVENTS), area="events")
         if not problems:
             self.check("events.chain", True, "an intact hash chain", f"{len(events)} events", area="events")
         if statement is not None:
-            pred = statement.get("predicate") if isinstance(statement.get("predicate"), dict) else {}
+            pred = _as_dict(statement.get("predicate"))
             want = pred.get("events")
             got = {"count": len(events), "head": events[-1]["hash"] if events else ev.GENESIS}
             self.check("events.head", want == got, want, got,
@@ -417,9 +428,8 @@ class _Verifier:
                        "" if ok else "the run.end event records another status or score than result.json")
 
     def verify_deliverables(self) -> None:
-        from ale.grading.deliverables import DeliverablesManifest, listing_digest
 
-        data = self.load("deliverables.json")
+        data = self.load(layout.DELIVERABLES)
         if data is None:
             return
         try:
@@ -448,9 +458,8 @@ class _Verifier:
 
     # -- isolation -----------------------------------------------------------------
     def _mounts(self) -> list[Any] | None:
-        from ale.sandbox.base import Mount
 
-        data = self.load("evidence/mounts.json")
+        data = self.load(layout.evidence_path(Evidence.MOUNTS))
         if data is None:
             return None
         try:
@@ -470,19 +479,12 @@ class _Verifier:
                 )
 
     def verify_isolation(self) -> None:
-        before = self.load("evidence/inspect-before.json")
-        after = self.load("evidence/inspect-after.json")
-        probes = {ph: self.text(f"evidence/probes-{ph}.txt") for ph in ("before", "after")}
+        before = self.load(layout.evidence_path(Evidence.INSPECT_BEFORE))
+        after = self.load(layout.evidence_path(Evidence.INSPECT_AFTER))
+        probes = {ph: self.text(layout.evidence_path(Evidence.probes(ph))) for ph in ("before", "after")}
         if before is None and after is None and not any(probes.values()):
             return
-        try:
-            from ale.isolation.checks import check_inspect, diff_captures, failures
-            from ale.isolation.probes import parse_probes
-        except ImportError as e:
-            self.check("isolation.checks", None, "the isolation checks", None,
-                       f"cannot re-run the isolation checks: {e}")
-            return
-        policy_data = self.load("evidence/policy.json")
+        policy_data = self.load(layout.evidence_path(Evidence.POLICY))
         try:
             policy = _load_policy(policy_data)
         except (ValueError, ValidationError) as e:
@@ -491,13 +493,13 @@ class _Verifier:
             return
         mounts = self._mounts()
         if mounts is None:
-            self.check("isolation.mounts", False, "evidence/mounts.json", None,
+            self.check("isolation.mounts", False, layout.evidence_path(Evidence.MOUNTS), None,
                        "the planned mounts are not recorded; the inspect checks cannot run")
             return
         # Inodes are compared at run time on the host that owns the folders; here the
         # folders may not exist, so the recorded sources are compared by path only.
         self.notes.append("bind-mount inodes were compared at run time; verify compares sources by path")
-        image = self.load("evidence/image.json")
+        image = self.load(layout.evidence_path(Evidence.IMAGE))
         if before is not None:
             self._add_isolation("inspect-before", check_inspect(
                 before, policy, mounts, phase="before", image_inspect=image, mount_inodes=None), failures)
@@ -543,32 +545,26 @@ class _Verifier:
                        "" if same else f"the input changed during the run: {changed[:10]}", area="input", reason=False)
             if not same:
                 self.violations.append(f"[after-run] input.unchanged: changed {changed[:10]}")
-        proof = self.load("evidence/workspace-empty.json")
+        proof = self.load(layout.evidence_path(Evidence.WORKSPACE_EMPTY))
         if proof is None:
-            return
-        try:
-            from ale.isolation.checks import failures
-            from ale.isolation.probes import workspace_empty_checks
-        except ImportError as e:
-            self.check("workspace.checks", None, "the workspace checks", None, f"cannot re-run the workspace checks: {e}")
             return
         if not isinstance(proof, dict):
             proof = {}
         creation = proof.get("at_creation") if isinstance(proof.get("at_creation"), dict) else None
-        mounts = self.load("evidence/mounts.json")
+        mounts = self.load(layout.evidence_path(Evidence.MOUNTS))
         ws_inode = next((m.get("inode") for m in mounts if isinstance(m, dict) and not m.get("read_only")), None) \
             if isinstance(mounts, list) else None
         for key, expected_inode in (("at_creation", ws_inode), ("at_agent_start", (creation or {}).get("inode"))):
             listing = proof.get(key)
-            if listing is None and key == "at_agent_start" and "evidence/input-after-start.json" not in self._present:
+            if listing is None and key == "at_agent_start" and layout.evidence_path(Evidence.INPUT_AFTER_START) not in self._present:
                 continue  # the run ended before the agent could start
             with_phase = "workspace-" + key.replace("_", "-")
             self._add_isolation(with_phase, workspace_empty_checks(
                 listing if isinstance(listing, dict) else None, expected_inode=expected_inode), failures)
 
     def verify_reference(self) -> None:
-        commit = self.load("evidence/reference-commit.json")
-        check = self.load("evidence/reference-check.json")
+        commit = self.load(layout.evidence_path(Evidence.REFERENCE_COMMIT))
+        check = self.load(layout.evidence_path(Evidence.REFERENCE_CHECK))
         if commit is None or check is None:
             return
         if not isinstance(commit, dict) or not isinstance(check, dict):
@@ -592,11 +588,11 @@ class _Verifier:
                        area="reference")
 
     def verify_times(self) -> None:
-        before = self.load("evidence/inspect-before.json")
-        after = self.load("evidence/inspect-after.json")
-        check = self.load("evidence/reference-check.json")
-        commit = self.load("evidence/reference-commit.json")
-        state = after.get("State") if isinstance(after, dict) and isinstance(after.get("State"), dict) else {}
+        before = self.load(layout.evidence_path(Evidence.INSPECT_BEFORE))
+        after = self.load(layout.evidence_path(Evidence.INSPECT_AFTER))
+        check = self.load(layout.evidence_path(Evidence.REFERENCE_CHECK))
+        commit = self.load(layout.evidence_path(Evidence.REFERENCE_COMMIT))
+        state = _as_dict(after.get("State")) if isinstance(after, dict) else {}
         points = [
             ("container created", before.get("Created") if isinstance(before, dict) else None, before is not None),
             ("container started", state.get("StartedAt"), after is not None),
@@ -617,7 +613,7 @@ class _Verifier:
             ok = ta < tb
             self.check("times.order", ok, f"{la} < {lb}", f"{ta.isoformat()} / {tb.isoformat()}",
                        "" if ok else f"{la} ({ta.isoformat()}) is not before {lb} ({tb.isoformat()})", area="times")
-        phases = self.load("evidence/phases.json")
+        phases = self.load(layout.evidence_path(Evidence.PHASES))
         if isinstance(phases, list):
             prev_end: tuple[str, datetime] | None = None
             for p in phases:
@@ -644,7 +640,7 @@ class _Verifier:
     def verify_records(self, result: Any) -> None:
         """The smaller records: engine, network, agent, phases and the checks the
         harness ran at run time."""
-        engine = self.load("evidence/engine.json")
+        engine = self.load(layout.evidence_path(Evidence.ENGINE))
         if isinstance(engine, dict):
             missing = [k for k in ("version", "security_options") if k not in engine]
             why = f"evidence/engine.json lacks {missing}" + (f" (error: {engine['error']})" if "error" in engine else "")
@@ -654,14 +650,14 @@ class _Verifier:
                        why if missing else "", area="engine", reason=graded)
             if missing and not graded:
                 self.notes.append(why)
-        network = self.load("evidence/network.json")
-        policy = self.load("evidence/policy.json")
+        network = self.load(layout.evidence_path(Evidence.NETWORK))
+        policy = self.load(layout.evidence_path(Evidence.POLICY))
         if isinstance(network, dict) and isinstance(policy, dict):
             mode, want = network.get("network_mode"), policy.get("network_mode")
             self.check("network.recorded", mode == want == "none", "none", mode,
                        "" if mode == want == "none" else f"evidence/network.json records network mode {mode!r}",
                        area="network")
-        phases = self.load("evidence/phases.json")
+        phases = self.load(layout.evidence_path(Evidence.PHASES))
         if isinstance(phases, list):
             names = [p.get("name") for p in phases if isinstance(p, dict)]
             if len(names) != len(phases):
@@ -669,18 +665,18 @@ class _Verifier:
             if result is not None and result.status.carries_score and "agent" not in names:
                 self.check("times.phases", False, "an agent phase", names,
                            "evidence/phases.json records no agent phase, yet the run reports a graded outcome")
-        stored = self.load("evidence/checks.json")
+        stored = self.load(layout.evidence_path(Evidence.CHECKS))
         if isinstance(stored, list):
             phases_seen = {c.get("phase") for c in stored if isinstance(c, dict)}
             for phase, rel in CHECKED_PHASES.items():
                 if rel in self._present and phase not in phases_seen:
                     self.check(f"checks.{phase}", False, f"checks of {phase} in checks.json", sorted(map(str, phases_seen)),
                                f"the harness recorded no {phase} checks at run time, though {rel} exists")
-        agent = self.load("evidence/agent.json")
+        agent = self.load(layout.evidence_path(Evidence.AGENT))
         if not isinstance(agent, dict):
             return
-        plan = self.load("plan.json")
-        planned = plan.get("agent") if isinstance(plan, dict) and isinstance(plan.get("agent"), dict) else {}
+        plan = self.load(layout.PLAN)
+        planned = _as_dict(plan.get("agent")) if isinstance(plan, dict) else {}
         tools, allowed = agent.get("allowlist"), planned.get("allowlist")
         ok = (isinstance(tools, list) and isinstance(allowed, list) and set(tools) <= set(allowed)
               and agent.get("name") == planned.get("name"))
@@ -688,14 +684,14 @@ class _Verifier:
                    {"name": agent.get("name"), "allowlist": tools},
                    "" if ok else "evidence/agent.json does not record the planned agent within its planned tool allowlist",
                    area="agent")
-        leaks = ev.unredacted_secrets(agent)
+        leaks = unredacted_secrets(agent)
         self.check("agent.redacted", not leaks, "no secret-looking values", leaks,
                    f"evidence/agent.json holds unredacted secrets at {leaks}" if leaks else "", area="agent")
 
     def verify_status(self, result: Any) -> None:
         if result is None:
             return
-        stored = self.load("evidence/checks.json")
+        stored = self.load(layout.evidence_path(Evidence.CHECKS))
         stored_failed = [f"[{c.get('phase')}] {c.get('id')}" for c in stored
                          if isinstance(c, dict) and c.get("ok") is not True] if isinstance(stored, list) else []
         status = result.status
@@ -737,5 +733,3 @@ class _Verifier:
                        {"status": status.value, "score": result.score})
 
 
-def _failing(checks: list[Any]) -> list[Any]:
-    return [c for c in checks if c.ok is not True]

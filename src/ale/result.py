@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ale.status import RunStatus, counts_toward_score
+
+
+class Phase(StrEnum):
+    """The lifecycle's phases, in order; ``phases.json`` and ``result.json`` name them."""
+
+    STAGE_INPUT = "stage_input"
+    PROVISION = "provision"
+    TASK_START = "task_start"
+    VERIFY_BEFORE = "verify_before"
+    AGENT = "agent"
+    STOP = "stop"
+    DELIVERABLES = "deliverables"
+    GRADE = "grade"
 
 
 class PhaseTiming(BaseModel):

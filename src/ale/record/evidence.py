@@ -5,7 +5,7 @@ overwrite, ``EventLog`` appends the hash-chained ``events.jsonl`` (fsync per
 event), and ``write_manifest_and_sign`` seals the whole run folder last: a
 ``manifest.json`` of every file's sha256 and an in-toto Statement over the same
 files, signed with Ed25519 in a DSSE envelope. ``ale verify`` re-checks all of
-it from the files alone (``ale.isolation.verify``).
+it from the files alone (``ale.record.verify``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import stat
 import threading
 from collections.abc import Mapping
@@ -24,9 +23,11 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import BaseModel
 
+from ale import layout
 from ale.data.hashing import make_tree_hash, tree_digest
 from ale.data.hashing import sha256_file as _sha256_and_size
-from ale.isolation.signing import (
+from ale.layout import Evidence
+from ale.record.signing import (
     STATEMENT_TYPE,
     canonical_json,
     public_key_pem,
@@ -34,16 +35,10 @@ from ale.isolation.signing import (
     sign_envelope,
 )
 
-EVIDENCE_DIR = "evidence"
-EVENTS_FILE = "events.jsonl"
-MANIFEST_FILE = "manifest.json"
-ATTESTATION_FILE = "attestation.dsse.json"
-PUBLIC_KEY_FILE = "public_key.pem"
 PREDICATE_TYPE = "https://ale.dev/evidence/v1"
 # Written by the signing step itself, so never listed in the manifest they seal.
-UNLISTED_FILES = frozenset({MANIFEST_FILE, ATTESTATION_FILE})
+UNLISTED_FILES = frozenset({layout.MANIFEST, layout.ATTESTATION})
 GENESIS = "0" * 64
-REDACTED = "***REDACTED***"
 
 
 class EvidenceError(RuntimeError):
@@ -121,62 +116,6 @@ def tree_hash_digest(tree: Mapping[str, Any]) -> str:
     return digest
 
 
-# -- secrets ----------------------------------------------------------------------
-_SECRET_KEY = re.compile(r"key|token|secret|passw|credential|authori[sz]ation|auth(?!or)|cookie", re.IGNORECASE)
-_SECRET_VALUE = re.compile(
-    r"sk-[A-Za-z0-9_\-]{8,}"  # OpenAI / Anthropic style keys
-    r"|gh[pousr]_[A-Za-z0-9]{20,}"  # GitHub tokens
-    r"|hf_[A-Za-z0-9]{20,}"  # Hugging Face tokens
-    r"|xox[abpors]-[A-Za-z0-9\-]{10,}"  # Slack tokens
-    r"|AKIA[0-9A-Z]{16}"  # AWS access key ids
-    r"|(?i:bearer)\s+[A-Za-z0-9._~+/\-]{8,}=*"
-)
-# Markers that already stand for a removed secret (this module's and the agents').
-REDACTION_MARKERS = frozenset({REDACTED, "<redacted>"})
-
-
-def _secret_key(key: Any) -> bool:
-    return isinstance(key, str) and _SECRET_KEY.search(key) is not None
-
-
-def redact(config: Any) -> Any:
-    """A copy of ``config`` fit to be evidence.
-
-    A non-empty string under a secret-sounding key (key, token, secret, password,
-    credential, authorization, cookie) becomes ``***REDACTED***``, and so does any
-    secret-looking substring (``sk-…``, ``ghp_…``, ``Bearer …``) of any string.
-    Numbers stay: ``max_tokens: 4096`` is configuration, not a secret.
-    """
-    if isinstance(config, Mapping):
-        return {
-            k: REDACTED if _secret_key(k) and isinstance(v, str) and v and v not in REDACTION_MARKERS else redact(v)
-            for k, v in config.items()
-        }
-    if isinstance(config, list | tuple):
-        return [redact(v) for v in config]
-    if isinstance(config, str):
-        return _SECRET_VALUE.sub(REDACTED, config)
-    return config
-
-
-def unredacted_secrets(obj: Any, prefix: str = "") -> list[str]:
-    """Paths (``a.b[0]``) of values ``redact`` would still change: secrets left in clear."""
-    if isinstance(obj, Mapping):
-        out = []
-        for k, v in obj.items():
-            path = f"{prefix}.{k}" if prefix else str(k)
-            if _secret_key(k) and isinstance(v, str) and v and v not in REDACTION_MARKERS:
-                out.append(path)
-            else:
-                out += unredacted_secrets(v, path)
-        return out
-    if isinstance(obj, list | tuple):
-        return [p for i, v in enumerate(obj) for p in unredacted_secrets(v, f"{prefix}[{i}]")]
-    if isinstance(obj, str) and _SECRET_VALUE.search(obj):
-        return [prefix or "."]
-    return []
-
-
 # -- writing files once -------------------------------------------------------------
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, BaseModel):
@@ -223,7 +162,7 @@ class EvidenceStore:
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
-        self.dir = self.run_dir / EVIDENCE_DIR
+        self.dir = self.run_dir / layout.EVIDENCE_DIR
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def path(self, name: str) -> Path:
@@ -237,8 +176,6 @@ class EvidenceStore:
     def write_text(self, name: str, text: str) -> Path:
         return write_new(self.path(name), text.encode())
 
-    def read_json(self, name: str) -> Any:
-        return json.loads(self.path(name).read_text())
 
 
 # -- the event log --------------------------------------------------------------------
@@ -362,16 +299,16 @@ def _read_json_if(path: Path) -> Any:
 
 def build_predicate(run_dir: Path, key: Ed25519PrivateKey, digests: Mapping[str, str]) -> dict:
     """What the statement asserts about the run, beyond its files' digests."""
-    result = _read_json_if(run_dir / "result.json")
+    result = _read_json_if(run_dir / layout.RESULT)
     if not isinstance(result, dict):
         raise EvidenceError(f"{run_dir / 'result.json'} is missing or not JSON: write the result before signing")
-    events_path = run_dir / EVENTS_FILE
+    events_path = run_dir / layout.EVENTS
     events, problems = read_chain(events_path) if events_path.exists() else ([], [])
     if problems:
         raise EvidenceError(f"refusing to sign a broken event log: {problems[0]}")
-    inputs = _read_json_if(run_dir / EVIDENCE_DIR / "input-after-run.json")
-    deliverables = _read_json_if(run_dir / "deliverables.json")
-    ref = _read_json_if(run_dir / EVIDENCE_DIR / "reference-commit.json")
+    inputs = _read_json_if(run_dir / layout.EVIDENCE_DIR / Evidence.INPUT_AFTER_RUN)
+    deliverables = _read_json_if(run_dir / layout.DELIVERABLES)
+    ref = _read_json_if(run_dir / layout.EVIDENCE_DIR / Evidence.REFERENCE_COMMIT)
     ref_source = ref.get("source") if isinstance(ref, dict) else None
     return {
         "run_id": result.get("run_id"),
@@ -380,7 +317,7 @@ def build_predicate(run_dir: Path, key: Ed25519PrivateKey, digests: Mapping[str,
         "scores": result.get("scores"),
         "harness_version": result.get("harness_version"),
         "public_key_sha256": public_key_sha256(key),
-        "policy_sha256": digests.get(f"{EVIDENCE_DIR}/policy.json"),
+        "policy_sha256": digests.get(f"{layout.EVIDENCE_DIR}/policy.json"),
         "events": {"count": len(events), "head": events[-1]["hash"] if events else GENESIS},
         "input_digest": inputs.get("digest") if isinstance(inputs, dict) else None,
         "deliverables_digest": deliverables.get("digest") if isinstance(deliverables, dict) else None,
@@ -394,19 +331,19 @@ def write_manifest_and_sign(run_dir: Path, private_key: Ed25519PrivateKey) -> Pa
     ``attestation.dsse.json`` (returned). Call last: a file written afterwards makes
     ``ale verify`` reject the run."""
     run_dir = Path(run_dir)
-    for name in (MANIFEST_FILE, ATTESTATION_FILE):
+    for name in (layout.MANIFEST, layout.ATTESTATION):
         if (run_dir / name).exists():
             raise EvidenceError(f"{run_dir / name} exists already: the run folder was signed before")
     files, odd = run_files(run_dir)
     if odd:
         raise EvidenceError(f"run folder {run_dir} holds entries that are not regular files: {', '.join(odd[:5])}")
     pem = public_key_pem(private_key)
-    pem_path = run_dir / PUBLIC_KEY_FILE
-    if PUBLIC_KEY_FILE in files:
+    pem_path = run_dir / layout.PUBLIC_KEY
+    if layout.PUBLIC_KEY in files:
         if pem_path.read_bytes() != pem:
             raise EvidenceError(f"{pem_path} holds another key than the one signing this run")
     else:
-        files = dict(sorted({**files, PUBLIC_KEY_FILE: write_new(pem_path, pem)}.items()))
+        files = dict(sorted({**files, layout.PUBLIC_KEY: write_new(pem_path, pem)}.items()))
     digests = {rel: sha256_file(p) for rel, p in files.items()}
     statement = {
         "_type": STATEMENT_TYPE,
@@ -414,5 +351,5 @@ def write_manifest_and_sign(run_dir: Path, private_key: Ed25519PrivateKey) -> Pa
         "predicateType": PREDICATE_TYPE,
         "predicate": build_predicate(run_dir, private_key, digests),
     }
-    write_json_new(run_dir / MANIFEST_FILE, digests)
-    return write_json_new(run_dir / ATTESTATION_FILE, sign_envelope(statement, private_key))
+    write_json_new(run_dir / layout.MANIFEST, digests)
+    return write_json_new(run_dir / layout.ATTESTATION, sign_envelope(statement, private_key))

@@ -1,0 +1,7 @@
+"""Defaults that several layers and the CLI share, each written once."""
+
+TOOLS_REPO = "ale-tools"
+DEFAULT_TOOLS_IMAGE = f"{TOOLS_REPO}:latest"  # the sandbox image `ale image build` tags
+CANDIDATE_USER = "1000:1000"  # the numeric uid:gid the agent's commands run as
+DEFAULT_INPUT_DIR = "/input"  # where a task that names no paths finds its input
+DEFAULT_OUTPUT_DIR = "/workspace"  # ... and its workspace

@@ -1,0 +1,71 @@
+"""The run folder: every file name a run writes, defined once.
+
+The lifecycle writes these files, ``ale verify`` reads them back, reports and
+the viewer find results and trajectories through them. A file name that appears
+anywhere else as a literal is a bug.
+
+    <run>/plan.json  result.json  events.jsonl  trajectory.json  trajectory.jsonl
+          trajectory-files/  deliverables/  deliverables.json
+          manifest.json  attestation.dsse.json  public_key.pem
+          evidence/{policy,harness,engine,input-staged,mounts,inspect-before,image,
+                    probes-before.txt,input-after-start,workspace-empty,
+                    reference-commit,agent,network,probes-after.txt,inspect-after,
+                    input-after-run,reference-check,checks,phases}.json
+"""
+
+from __future__ import annotations
+
+# -- top level -------------------------------------------------------------------
+PLAN = "plan.json"
+RESULT = "result.json"
+EVENTS = "events.jsonl"
+TRAJECTORY = "trajectory.json"
+TRAJECTORY_LOG = "trajectory.jsonl"
+TRAJECTORY_FILES = "trajectory-files"
+DELIVERABLES_DIR = "deliverables"
+DELIVERABLES = "deliverables.json"
+MANIFEST = "manifest.json"
+ATTESTATION = "attestation.dsse.json"
+PUBLIC_KEY = "public_key.pem"
+EVIDENCE_DIR = "evidence"
+
+
+class Evidence:
+    """File names inside ``evidence/``, in the order a run writes them."""
+
+    POLICY = "policy.json"
+    HARNESS = "harness.json"
+    ENGINE = "engine.json"
+    INPUT_STAGED = "input-staged.json"
+    MOUNTS = "mounts.json"
+    INSPECT_BEFORE = "inspect-before.json"
+    IMAGE = "image.json"
+    INPUT_AFTER_START = "input-after-start.json"
+    WORKSPACE_EMPTY = "workspace-empty.json"
+    REFERENCE_COMMIT = "reference-commit.json"
+    AGENT = "agent.json"
+    NETWORK = "network.json"
+    INSPECT_AFTER = "inspect-after.json"
+    INPUT_AFTER_RUN = "input-after-run.json"
+    REFERENCE_CHECK = "reference-check.json"
+    CHECKS = "checks.json"
+    PHASES = "phases.json"
+
+    @staticmethod
+    def probes(phase: str) -> str:
+        """``probes-before.txt`` / ``probes-after.txt``: raw probe output."""
+        return f"probes-{phase}.txt"
+
+
+def evidence_path(name: str) -> str:
+    """The run-relative path of an evidence file (``evidence/<name>``)."""
+    return f"{EVIDENCE_DIR}/{name}"
+
+
+# -- an experiment's output folder -------------------------------------------------
+EXPERIMENT_RECORD = "experiment.json"  # the experiment, its content hash, its history
+UNITS = "units.json"  # unit id -> task, variant, agent, repeat
+RUNS_INDEX = "index.sqlite"  # a cache over the run folders (ale.runs.store)
+RUNS_DIR = "runs"
+INCOMPLETE_DIR = ".incomplete"  # run folders a crash left without result.json
+LOCK = ".lock"

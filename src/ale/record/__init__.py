@@ -1,0 +1,1 @@
+"""The run record: evidence, signing, the run folder layout, and `ale verify`."""

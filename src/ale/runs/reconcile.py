@@ -1,0 +1,83 @@
+"""Resume after a crash: what each unit still needs, and what a crash left behind.
+
+- ``reconcile``: sandboxes labelled with the experiment are removed (the janitor),
+  run folders without ``result.json`` are moved to ``<output>/.incomplete/`` (that
+  attempt runs again), and scratch folders are released.
+- ``resume_states``: a unit whose latest attempt has a final ``result.json`` is
+  done; otherwise its next attempt number is one past the last folder on disk.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ale import layout
+from ale.result import RunResult
+from ale.runs.exp_record import unit_info
+from ale.runs.experiment import PlannedUnit, attempt_run_id
+from ale.runs.store import RunIndex, read_result, runs_root
+from ale.sandbox.scratch import release_scratch
+from ale.status import RunStatus
+
+Janitor = Callable[[str], list[str]]  # experiment name -> removed sandbox names
+
+
+@dataclass
+class UnitState:
+    unit: PlannedUnit
+    next_attempt: int = 1
+    final: RunResult | None = None
+
+
+def reconcile(output: Path, experiment: str, janitor: Janitor) -> tuple[list[str], list[str]]:
+    """Remove orphan sandboxes, move half-done run folders aside. Returns (orphans, moved)."""
+    orphans = janitor(experiment)
+    moved: list[str] = []
+    root = runs_root(output)
+    if root.is_dir():
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        for run_dir in sorted(root.iterdir()):
+            if not run_dir.is_dir() or run_dir.name.startswith("."):
+                continue
+            if not (run_dir / layout.RESULT).is_file():
+                dest = output / layout.INCOMPLETE_DIR / f"{run_dir.name}.{stamp}"
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(run_dir), dest)
+                moved.append(run_dir.name)
+        scratch = root / ".scratch"
+        if scratch.is_dir():
+            release_scratch(scratch)
+    return orphans, moved
+
+
+def resume_states(units: list[PlannedUnit], output: Path, index: RunIndex, max_attempts: int) -> list[UnitState]:
+    """Each unit's next attempt, or its final result (read from the run folders)."""
+    root = runs_root(output)
+    states = []
+    rows = []
+    for unit in units:
+        st = UnitState(unit)
+        attempt = 1
+        latest: RunResult | None = None
+        while True:
+            run_dir = root / attempt_run_id(unit.unit_id, attempt)
+            result = read_result(run_dir) if run_dir.is_dir() else None
+            if result is None:
+                break
+            rows.append((result, unit_info(unit), run_dir))
+            latest = result
+            attempt += 1
+        st.next_attempt = attempt
+        if latest is not None and (
+            not RunStatus(latest.status).retryable
+            or not latest.extra.get("retryable", True)
+            or latest.attempt >= max_attempts
+        ):
+            st.final = latest
+        states.append(st)
+    index.record_many(rows)
+    return states

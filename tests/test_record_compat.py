@@ -1,0 +1,45 @@
+"""Run folders keep their shape: a folder written by ale 0.1 (before the sandbox
+contract refactor) still verifies, and a new run writes the same set of files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from ale.plan import AgentSpec, RunPlan
+from ale.record.verify import verify_run_dir
+from ale.runs.lifecycle import execute_run
+from ale.sandbox.docker import DockerProvider
+from ale.status import RunStatus
+from tests.conftest import EXAMPLES, TOOLS_IMAGE
+
+OLD_RUN = Path(__file__).parent / "fixtures" / "runs" / "v0.1-word_count-oracle"
+
+
+def _shape(run_dir: Path) -> dict[str, list[str]]:
+    files = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file())
+    keys = {}
+    for rel in files:
+        if rel.endswith(".json") and not rel.startswith("deliverables/") and not rel.startswith("trajectory-files/"):
+            data = json.loads((run_dir / rel).read_text())
+            keys[rel] = sorted(data) if isinstance(data, dict) else [type(data).__name__]
+    return {"files": [f for f in files if not f.startswith("trajectory-files/")], **keys}
+
+
+def test_a_run_folder_written_by_ale_0_1_still_verifies() -> None:
+    report = verify_run_dir(OLD_RUN)
+    assert report.valid, report.violations
+
+
+def test_a_new_run_folder_has_the_shape_of_an_old_one(docker_client, tmp_path) -> None:
+    plan = RunPlan(
+        run_id="shape", task_dir=str(EXAMPLES / "files" / "word_count"), agent=AgentSpec(name="oracle"),
+        image=TOOLS_IMAGE, runs_dir=str(tmp_path),
+    )
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+    assert result.status is RunStatus.SCORED, result.error
+    new, old = _shape(tmp_path / "shape"), _shape(OLD_RUN)
+    # plan.json gained the provider field; everything else is as it was.
+    assert new.pop("plan.json") == sorted([*old.pop("plan.json"), "provider"])
+    assert new == old
