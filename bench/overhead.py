@@ -98,7 +98,8 @@ def write_section(lines: list[str]) -> None:
 async def main(repeats: int) -> None:
     client = connect()
     policy = IsolationPolicy(memory_bytes=512 * 1024**2)
-    prepare(RunPlan(run_id="warm", task_dir=str(HERE / "tasks" / "noop"), agent=AgentSpec(name="nop")), DockerProvider(client))
+    warm = await prepare(RunPlan(run_id="warm", task_dir=str(HERE / "tasks" / "noop"), agent=AgentSpec(name="nop")), DockerProvider(client))
+    await warm.process.close()
     b, f, costs = [], [], []
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)

@@ -40,6 +40,11 @@ def test_a_new_run_folder_has_the_shape_of_an_old_one(docker_client, tmp_path) -
     result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
     assert result.status is RunStatus.SCORED, result.error
     new, old = _shape(tmp_path / "shape"), _shape(OLD_RUN)
-    # plan.json gained the provider field; everything else is as it was.
+    # Since 0.1: plan.json names the sandbox provider, and the evidence records
+    # how the task code ran (its own process). Everything else is as it was.
+    added = "evidence/task-process.json"
     assert new.pop("plan.json") == sorted([*old.pop("plan.json"), "provider"])
+    assert new.pop(added) and added in new["files"] and added in new["manifest.json"]
+    new["files"].remove(added)
+    new["manifest.json"].remove(added)
     assert new == old

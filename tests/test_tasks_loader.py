@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from ale.data.base import VariantKey
-from ale.tasks.compat import cua_bench as compat
 from ale.tasks.loader import (
     TaskError,
     call_task_fn,
@@ -20,6 +19,7 @@ from ale.tasks.loader import (
     select_variant,
     task_code_hash,
 )
+from ale.tasks.runtime import cua_bench as compat
 
 
 def write(path: Path, text: str) -> Path:
@@ -294,7 +294,7 @@ def test_ale_tree_restores_previous_tasks_module_and_trees_do_not_leak(
 def test_task_importing_tasks_outside_a_tree_says_so(tmp_path, clean_cua_bench):
     src = "from tasks.common_config import GeneralTaskConfig\ndef load(): return []\ndef evaluate(c, s): return []\n"
     with pytest.raises(
-        TaskError, match=r"main\.py: import failed: .*no tree with a tasks/__init__\.py"
+        TaskError, match=r"main\.py: import failed: .*sits in no tree: no ancestor folder is named tasks"
     ):
         load_task(make_task(tmp_path, src))
 

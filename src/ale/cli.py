@@ -121,11 +121,12 @@ def task_check(
 ) -> None:
     """Oracle must score 1.0 on every component, nop must score 0, on every variant."""
     from ale.runs.lifecycle import PreflightError
-    from ale.tasks.loader import TaskError, load_task, load_variants
+    from ale.tasks.errors import TaskError
+    from ale.tasks.process import TaskProcessError, inspect_task_sync
 
     try:
-        n = len(load_variants(load_task(task_dir)))
-    except (TaskError, PreflightError) as e:
+        n = len(inspect_task_sync(task_dir).variants)
+    except (TaskError, PreflightError, TaskProcessError) as e:
         _fail(str(e))
     problems = []
     for v in range(n):

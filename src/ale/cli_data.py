@@ -31,7 +31,7 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 def _targets(target: Path, data: str | None) -> list[tuple[str, list[VariantKey], Path]]:
     """(source spec, variant keys, base dir) for a task folder or an experiment file."""
     from ale.tasks.card import load_card
-    from ale.tasks.loader import load_task, load_variants
+    from ale.tasks.process import inspect_task_sync
 
     if target.is_file() and target.suffix in (".yaml", ".yml"):
         try:
@@ -49,7 +49,7 @@ def _targets(target: Path, data: str | None) -> list[tuple[str, list[VariantKey]
             spec = data or env_data or load_card(rt.task_dir).data_source
             if not spec:
                 raise DataError(f"{rt.task_dir}: no data source (task card, experiment or --data)")
-            variants = load_variants(load_task(rt.task_dir))
+            variants = inspect_task_sync(rt.task_dir).variants
             keys = sorted({variants[i].data_key for i in rt.variants if i < len(variants)}, key=lambda k: k.relpath)
             out.append((spec, keys, rt.task_dir))
         return out
@@ -59,7 +59,7 @@ def _targets(target: Path, data: str | None) -> list[tuple[str, list[VariantKey]
     spec = data or card.data_source
     if not spec:
         raise DataError(f"{target}: the task card names no data_source; pass --data SOURCE")
-    keys = sorted({v.data_key for v in load_variants(load_task(target))}, key=lambda k: k.relpath)
+    keys = sorted({v.data_key for v in inspect_task_sync(target).variants}, key=lambda k: k.relpath)
     return [(spec, keys, target.resolve())]
 
 

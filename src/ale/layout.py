@@ -27,6 +27,7 @@ DELIVERABLES = "deliverables.json"
 MANIFEST = "manifest.json"
 ATTESTATION = "attestation.dsse.json"
 PUBLIC_KEY = "public_key.pem"
+TASK_LOG = "task.log"  # what the task process printed (only when it printed anything)
 EVIDENCE_DIR = "evidence"
 
 
@@ -48,6 +49,7 @@ class Evidence:
     INSPECT_AFTER = "inspect-after.json"
     INPUT_AFTER_RUN = "input-after-run.json"
     REFERENCE_CHECK = "reference-check.json"
+    TASK_PROCESS = "task-process.json"
     CHECKS = "checks.json"
     PHASES = "phases.json"
 

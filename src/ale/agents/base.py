@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -27,8 +28,8 @@ class AgentContext:
     run_dir: Path  # the run folder on the controller side (for raw logs)
     wall_time_s: float
     max_steps: int | None = None
-    task_cfg: Any = None  # the variant's config object (oracle only)
-    task: Any = None  # the loaded task definition (oracle only)
+    # The task's solve(session), run in the task process (oracle only).
+    oracle: Callable[[Any], Awaitable[Any]] | None = None
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The oracle agent: the task's own `solve(cfg, session)`, through the agent's tool box."""
+"""The oracle agent: the task's own `solve(cfg, session)` (in its task process),
+through the agent's tool box."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ from typing import Any
 
 from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
 from ale.sandbox.session import ContainerSession
-from ale.tasks.loader import call_task_fn
 
 
 class OracleAgent:
@@ -16,10 +16,8 @@ class OracleAgent:
         self.config = dict(config or {})
 
     async def run(self, ctx: AgentContext) -> AgentOutcome:
-        solve = getattr(ctx.task, "solve_fn", None)
-        if solve is None:
+        if ctx.oracle is None:
             return AgentOutcome(AgentEnd.FAILED, detail="the task defines no solve() oracle")
-
         session = ContainerSession(ctx.tools, default_timeout=ctx.tools.default_timeout)
-        await call_task_fn(solve, ctx.task_cfg, session)
+        await ctx.oracle(session)
         return AgentOutcome(AgentEnd.FINISHED)

@@ -8,9 +8,8 @@ never the candidate's, which is gone by now.
 
 from __future__ import annotations
 
-import asyncio
 import math
-import traceback
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,8 @@ from ale.sandbox.base import (
 from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.session import ContainerSession, Route, RoutedSession
 from ale.sandbox.tools import ToolBox
-from ale.tasks.loader import call_task_fn
+from ale.tasks.errors import TaskError
+from ale.tasks.process import TaskCallFailed, TaskProcessError
 
 
 class GradingError(RuntimeError):
@@ -46,6 +46,9 @@ class GradingInputs:
     input_dir: str
     output_dir: str
     reference_dir: str
+    software_host: Path | None = None
+    software_dir: str | None = None
+    task_dir: str | None = None  # ALE: a writable scratch folder holding the mounts (graders write eval_data/ there)
 
 
 def validate_scores(value: Any) -> list[float]:
@@ -96,6 +99,8 @@ class Grader:
             Mount(str(i.deliverables_host), i.output_dir, True),
             Mount(str(i.reference_host), i.reference_dir, True),
         ]
+        if i.software_host is not None and i.software_dir is not None:
+            mounts.append(Mount(str(i.software_host), i.software_dir, True))
         self.container = await self.provider.create(
             SandboxSpec(
                 name=f"ale-grade-{self.run_id}"[:120],
@@ -104,6 +109,7 @@ class Grader:
                 mounts=tuple(mounts),
                 labels=labels,
                 workdir="/tmp",
+                scratch_dirs=(i.task_dir,) if i.task_dir else (),
             )
         )
         await self.container.start()
@@ -112,24 +118,29 @@ class Grader:
 
     def session(self) -> RoutedSession:
         i = self.inputs
+        routes = [
+            Route(i.input_dir, i.input_host, writable=False),
+            Route(i.output_dir, i.deliverables_host, writable=False),
+            Route(i.reference_dir, i.reference_host, writable=False),
+        ]
+        if i.software_host is not None and i.software_dir is not None:
+            routes.append(Route(i.software_dir, i.software_host, writable=False))
         return RoutedSession(
-            [
-                Route(i.input_dir, i.input_host, writable=False),
-                Route(i.output_dir, i.deliverables_host, writable=False),
-                Route(i.reference_dir, i.reference_host, writable=False),
-            ],
+            routes,
             self._container_session,
         )
 
-    async def grade(self, evaluate: Any, cfg: Any, timeout: float) -> list[float]:
+    async def grade(self, evaluate: Callable[[RoutedSession], Awaitable[Any]]) -> list[float]:
+        """Run ``evaluate(session)`` (the task's grader, in its task process, which
+        enforces the timeout) and check what it returned."""
         try:
-            value = await asyncio.wait_for(call_task_fn(evaluate, cfg, self.session()), timeout)
-        except TimeoutError as e:
-            raise GradingError(f"evaluate() did not finish within {timeout:.0f}s") from e
-        except GradingError:
-            raise
-        except Exception as e:
-            raise GradingError(f"evaluate() raised {type(e).__name__}: {e}", traceback.format_exc()) from e
+            value = await evaluate(self.session())
+        except TaskProcessError as e:
+            raise GradingError(f"evaluate() failed: {e}") from e
+        except TaskCallFailed as e:
+            raise GradingError(f"evaluate() raised {e}", e.traceback) from e
+        except TaskError as e:
+            raise GradingError(f"evaluate() could not run: {e}") from e
         return validate_scores(value)
 
     async def close(self) -> None:

@@ -33,7 +33,8 @@ from ale.defaults import DEFAULT_TOOLS_IMAGE
 from ale.documents import load_document
 from ale.plan import AgentSpec, Limits, RunPlan
 from ale.sandbox.policy import IsolationPolicy
-from ale.tasks.loader import TaskError, load_task, load_variants
+from ale.tasks.errors import TaskError
+from ale.tasks.process import TaskCallFailed, TaskProcessError, inspect_task_sync
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _GLOB_CHARS = set("*?[")
@@ -432,8 +433,8 @@ def task_variants(task_dir: Path) -> int:
     """How many variants the task's ``load()`` declares (for ``variants: all``)."""
 
     try:
-        return len(load_variants(load_task(task_dir)))
-    except TaskError as e:
+        return len(inspect_task_sync(task_dir).variants)
+    except (TaskError, TaskProcessError, TaskCallFailed) as e:
         raise ExperimentError(f"cannot count the variants of {task_dir}: {e}") from e
 
 

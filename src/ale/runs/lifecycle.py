@@ -47,7 +47,6 @@ from ale.sandbox.base import (
     LABEL_EXPERIMENT,
     LABEL_ROLE,
     LABEL_RUN,
-    EngineUnreachable,
     ExecResult,
     ImageMissing,
     Mount,
@@ -61,14 +60,15 @@ from ale.sandbox.scratch import mount_workspace_tmpfs, release_scratch
 from ale.sandbox.session import ContainerSession, Route, RoutedSession
 from ale.sandbox.tools import ToolBox
 from ale.status import RunStatus
-from ale.tasks.loader import (
-    TaskDefinition,
-    TaskError,
-    TaskVariant,
-    call_task_fn,
-    load_task,
-    load_variants,
-    select_variant,
+from ale.tasks.errors import TaskError
+from ale.tasks.loader import TaskVariant, select_variant
+from ale.tasks.process import (
+    TaskCallFailed,
+    TaskEnvironment,
+    TaskInfo,
+    TaskProcess,
+    TaskProcessError,
+    judge_env,
 )
 
 DEFAULT_WALL_TIME_S = 1800.0
@@ -90,12 +90,13 @@ def _now() -> datetime:
 @dataclass
 class Prepared:
     plan: RunPlan
-    task: TaskDefinition
+    task: TaskInfo
     variant: TaskVariant
     data_spec: str | None
     wall_time_s: float
     provider: SandboxProvider
     agent: Any
+    process: TaskProcess  # the task's code, alive from load() to the end of evaluate()
 
 
 @dataclass
@@ -140,8 +141,24 @@ class RunState:
         return self.prep.variant
 
     @property
+    def public_host(self) -> Path:
+        """The run's public package on the host, mounted read-only at the
+        variant's public root: for ALE tasks ``input/``, ``software/`` and the
+        workspace's (empty) mount point; for others the input alone."""
+        return self.scratch / ("public" if self.variant.task_dir else "input")
+
+    @property
     def input_host(self) -> Path:
-        return self.scratch / "input"
+        rel = self.variant.public_relpath(self.variant.input_dir)
+        return self.public_host if rel in (None, ".") else self.public_host / rel
+
+    @property
+    def software_host(self) -> Path | None:
+        """Where the data source staged ``software/`` (next to the input), when it is
+        inside the public package; None when the task has no software there."""
+        sw = self.input_host.parent / "software"
+        inside = self.public_host in sw.parents
+        return sw if inside and sw.is_dir() else None
 
     @property
     def workspace_host(self) -> Path:
@@ -157,7 +174,7 @@ class RunState:
 
     def mounts(self) -> list[Mount]:
         return [
-            Mount(str(self.input_host.resolve()), self.variant.input_dir, True),
+            Mount(str(self.public_host.resolve()), self.variant.public_root, True),
             Mount(str(self.workspace_host.resolve()), self.variant.output_dir, False),
         ]
 
@@ -187,15 +204,27 @@ class SealBroken(Exception):
 
 
 # -- preflight -----------------------------------------------------------------
-def prepare(plan: RunPlan, provider: SandboxProvider | None = None) -> Prepared:
-    """Load the task once, pick the variant, check the engine and image."""
+async def prepare(
+    plan: RunPlan, provider: SandboxProvider | None = None, *, environment: TaskEnvironment | None = None
+) -> Prepared:
+    """Start the task process (``load()``), pick the variant, check the agent, the
+    engine and the image. Raises ``PreflightError``; nothing is left running then."""
+    process = TaskProcess(plan.task_dir, environment=environment)
     try:
-        task = load_task(plan.task_dir)
-        variants = load_variants(task)
-        variant = select_variant(variants, plan.variant)
+        return await _prepare(plan, provider, process)
+    except BaseException:
+        await process.close()
+        raise
+
+
+async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: TaskProcess) -> Prepared:
+    try:
+        task = await process.start()
+        variant = select_variant(task.variants, plan.variant)
     except TaskError as e:
         raise PreflightError(str(e)) from e
-
+    except (TaskProcessError, TaskCallFailed) as e:
+        raise PreflightError(f"{plan.task_dir}: load() failed in the task process: {e}") from e
     try:
         agent = make_agent(plan.agent)
     except AgentConfigError as e:
@@ -209,21 +238,21 @@ def prepare(plan: RunPlan, provider: SandboxProvider | None = None) -> Prepared:
     wall = plan.limits.wall_time_s or task.card.timeout_s or DEFAULT_WALL_TIME_S
     try:
         provider = provider or make_provider(plan.provider)
-        provider.image_inspect(plan.image)
+        await asyncio.to_thread(provider.image_inspect, plan.image)
     except ImageMissing as e:
         raise PreflightError(str(e)) from e
-    except EngineUnreachable as e:
-        raise PreflightError(str(e), retryable=True) from e
     except SandboxError as e:
         raise PreflightError(str(e), retryable=True) from e
-    return Prepared(plan, task, variant, data_spec, float(wall), provider, agent)
+    return Prepared(plan, task, variant, data_spec, float(wall), provider, agent, process)
 
 
 # -- phases --------------------------------------------------------------------
 def _make_dirs(state: RunState) -> None:
     state.scratch.mkdir(parents=True, mode=0o700)
     os.chmod(state.scratch, 0o700)
-    state.input_host.mkdir(mode=0o755)
+    state.public_host.mkdir(mode=0o755)
+    if state.input_host != state.public_host:
+        state.input_host.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
     state.workspace_host.mkdir(mode=0o755)
     policy, cap = state.plan.policy, state.plan.limits.workspace_max_bytes
     if cap is not None:
@@ -245,7 +274,33 @@ async def stage_input(state: RunState) -> None:
         return
     state.source = open_source(spec, base_dir=state.prep.task.path, docker_client=getattr(state.prep.provider, "client", None))
     tree = await asyncio.to_thread(state.source.stage_input, state.variant.data_key, state.input_host)
+    _make_workspace_mount_point(state)
     state.store.write_json(Evidence.INPUT_STAGED, {"source": spec, "key": state.variant.data_key.relpath, "tree": tree})
+
+
+def _make_workspace_mount_point(state: RunState) -> None:
+    """An empty folder in the public package where the workspace is mounted
+    (ALE tasks write to ``<task_dir>/output``, inside the read-only package)."""
+    rel = state.variant.public_relpath(state.variant.output_dir)
+    if rel not in (None, "."):
+        point = state.public_host / rel
+        if point.exists() and (point.is_symlink() or not point.is_dir() or any(point.iterdir())):
+            raise DataError(f"the public package holds {rel!r} where the workspace is mounted; it must not")
+        point.mkdir(parents=True, exist_ok=True, mode=0o755)
+
+
+def _public_package_checks(state: RunState) -> list[Check]:
+    """The public package holds no reference: nothing where the task expects its
+    reference and, for an ALE task folder, no ``reference``/``reference.7z`` in it."""
+    found = []
+    if state.variant.task_dir:
+        found = [n for n in ("reference", "reference.7z") if os.path.lexists(state.public_host / n)]
+    rel = state.variant.public_relpath(state.variant.reference_dir)
+    if rel not in (None, ".") and os.path.lexists(state.public_host / rel):
+        found.append(rel)
+    found = sorted(set(found))
+    return [Check("public.no_reference", not found, "no reference in the public package", found or None,
+                  f"the public package holds {found}" if found else "")]
 
 
 async def provision(state: RunState) -> None:
@@ -300,8 +355,7 @@ async def _verify_created(state: RunState) -> None:
 
 async def run_task_setup(state: RunState) -> None:
     """The task's start(cfg, session): input and reference writes land on the host."""
-    start_fn = state.prep.task.start_fn
-    if start_fn is None:
+    if not state.prep.task.has("start"):
         return
     assert state.sandbox is not None
     v = state.variant
@@ -315,7 +369,7 @@ async def run_task_setup(state: RunState) -> None:
         [Route(v.input_dir, state.input_host, writable=True), Route(v.reference_dir, state.setup_reference_host, writable=True)],
         factory,
     )
-    await call_task_fn(start_fn, v.cfg, session)
+    await state.prep.process.call("start", v.index, session, timeout=state.plan.limits.grading_timeout_s)
 
 
 async def verify_running(state: RunState, phase: str, probe: ExecResult | None = None) -> None:
@@ -338,12 +392,12 @@ def seal_input_and_workspace(state: RunState) -> None:
 
 
 def _seal_input_and_workspace(state: RunState) -> None:
-    state.input_after_start = ev.hash_tree(state.input_host)
+    state.input_after_start = ev.hash_tree(state.public_host)
     state.store.write_json(Evidence.INPUT_AFTER_START, state.input_after_start)
     created = state.workspace_at_creation or {}
     listing = workspace_listing(state.workspace_host)
     state.store.write_json(Evidence.WORKSPACE_EMPTY, {"at_creation": created, "at_agent_start": listing})
-    state.add_checks("agent-start", workspace_empty_checks(listing, expected_inode=created.get("inode")))
+    state.add_checks("agent-start", workspace_empty_checks(listing, expected_inode=created.get("inode")) + _public_package_checks(state))
 
 
 async def commit_reference(state: RunState) -> None:
@@ -386,8 +440,7 @@ async def run_agent(state: RunState) -> None:
         run_dir=state.run_dir,
         wall_time_s=state.prep.wall_time_s,
         max_steps=plan.limits.max_steps,
-        task_cfg=v.cfg if plan.agent.name == "oracle" else None,
-        task=state.prep.task if plan.agent.name == "oracle" else None,
+        oracle=_oracle(state) if plan.agent.name == "oracle" else None,
     )
     try:
         state.agent_outcome = await asyncio.wait_for(agent.run(ctx), state.prep.wall_time_s)
@@ -402,6 +455,18 @@ async def run_agent(state: RunState) -> None:
     outcome = state.agent_outcome
     assert outcome is not None
     state.events.append("agent.ended", end=outcome.end.value, detail=(outcome.detail or "")[:2000])
+
+
+def _oracle(state: RunState) -> Any:
+    """The task's solve(), run in the task process with the agent's session."""
+    if not state.prep.task.has("solve"):
+        return None
+    index = state.variant.index
+
+    async def solve(session: Any) -> Any:
+        return await state.prep.process.call("solve", index, session)
+
+    return solve
 
 
 async def kill_agent_processes(state: RunState) -> ExecResult | None:
@@ -442,7 +507,7 @@ async def remove_sandbox(state: RunState) -> None:
 
 def check_input_unchanged(state: RunState) -> None:
     with state.cost("evidence"):
-        after = ev.hash_tree(state.input_host)
+        after = ev.hash_tree(state.public_host)
     state.store.write_json(Evidence.INPUT_AFTER_RUN, after)
     start = state.input_after_start or {}
     if after["digest"] != start.get("digest"):
@@ -498,11 +563,19 @@ async def grade(state: RunState) -> list[float]:
             input_dir=v.input_dir,
             output_dir=v.output_dir,
             reference_dir=v.reference_dir,
+            software_host=None if state.software_host is None else state.software_host.resolve(),
+            software_dir=f"{v.public_root}/software" if state.software_host is not None else None,
+            task_dir=v.task_dir,
         ),
         command_timeout=plan.limits.command_timeout_s,
     )
     try:
-        return await state.grader.grade(state.prep.task.evaluate_fn, v.cfg, plan.limits.grading_timeout_s)
+        process, timeout, env = state.prep.process, plan.limits.grading_timeout_s, judge_env()
+
+        async def evaluate(session: Any) -> Any:
+            return await process.call("evaluate", v.index, session, timeout=timeout, env=env)
+
+        return await state.grader.grade(evaluate)
     finally:
         await state.grader.close()
 
@@ -540,10 +613,11 @@ async def execute_run(
     Raises PreflightError (nothing created) for a bad task, variant, engine or
     image. Every later failure becomes a status; containers are always removed.
     """
-    prep: Prepared = prepared if prepared is not None else await asyncio.to_thread(prepare, plan, provider)
+    prep: Prepared = prepared if prepared is not None else await prepare(plan, provider)
     run_dir = plan.run_dir
     run_dir.mkdir(parents=True, exist_ok=False)
     ev.write_json_new(run_dir / layout.PLAN, json.loads(plan.model_dump_json()))
+    prep.process.log_path = run_dir / layout.TASK_LOG
     scratch = Path(plan.runs_dir) / ".scratch" / plan.run_id
     state = RunState(prep=prep, run_dir=run_dir, scratch=scratch, events=ev.EventLog(run_dir / layout.EVENTS), store=ev.EvidenceStore(run_dir))
     started = _now()
@@ -627,6 +701,7 @@ async def execute_run(
 def _record_static_evidence(state: RunState) -> None:
     plan = state.plan
     state.store.write_json(Evidence.POLICY, json.loads(plan.policy.model_dump_json()))
+    state.store.write_json(Evidence.TASK_PROCESS, state.prep.process.evidence())
     state.store.write_json(
         Evidence.HARNESS,
         {
@@ -660,6 +735,8 @@ async def _cleanup(state: RunState) -> None:
         if state.grader is not None:
             with contextlib.suppress(Exception):
                 await state.grader.close()
+        with contextlib.suppress(Exception):
+            await state.prep.process.close()
         await asyncio.to_thread(release_scratch, state.scratch)
 
     await asyncio.shield(_do())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,23 +23,88 @@ from ale.sandbox.tools import ToolBox, ToolRefused
 
 
 class CommandFailed(RuntimeError):
-    """`run_command(..., check=True)` saw a non-zero exit or a timeout."""
+    """``run_command(..., check=True)`` saw a non-zero exit or a timeout. A
+    ``RuntimeError``, as cua-bench raises, with its message shape."""
 
 
 class CommandResult(dict):
-    """cua-bench's result shape (`return_code`, `stdout`, `stderr`), plus
-    `exit_code`, `success` and `timed_out`."""
+    """cua-bench's result shape (``success``, ``stdout``, ``stderr``, ``return_code``)
+    with the real exit code, plus the names tasks fall back to (``returncode``,
+    ``exit_code``, ``output``) and ``timed_out``."""
 
 
 def _result(exit_code: int, stdout: str, stderr: str, timed_out: bool) -> CommandResult:
     return CommandResult(
-        return_code=exit_code,
-        exit_code=exit_code,
+        success=exit_code == 0 and not timed_out,
         stdout=stdout,
         stderr=stderr,
-        success=exit_code == 0 and not timed_out,
+        return_code=exit_code,
+        returncode=exit_code,
+        exit_code=exit_code,
+        output=stdout,
         timed_out=timed_out,
     )
+
+
+def _check(command: str, res: CommandResult, check: bool | None) -> CommandResult:
+    # Raise only when the task asked for it explicitly: cua-bench 0.2.7's default
+    # check=True never fired (it read a field its computer never set, so every
+    # exit code was 0), and ALE's graders were written and scored that way.
+    if check is True and not res["success"]:
+        raise CommandFailed(
+            f"Command failed with return code {res['return_code']}"
+            + (" (timed out)" if res["timed_out"] else "")
+            + f".\nCommand: {command}\nStdout: {res['stdout'][-2000:]}\nStderr: {res['stderr'][-2000:]}"
+        )
+    return res
+
+
+def missing(path: str) -> FileNotFoundError:
+    """The error a read of a missing file raises (``[Errno 2] ...``, as upstream's text)."""
+    return FileNotFoundError(2, "No such file or directory", path)
+
+
+class Interface:
+    """``session.interface``: the computer-interface calls ALE tasks make
+    (``create_dir`` in 22 Linux graders, ``delete_dir``), over the session's own
+    file and command calls, so routes and the sandbox apply alike."""
+
+    def __init__(self, session: Any):
+        self._s = session
+
+    async def create_dir(self, path: str) -> None:
+        await self._s.make_dir(path)
+
+    async def delete_dir(self, path: str) -> None:
+        await self._s.remove_tree(path)
+
+    async def delete_file(self, path: str) -> None:
+        await self._s.remove_file(path)
+
+    async def file_exists(self, path: str) -> bool:
+        return bool(await self._s.file_exists(path))
+
+    async def directory_exists(self, path: str) -> bool:
+        return bool(await self._s.directory_exists(path))
+
+    async def list_dir(self, path: str) -> list[str]:
+        return list(await self._s.list_dir(path))
+
+    async def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        return str(await self._s.read_file(path, encoding))
+
+    async def write_text(self, path: str, content: str, encoding: str = "utf-8") -> None:
+        await self._s.write_bytes(path, content.encode(encoding))
+
+    async def read_bytes(self, path: str) -> bytes:
+        return bytes(await self._s.read_bytes(path))
+
+    async def write_bytes(self, path: str, content: bytes) -> None:
+        await self._s.write_bytes(path, content)
+
+    async def run_command(self, command: str, **kw: Any) -> CommandResult:
+        kw.setdefault("check", False)
+        return await self._s.run_command(command, **kw)
 
 
 class ContainerSession:
@@ -47,24 +113,22 @@ class ContainerSession:
     def __init__(self, tools: ToolBox, *, default_timeout: float = 600.0):
         self.tools = tools
         self.default_timeout = default_timeout
+        self.interface = Interface(self)
 
-    async def run_command(self, command: str, timeout: float | None = None, check: bool = False, **_: Any) -> CommandResult:
+    async def run_command(self, command: str, *, check: bool | None = None, timeout: float | None = None, **_: Any) -> CommandResult:
         out = await self.tools.call("shell", {"command": command, "timeout": timeout or self.default_timeout})
-        if out.error:
+        if out.error and out.exit_code is None:
             raise CommandFailed(out.error)
         res = _result(out.exit_code if out.exit_code is not None else -1, out.stdout, out.stderr, out.timed_out)
-        if check and not res["success"]:
-            raise CommandFailed(
-                f"command failed (exit {res['exit_code']}{', timed out' if out.timed_out else ''}): "
-                f"{command[:200]}\n{out.stderr[-2000:]}"
-            )
-        return res
+        return _check(command, res, check)
 
     async def read_bytes(self, path: str) -> bytes:
         try:
             return await self.tools.read_bytes(path)
         except ToolRefused as e:
-            raise FileNotFoundError(str(e)) from e
+            if "not a regular file" in str(e):
+                raise missing(path) from e
+            raise PermissionError(str(e)) from e
 
     async def read_file(self, path: str, encoding: str = "utf-8") -> str:
         return (await self.read_bytes(path)).decode(encoding, errors="replace")
@@ -86,8 +150,22 @@ class ContainerSession:
     async def list_dir(self, path: str) -> list[str]:
         out = await self.tools.call("list_dir", {"path": path})
         if not out.ok:
-            raise FileNotFoundError(out.error or f"cannot list {path}")
+            raise FileNotFoundError(2, "No such file or directory", path)
         return [line for line in out.output.splitlines() if line and not line.startswith("[... output")]
+
+    async def _sh(self, script: str, path: str, what: str) -> None:
+        r = await self.tools.sandbox.exec(["sh", "-c", script, what, path], workdir=self.tools.workdir, timeout=120)
+        if r.exit_code != 0:
+            raise PermissionError(r.stderr.decode(errors="replace").strip() or f"cannot {what} {path}")
+
+    async def make_dir(self, path: str) -> None:
+        await self._sh('mkdir -p -- "$1"', path, "create_dir")
+
+    async def remove_tree(self, path: str) -> None:
+        await self._sh('rm -rf -- "$1"', path, "delete_dir")
+
+    async def remove_file(self, path: str) -> None:
+        await self._sh('rm -f -- "$1"', path, "delete_file")
 
     async def screenshot(self) -> bytes:
         raise NotImplementedError("this sandbox has no display: screenshot() is not available")
@@ -110,6 +188,7 @@ class RoutedSession:
         self.routes = sorted(routes, key=lambda r: len(r.target), reverse=True)
         self._container_factory = container
         self._container: ContainerSession | None = None
+        self.interface = Interface(self)
 
     async def _c(self) -> ContainerSession:
         if self._container is None:
@@ -130,7 +209,7 @@ class RoutedSession:
                 return r, host
         return None
 
-    async def run_command(self, command: str, timeout: float | None = None, check: bool = False, **kw: Any) -> CommandResult:
+    async def run_command(self, command: str, *, check: bool | None = None, timeout: float | None = None, **kw: Any) -> CommandResult:
         return await (await self._c()).run_command(command, timeout=timeout, check=check, **kw)
 
     async def read_bytes(self, path: str) -> bytes:
@@ -139,7 +218,7 @@ class RoutedSession:
             return await (await self._c()).read_bytes(path)
         _, host = hit
         if host.is_symlink() or not host.is_file():
-            raise FileNotFoundError(f"no such file: {path}")
+            raise missing(path)
         return host.read_bytes()
 
     async def read_file(self, path: str, encoding: str = "utf-8") -> str:
@@ -176,9 +255,41 @@ class RoutedSession:
         hit = self._route(path)
         if hit is None:
             return await (await self._c()).list_dir(path)
-        if not hit[1].is_dir():
-            raise FileNotFoundError(f"no such directory: {path}")
+        if hit[1].is_symlink() or not hit[1].is_dir():
+            raise FileNotFoundError(2, "No such file or directory", path)
         return sorted(os.listdir(hit[1]))
+
+    def _writable(self, path: str) -> Path | None:
+        """The host path of a routed ``path`` (PermissionError on a read-only route),
+        or None when the path is the container's."""
+        hit = self._route(path)
+        if hit is None:
+            return None
+        route, host = hit
+        if not route.writable:
+            raise PermissionError(f"{path} is read-only here ({route.target} is not writable in this phase)")
+        return host
+
+    async def make_dir(self, path: str) -> None:
+        host = self._writable(path)
+        if host is None:
+            await (await self._c()).make_dir(path)
+        else:
+            host.mkdir(parents=True, exist_ok=True, mode=0o755)
+
+    async def remove_tree(self, path: str) -> None:
+        host = self._writable(path)
+        if host is None:
+            await (await self._c()).remove_tree(path)
+        elif host.is_dir() and not host.is_symlink():
+            shutil.rmtree(host)
+
+    async def remove_file(self, path: str) -> None:
+        host = self._writable(path)
+        if host is None:
+            await (await self._c()).remove_file(path)
+        elif host.is_file() or host.is_symlink():
+            host.unlink()
 
     async def screenshot(self) -> bytes:
         raise NotImplementedError("this sandbox has no display: screenshot() is not available")

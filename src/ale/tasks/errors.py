@@ -1,5 +1,5 @@
-"""The error every task-loading step raises."""
+"""The error every task-loading step raises (the task process raises the same)."""
 
+from ale.tasks.runtime._ale_task_worker.importer import TaskError
 
-class TaskError(ValueError):
-    """A task folder is malformed: the message names the file and what is wrong."""
+__all__ = ["TaskError"]

@@ -1,37 +1,25 @@
-"""Load a task folder (ALE / cua-bench format) and its variants.
+"""Load a task folder (ALE / cua-bench format) and describe its variants.
 
 A task is a folder with ``main.py`` and optionally ``task_card.json``. Its
 functions are found by the cua-bench decorator mark (``fn._td_type``) and, for
 ALE files, by name: ``load`` (variants), ``start`` (setup, optional),
 ``evaluate`` (grader) and ``solve`` (oracle, optional).
 
-Import rules:
-
-- ``import cua_bench as cb`` works without the upstream package: when
-  ``cua_bench`` cannot be found, the stand-in ``ale.tasks.compat.cua_bench`` is
-  registered under that name (and only then).
-- A task inside an ALE tree (an ancestor directory ``tasks`` with
-  ``__init__.py``, e.g. ``<root>/tasks/<domain>/<name>/main.py`` doing
-  ``from tasks.common_config import ...``) is imported with ``<root>`` on
-  ``sys.path``; afterwards the path entry is removed and whatever ``tasks``
-  modules were loaded before are put back, so trees never leak into each other.
-  Limitation: a ``tasks.*`` import executed lazily inside a task function at call
-  time does not see the tree.
+Runs use ``ale.tasks.process``: the task's code in its own interpreter, one per
+run. This module is the harness-side half both share: the variant rules (paths
+inside the sandbox, data keys, the public package) and, for unit tests of task
+code, an in-process ``load_task``. The import rules themselves live in
+``runtime/_ale_task_worker/importer.py`` (standard library only).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import importlib.util
-import inspect
 import itertools
 import os
 import posixpath
 import re
-import sys
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -41,8 +29,8 @@ from typing import Any
 from ale.data.base import VariantKey
 from ale.defaults import DEFAULT_INPUT_DIR, DEFAULT_OUTPUT_DIR
 from ale.tasks.card import TaskCard, load_card
-from ale.tasks.compat import cua_bench as compat
 from ale.tasks.errors import TaskError
+from ale.tasks.runtime._ale_task_worker import importer
 
 MAIN_FILE = "main.py"
 TD_TYPES = {
@@ -91,6 +79,25 @@ class TaskVariant:
     reference_dir: str
     data_key: VariantKey
     main_file: Path | None = None  # the task's main.py, for error messages
+    task_dir: str | None = None  # ALE: <root>/<domain>/<task>/<variant>, holding input/ software/ output/
+    software_dir: str | None = None
+    computer: dict[str, Any] | None = None  # cua-bench's computer spec (provider, setup_config.os_type)
+
+    @property
+    def public_root(self) -> str:
+        """Where the public package is mounted (read-only): the task folder for ALE
+        tasks (``input/``, ``software/`` and the workspace's mount point inside),
+        else the input folder itself."""
+        return self.task_dir or self.input_dir
+
+    def public_relpath(self, container_path: str) -> str | None:
+        """``container_path`` relative to the public root, or None when outside it."""
+        root = self.public_root
+        if container_path == root:
+            return "."
+        if container_path.startswith(root.rstrip("/") + "/"):
+            return container_path[len(root.rstrip("/")) + 1 :]
+        return None
 
 
 # -- hashing ---------------------------------------------------------------------
@@ -129,139 +136,18 @@ def task_code_hash(task_dir: str | Path) -> str:
     return outer.hexdigest()
 
 
-# -- import machinery ------------------------------------------------------------
-def ensure_cua_bench() -> None:
-    """Make ``import cua_bench`` work: the stand-in, only when no real one exists."""
-    if "cua_bench" in sys.modules:
-        return
-    if importlib.util.find_spec("cua_bench") is not None:
-        return
-
-    sys.modules["cua_bench"] = compat
-
-
-def find_tasks_tree_root(task_dir: Path) -> Path | None:
-    """The root of an ALE tree holding ``task_dir``: the parent of the nearest
-    ancestor named ``tasks`` that is a package (has ``__init__.py``)."""
-    for parent in task_dir.parents:
-        if parent.name == "tasks" and (parent / "__init__.py").is_file():
-            return parent.parent
-    return None
-
-
-def _is_tasks_module(name: str) -> bool:
-    return name == "tasks" or name.startswith("tasks.")
-
-
-@contextmanager
-def _tree_on_path(root: Path | None) -> Iterator[None]:
-    if root is None:
-        yield
-        return
-    saved = {k: v for k, v in sys.modules.items() if _is_tasks_module(k)}
-    for k in saved:
-        del sys.modules[k]
-    entry = str(root)
-    sys.path.insert(0, entry)
-    importlib.invalidate_caches()
-    try:
-        yield
-    finally:
-        with suppress(ValueError):
-            sys.path.remove(entry)
-        for k in [k for k in sys.modules if _is_tasks_module(k)]:
-            del sys.modules[k]
-        sys.modules.update(saved)
-
-
-def _module_name(task_dir: Path) -> str:
-    safe = re.sub(r"[^A-Za-z0-9_]", "_", f"{task_dir.parent.name}_{task_dir.name}")[:60]
-    return f"_ale_task_{safe}_{next(_module_counter)}"
-
-
-def _import_main(main: Path, tree_root: Path | None) -> ModuleType:
-    name = _module_name(main.parent)
-    spec = importlib.util.spec_from_file_location(name, main)
-    if spec is None or spec.loader is None:
-        raise TaskError(f"{main}: cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    # Registered before exec: dataclasses and pickling look the module up by name.
-    sys.modules[name] = module
-    try:
-        with _tree_on_path(tree_root):
-            spec.loader.exec_module(module)
-    except SyntaxError as e:
-        sys.modules.pop(name, None)
-        where = f"line {e.lineno}" if e.lineno else "unknown line"
-        src = Path(e.filename) if e.filename else main
-        detail = f" (in {src})" if src.resolve() != main.resolve() else ""
-        raise TaskError(f"{main}: syntax error at {where}{detail}: {e.msg}") from e
-    except ImportError as e:
-        sys.modules.pop(name, None)
-        hint = ""
-        if getattr(e, "name", None) and _is_tasks_module(e.name or "") and tree_root is None:
-            hint = " (the task imports `tasks.*` but sits in no tree with a tasks/__init__.py)"
-        raise TaskError(f"{main}: import failed: {e}{hint}") from e
-    except (Exception, SystemExit) as e:
-        sys.modules.pop(name, None)
-        raise TaskError(f"{main}: raised {type(e).__name__} while being imported: {e}") from e
-    return module
-
-
-def _find_functions(module: ModuleType, main: Path) -> dict[str, Callable[..., Any]]:
-    """Role -> function: by decorator mark first, then by the ALE name."""
-    found: dict[str, list[tuple[str, Callable[..., Any]]]] = {}
-    for attr, value in vars(module).items():
-        kind = getattr(value, "_td_type", None) if callable(value) else None
-        if isinstance(kind, str) and kind in TD_TYPES:
-            found.setdefault(TD_TYPES[kind], []).append((attr, value))
-    out: dict[str, Callable[..., Any]] = {}
-    for role, candidates in found.items():
-        # The same function bound to two names is one function.
-        unique = list({id(fn): (attr, fn) for attr, fn in candidates}.values())
-        if len(unique) == 1:
-            out[role] = unique[0][1]
-            continue
-        named = [fn for attr, fn in unique if attr == role]
-        if len(named) == 1:
-            out[role] = named[0]
-            continue
-        names = ", ".join(sorted(attr for attr, _ in unique))
-        kind = next(k for k, r in TD_TYPES.items() if r == role)
-        raise TaskError(
-            f"{main}: several functions are marked @cb.{kind} ({names}); keep one, or name it {role}()"
-        )
-    for role in TD_TYPES.values():
-        if role not in out:
-            fn = getattr(module, role, None)
-            if callable(fn) and not isinstance(fn, type):
-                out[role] = fn
-    return out
-
-
 def load_task(task_dir: str | Path) -> TaskDefinition:
-    """Import ``task_dir/main.py`` and find its functions; read its card.
+    """Import ``task_dir/main.py`` in this process and find its functions; read its card.
 
     Raises ``TaskError`` naming the file for a missing folder or main.py, a syntax
-    or import error, or a missing ``load``/``evaluate``.
+    or import error, or a missing ``load``/``evaluate``. For unit tests of task
+    code only: runs execute task code in a task process (``ale.tasks.process``).
     """
     path = Path(task_dir).expanduser().resolve()
     if not path.is_dir():
         raise TaskError(f"{path}: not a task folder (no such directory)")
-    main = path / MAIN_FILE
-    if not main.is_file():
-        raise TaskError(f"{main}: missing (a task folder needs a main.py)")
     card = load_card(path)
-    code_hash = task_code_hash(path)
-    ensure_cua_bench()
-    module = _import_main(main, find_tasks_tree_root(path))
-    fns = _find_functions(module, main)
-    if "load" not in fns:
-        raise TaskError(
-            f"{main}: defines no load() (a function returning the variants, @cb.tasks_config)"
-        )
-    if "evaluate" not in fns:
-        raise TaskError(f"{main}: defines no evaluate() (the grader, @cb.evaluate_task)")
+    main, module, fns = importer.load_module(path)
     return TaskDefinition(
         path=path,
         main_file=main,
@@ -271,7 +157,7 @@ def load_task(task_dir: str | Path) -> TaskDefinition:
         evaluate_fn=fns["evaluate"],
         solve_fn=fns.get("solve"),
         card=card,
-        code_hash=code_hash,
+        code_hash=task_code_hash(path),
     )
 
 
@@ -306,77 +192,37 @@ def _segment(value: Any, what: str, where: str) -> str:
     return text
 
 
-def _variant_fields(item: Any, index: int, where: str) -> tuple[str, str | None, dict[str, Any]]:
-    if isinstance(item, Mapping):
-        description = item.get("description", "")
-        task_id = item.get("task_id")
-        if "metadata" in item:
-            metadata = item["metadata"]
-        else:
-            metadata = {
-                k: v for k, v in item.items() if k not in ("description", "task_id", "computer")
-            }
-    elif any(hasattr(item, a) for a in ("description", "task_id", "metadata")):
-        description = getattr(item, "description", "")
-        task_id = getattr(item, "task_id", None)
-        metadata = getattr(item, "metadata", None)
-    else:
-        raise TaskError(
-            f"{where}: variant {index} is a {type(item).__name__}; expected a cb.Task "
-            "(description, task_id, metadata) or a dict"
-        )
-    if metadata is None:
-        metadata = {}
-    if not isinstance(metadata, Mapping):
-        raise TaskError(
-            f"{where}: variant {index} metadata must be a dict, got {type(metadata).__name__}"
-        )
-    if description is None:
-        description = ""
-    if not isinstance(description, str):
-        raise TaskError(
-            f"{where}: variant {index} description must be a string, got {type(description).__name__}"
-        )
-    if not description.strip():
-        raise TaskError(f"{where}: variant {index} has an empty description (the agent's prompt)")
-    if task_id is not None and not isinstance(task_id, str):
-        task_id = str(task_id)
-    return description, task_id, dict(metadata)
-
-
-def _make_variant(defn: TaskDefinition, item: Any, index: int) -> TaskVariant:
-    where = f"{defn.main_file} load()"
-    description, task_id, meta = _variant_fields(item, index, where)
+def describe_variant(
+    task_path: Path, main_file: Path, fields: tuple[str, str | None, dict[str, Any], Any], index: int, cfg: Any = None
+) -> TaskVariant:
+    """The harness's view of one variant, from what ``load()`` returned for it
+    (``importer.variant_fields``): its paths inside the sandbox, checked, and its
+    data key. ``TaskError`` names the file and the value at fault."""
+    where = f"{main_file} load()"
+    description, task_id, meta, computer = fields
     input_dir = _container_dir(meta.get("input_dir", DEFAULT_INPUT_DIR), "input_dir", where)
-    output_dir = _container_dir(
-        meta.get("remote_output_dir", DEFAULT_OUTPUT_DIR), "remote_output_dir", where
-    )
-    reference_dir = _container_dir(
-        meta.get("reference_dir", DEFAULT_REFERENCE_DIR), "reference_dir", where
-    )
+    output_dir = _container_dir(meta.get("remote_output_dir", DEFAULT_OUTPUT_DIR), "remote_output_dir", where)
+    reference_dir = _container_dir(meta.get("reference_dir", DEFAULT_REFERENCE_DIR), "reference_dir", where)
     for (ka, a), (kb, b) in itertools.combinations(
-        (
-            ("input_dir", input_dir),
-            ("remote_output_dir", output_dir),
-            ("reference_dir", reference_dir),
-        ),
-        2,
+        (("input_dir", input_dir), ("remote_output_dir", output_dir), ("reference_dir", reference_dir)), 2
     ):
         if _nested(a, b):
             raise TaskError(
                 f"{where}: variant {index}: {ka} {a!r} and {kb} {b!r} overlap; they must be separate folders"
             )
+    task_dir = _container_dir(meta["task_dir"], "task_dir", where) if meta.get("task_dir") else None
+    software_dir = _container_dir(meta["software_dir"], "software_dir", where) if meta.get("software_dir") else None
+    if task_dir is not None and not _inside(input_dir, task_dir):
+        task_dir = None  # the input lives elsewhere: the public package is the input alone
+    if task_dir is not None and (reference_dir == task_dir or not _inside(reference_dir, task_dir)) and _inside(task_dir, reference_dir):
+        raise TaskError(f"{where}: variant {index}: task_dir {task_dir!r} lies inside reference_dir {reference_dir!r}")
     variant_name = next(
-        (
-            meta[k]
-            for k in ("data_variant", "variant", "task_tag", "variant_name")
-            if meta.get(k) not in (None, "")
-        ),
+        (meta[k] for k in ("data_variant", "variant", "task_tag", "variant_name") if meta.get(k) not in (None, "")),
         str(index),
     )
     key = VariantKey(
-        domain=_segment(meta.get("data_domain") or defn.path.parent.name, "data domain", where),
-        task=_segment(meta.get("data_task") or defn.path.name, "data task", where),
+        domain=_segment(meta.get("data_domain") or meta.get("domain_name") or task_path.parent.name, "data domain", where),
+        task=_segment(meta.get("data_task") or meta.get("task_name") or task_path.name, "data task", where),
         variant=_segment(variant_name, "data variant", where),
     )
     return TaskVariant(
@@ -384,53 +230,34 @@ def _make_variant(defn: TaskDefinition, item: Any, index: int) -> TaskVariant:
         task_id=task_id or f"{key.domain}/{key.task}/{key.variant}",
         description=description,
         metadata=meta,
-        cfg=item,
+        cfg=cfg,
         input_dir=input_dir,
         output_dir=output_dir,
         reference_dir=reference_dir,
         data_key=key,
-        main_file=defn.main_file,
+        main_file=main_file,
+        task_dir=task_dir,
+        software_dir=software_dir,
+        computer=computer if isinstance(computer, dict) else None,
     )
 
 
-def _call_load(defn: TaskDefinition) -> Any:
-    try:
-        result = defn.load_fn()
-        if inspect.isawaitable(result):
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:
-                return asyncio.run(_await(result))
-            if inspect.iscoroutine(result):
-                result.close()
-            raise TaskError(
-                f"{defn.main_file}: load() is async and an event loop is already running; make load() synchronous"
-            )
-        return result
-    except TaskError:
-        raise
-    except Exception as e:
-        raise TaskError(f"{defn.main_file}: load() raised {type(e).__name__}: {e}") from e
-
-
-async def _await(aw: Any) -> Any:
-    return await aw
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def load_variants(defn: TaskDefinition) -> list[TaskVariant]:
-    """Call the task's ``load()`` once and describe each variant.
+    """Call the task's ``load()`` once (in this process) and describe each variant.
 
     The caller keeps the list for every phase: ``load()`` may draw random values
     (a per-run secret), so calling it again would give a different task.
     """
-    result = _call_load(defn)
-    if not isinstance(result, list | tuple):
-        raise TaskError(
-            f"{defn.main_file}: load() must return a list of variants, got {type(result).__name__}"
-        )
-    if not result:
-        raise TaskError(f"{defn.main_file}: load() returned no variants (an empty list)")
-    return [_make_variant(defn, item, i) for i, item in enumerate(result)]
+    items = importer.call_load(defn.load_fn, defn.main_file)
+    where = f"{defn.main_file} load()"
+    return [
+        describe_variant(defn.path, defn.main_file, importer.variant_fields(item, i, where), i, cfg=item)
+        for i, item in enumerate(items)
+    ]
 
 
 def select_variant(variants: list[TaskVariant], index: int) -> TaskVariant:
@@ -443,9 +270,4 @@ def select_variant(variants: list[TaskVariant], index: int) -> TaskVariant:
     return variants[index]
 
 
-async def call_task_fn(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call a task function, sync or async alike, and return its result."""
-    result = fn(*args)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
+call_task_fn = importer.call_task_fn

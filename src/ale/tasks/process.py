@@ -1,0 +1,375 @@
+"""Task code in its own process: one interpreter per run, from ``load()`` to ``evaluate()``.
+
+``TaskProcess`` starts ``runtime/_ale_task_worker/serve.py`` with the task tree's
+interpreter (``TaskEnvironment``), a clean environment and the task folder's
+tree root importable, and serves the session calls the task makes. So:
+
+- two tasks never share modules (27 ALE tasks call their grader ``score_outputs``);
+- a synchronous or CPU-heavy ``evaluate`` never stalls the harness's event loop,
+  and a timeout kills the process (``TaskProcessError``);
+- a grader that crashes its interpreter (segfault, ``os._exit``) ends its own
+  call with ``TaskProcessError``, nothing else;
+- task code sees none of the harness's environment: only the variables below,
+  the ALE defaults (``REMOTE_ROOT_DIR``, ``REMOTE_OUTPUT_DIR``, ``OS_TYPE``), and,
+  for ``evaluate()`` alone, the judge credentials passed to that call.
+
+Limits: one message at most 256 MiB; the task log (its stdout and stderr) is kept
+up to 8 MiB, the rest dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ale.tasks.card import TaskCard, load_card
+from ale.tasks.errors import TaskError
+from ale.tasks.loader import TaskVariant, describe_variant, task_code_hash
+from ale.tasks.runtime._ale_task_worker import protocol
+from ale.tasks.runtime._ale_task_worker.importer import find_tree_root
+
+RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
+SERVE = RUNTIME_DIR / "_ale_task_worker" / "serve.py"
+
+# ALE task modules read these at import; the task process always gets the
+# documented defaults, never the operator's values.
+ALE_TASK_ENV = {
+    "REMOTE_ROOT_DIR": "/media/user/data/agenthle",
+    "REMOTE_OUTPUT_DIR": "output",
+    "OS_TYPE": "linux",
+}
+JUDGE_ENV_PREFIX = "ALE_JUDGE_"
+LOG_LIMIT = 8 * 1024 * 1024
+
+# The session methods a task function may call (cua-bench's names); the
+# harness's session object serves each one it has.
+SESSION_METHODS = (
+    "run_command", "read_file", "read_bytes", "write_file", "write_bytes", "file_exists",
+    "directory_exists", "list_dir", "screenshot", "remove_file", "delete_file", "makedirs",
+    "get_file_size", "read_text", "write_text",
+)
+INTERFACE_METHODS = (
+    "create_dir", "delete_dir", "delete_file", "file_exists", "directory_exists", "list_dir",
+    "read_text", "write_text", "read_bytes", "write_bytes", "run_command", "get_file_size",
+    "screenshot",
+)
+
+
+class TaskProcessError(RuntimeError):
+    """The task process died, hung past its timeout or broke the protocol.
+    ``log`` is the tail of what it printed."""
+
+    def __init__(self, message: str, log: str = ""):
+        super().__init__(message)
+        self.log = log
+
+
+class TaskCallFailed(RuntimeError):
+    """The task's own function raised; ``kind`` and ``traceback`` say what and where."""
+
+    def __init__(self, message: str, kind: str, tb: str):
+        super().__init__(message)
+        self.kind = kind
+        self.traceback = tb
+
+
+@dataclass(frozen=True)
+class TaskEnvironment:
+    """How task processes run: the interpreter (a tree's environment, or the
+    harness's own) and what it was built from, for the evidence."""
+
+    python: str = sys.executable
+    description: dict[str, Any] = field(default_factory=lambda: {"kind": "harness", "python": sys.executable})
+
+
+@dataclass
+class TaskInfo:
+    """What ``load()`` said about a task, on the harness side."""
+
+    path: Path
+    main_file: Path
+    card: TaskCard
+    code_hash: str
+    functions: frozenset[str]
+    variants: list[TaskVariant]
+
+    @property
+    def name(self) -> str:
+        return f"{self.path.parent.name}/{self.path.name}"
+
+    def has(self, role: str) -> bool:
+        return role in self.functions
+
+
+def judge_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``ALE_JUDGE_<NAME>=v`` in the harness's environment becomes ``<NAME>=v``
+    for ``evaluate()`` (e.g. ``ALE_JUDGE_OPENAI_API_KEY`` -> ``OPENAI_API_KEY``)."""
+    env = os.environ if environ is None else environ
+    return {k[len(JUDGE_ENV_PREFIX):]: v for k, v in env.items() if k.startswith(JUDGE_ENV_PREFIX) and len(k) > len(JUDGE_ENV_PREFIX)}
+
+
+def task_process_env(python: str, home: Path) -> dict[str, str]:
+    """The task process's whole environment."""
+    bindir = str(Path(python).parent)
+    return {
+        "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "TMPDIR": str(home),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONNOUSERSITE": "1",
+        **ALE_TASK_ENV,
+    }
+
+
+class TaskProcess:
+    """One task folder's code, running in its own interpreter.
+
+    ``await start()`` spawns it and calls ``load()``; ``await call(role, i, session)``
+    runs ``start``/``solve``/``evaluate`` of variant ``i`` with ``session`` serving
+    its session calls; ``await close()`` ends it (always call it: a context manager
+    does). Raises ``TaskError`` for a malformed task, ``TaskCallFailed`` when the
+    task's function raised, ``TaskProcessError`` when the process itself failed.
+    """
+
+    def __init__(self, task_dir: str | Path, *, environment: TaskEnvironment | None = None, log_path: Path | None = None):
+        self.path = Path(task_dir).expanduser().resolve()
+        self.environment = environment or TaskEnvironment()
+        self.log_path = log_path
+        self._proc: asyncio.subprocess.Process | None = None
+        self._home: Path | None = None
+        self._log_task: asyncio.Task[None] | None = None
+        self._log = bytearray()
+        self.info: TaskInfo | None = None
+        self.returncode: int | None = None
+
+    async def __aenter__(self) -> TaskProcess:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    # -- life -------------------------------------------------------------------
+    async def start(self) -> TaskInfo:
+        if not self.path.is_dir():
+            raise TaskError(f"{self.path}: not a task folder (no such directory)")
+        main = self.path / "main.py"
+        if not main.is_file():
+            raise TaskError(f"{main}: missing (a task folder needs a main.py)")
+        card = load_card(self.path)
+        code_hash = await asyncio.to_thread(task_code_hash, self.path)
+        self._home = Path(tempfile.mkdtemp(prefix="ale-task-"))
+        python = self.environment.python
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                python, "-I", str(SERVE), str(self.path),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                cwd=str(self.path), env=task_process_env(python, self._home), start_new_session=True,
+                limit=protocol.MAX_LINE,
+            )
+        except OSError as e:
+            raise TaskProcessError(f"cannot start the task process for {self.path} with {python}: {e}") from e
+        self._log_task = asyncio.ensure_future(self._collect_log())
+        reply = await self._request({"op": "load"}, session=None)
+        where = f"{main} load()"
+        variants = [
+            describe_variant(self.path, main, (v["description"], v["task_id"], v["metadata"] or {}, v.get("computer")), i)
+            for i, v in enumerate(reply["variants"])
+        ]
+        if not variants:
+            raise TaskError(f"{where}: returned no variants")
+        self.info = TaskInfo(self.path, main, card, code_hash, frozenset(reply["functions"]), variants)
+        return self.info
+
+    async def close(self) -> None:
+        """End the process (politely, then by force) and drop its home folder."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.returncode is None and proc.stdin is not None:
+                with contextlib.suppress(Exception):
+                    proc.stdin.write(protocol.dumps({"op": "exit"}))
+                    await asyncio.wait_for(proc.stdin.drain(), 1)
+                    proc.stdin.close()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 2)
+            self._kill(proc)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(proc.wait(), 10)
+            self.returncode = proc.returncode
+        if self._log_task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._log_task, 5)
+            self._log_task = None
+        if self.log_path is not None and self._log:
+            with contextlib.suppress(OSError):
+                self.log_path.write_bytes(bytes(self._log))
+        if self._home is not None:
+            shutil.rmtree(self._home, ignore_errors=True)
+            self._home = None
+
+    @staticmethod
+    def _kill(proc: asyncio.subprocess.Process) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the task's own children too
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
+    async def _collect_log(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        while True:
+            chunk = await self._proc.stderr.read(65536)
+            if not chunk:
+                return
+            room = LOG_LIMIT - len(self._log)
+            if room > 0:
+                self._log.extend(chunk[:room])
+
+    def log_tail(self, n: int = 4000) -> str:
+        return bytes(self._log[-n:]).decode("utf-8", errors="replace")
+
+    def evidence(self) -> dict[str, Any]:
+        """How the task code ran: interpreter, environment names, tree root."""
+        return {
+            "isolation": "one process per run, from load() to the end of evaluate()",
+            "python": self.environment.python,
+            "environment": self.environment.description,
+            "env_names": sorted(task_process_env(self.environment.python, Path("/")).keys()),
+            "ale_defaults": ALE_TASK_ENV,
+            "tree_root": None if (root := find_tree_root(self.path)) is None else str(root),
+            "pid": None if self._proc is None else self._proc.pid,
+        }
+
+    # -- calls ------------------------------------------------------------------
+    async def call(
+        self, role: str, variant: int, session: Any, *, timeout: float | None = None, env: dict[str, str] | None = None
+    ) -> Any:
+        """Run the task's ``role`` function for variant ``variant``; ``env`` is
+        added to the process's environment first (judge credentials, for evaluate)."""
+        methods = [m for m in SESSION_METHODS if callable(getattr(session, m, None))]
+        iface = getattr(session, "interface", None)
+        interface = [m for m in INTERFACE_METHODS if callable(getattr(iface, m, None))] if iface is not None else []
+        message = {"op": "call", "role": role, "variant": variant, "env": env or {}, "methods": methods, "interface": interface}
+        try:
+            return await asyncio.wait_for(self._request(message, session=session), timeout)
+        except TimeoutError:
+            if self._proc is not None:
+                self._kill(self._proc)
+            raise TaskProcessError(f"{role}() did not finish within {timeout:.0f}s: the task process was killed", self.log_tail()) from None
+
+    async def _request(self, message: dict[str, Any], *, session: Any) -> Any:
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.stdout is None:
+            raise TaskProcessError("the task process is not running")
+        try:
+            proc.stdin.write(protocol.dumps(message))
+            await proc.stdin.drain()
+        except (ConnectionError, BrokenPipeError) as e:
+            raise await self._died(f"the task process stopped reading ({e})") from e
+        while True:
+            try:
+                line = await proc.stdout.readline()
+            except (ValueError, asyncio.LimitOverrunError) as e:
+                self._kill(proc)
+                raise TaskProcessError(f"the task process sent a message over {protocol.MAX_LINE} bytes", self.log_tail()) from e
+            if not line:
+                raise await self._died("the task process exited")
+            try:
+                reply = protocol.loads(line)
+            except ValueError as e:
+                self._kill(proc)
+                raise TaskProcessError(f"the task process broke the protocol: {e}", self.log_tail()) from e
+            op = reply.get("op")
+            if op == "result":
+                return reply.get("value")
+            if op == "error":
+                if reply.get("task_error"):
+                    raise TaskError(str(reply.get("message")))
+                raise TaskCallFailed(
+                    f"{reply.get('type')}: {reply.get('message')}", str(reply.get("type")), str(reply.get("traceback") or "")
+                )
+            if op == "session":
+                answer = await serve_session_call(session, reply)
+                proc.stdin.write(protocol.dumps(answer))
+                await proc.stdin.drain()
+                continue
+            self._kill(proc)
+            raise TaskProcessError(f"the task process sent an unknown message {op!r}", self.log_tail())
+
+    async def _died(self, what: str) -> TaskProcessError:
+        proc = self._proc
+        code = None
+        if proc is not None:
+            with contextlib.suppress(TimeoutError):
+                code = await asyncio.wait_for(proc.wait(), 5)
+        if self._log_task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._log_task), 2)
+        how = "" if code is None else (f" (killed by signal {-code})" if code < 0 else f" (exit code {code})")
+        tail = self.log_tail()
+        return TaskProcessError(f"{what}{how}" + (f"; its last output:\n{tail}" if tail else ""), tail)
+
+
+async def serve_session_call(session: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """Answer one session call of the task with the harness's session object."""
+    sid = request.get("sid")
+    name = str(request.get("method", ""))
+    target: Any = session
+    parts = name.split(".")
+    if not all(p.isidentifier() and not p.startswith("_") for p in parts) or len(parts) > 2:
+        return _error(sid, AttributeError(f"no session method {name!r}"))
+    if len(parts) == 2:
+        if parts[0] != "interface":
+            return _error(sid, AttributeError(f"no session method {name!r}"))
+        target = getattr(session, "interface", None)
+    fn: Callable[..., Awaitable[Any]] | None = getattr(target, parts[-1], None) if target is not None else None
+    if fn is None or not callable(fn):
+        return _error(sid, AttributeError(f"the session has no method {name!r}"))
+    try:
+        value = fn(*(request.get("args") or []), **(request.get("kwargs") or {}))
+        if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+            value = await value
+    except Exception as e:
+        return _error(sid, e)
+    return {"op": "session_result", "sid": sid, "ok": True, "value": value}
+
+
+def _error(sid: Any, e: BaseException) -> dict[str, Any]:
+    err: dict[str, Any] = {"type": type(e).__name__, "message": str(e)}
+    for attr in ("returncode", "cmd", "stdout", "stderr"):
+        if hasattr(e, attr):
+            err[attr] = getattr(e, attr)
+    # Subclasses the task cannot know travel as their nearest builtin.
+    err["type"] = next(b.__name__ for b in type(e).__mro__ if b.__module__ == "builtins")
+    if type(e).__name__ == "CalledProcessError":
+        err["type"] = "CalledProcessError"
+    return {"op": "session_result", "sid": sid, "ok": False, "error": err}
+
+
+async def inspect_task(task_dir: str | Path, *, environment: TaskEnvironment | None = None) -> TaskInfo:
+    """Load a task in a short-lived task process and describe it (``TaskError`` if malformed)."""
+    async with TaskProcess(task_dir, environment=environment) as proc:
+        assert proc.info is not None
+        return proc.info
+
+
+def inspect_task_sync(task_dir: str | Path, *, environment: TaskEnvironment | None = None) -> TaskInfo:
+    """``inspect_task`` for synchronous callers, inside a running event loop too
+    (then on a thread of its own)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(inspect_task(task_dir, environment=environment))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, inspect_task(task_dir, environment=environment)).result()

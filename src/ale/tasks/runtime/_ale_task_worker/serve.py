@@ -1,0 +1,180 @@
+"""The task process's main loop: ``python -I serve.py TASK_DIR``, spoken to over stdin/stdout.
+
+The harness sends ``load``, then ``call`` for ``start``, ``solve`` and ``evaluate``
+(each with the variant's index and the names of the session methods it serves),
+then ``exit``. While a task function runs, every session call it makes is sent to
+the harness as a ``session`` message and answered by a ``session_result``; the
+harness owns the sandbox, the routes and the records. The task's own prints go
+to stderr (the harness keeps them as the task log), never into the channel.
+
+One process serves one run from ``load()`` to the end of ``evaluate()``, so a
+task's module-level state between ``start()`` and ``evaluate()`` survives, and no
+other task's modules are ever in this interpreter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import itertools
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, BinaryIO
+
+if __package__ in (None, ""):  # run as a script: make the package importable by name
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
+    from _ale_task_worker import importer, protocol
+else:
+    from . import importer, protocol
+
+# Exceptions a session call may raise in the task, by the name the harness sends.
+_RAISABLE = {
+    name: getattr(builtins, name)
+    for name in (
+        "FileNotFoundError", "FileExistsError", "PermissionError", "IsADirectoryError",
+        "NotADirectoryError", "TimeoutError", "ValueError", "TypeError", "KeyError",
+        "RuntimeError", "OSError", "NotImplementedError", "AttributeError", "ConnectionError",
+    )
+}
+
+
+class SessionCallError(RuntimeError):
+    """A session call failed in the harness with an error that has no builtin twin."""
+
+
+def _hybrid(base: type[BaseException]) -> type[BaseException]:
+    # cua-bench's file calls raise RuntimeError; ours raise the precise OSError.
+    # The task gets both: `except RuntimeError` and `except FileNotFoundError` catch it.
+    return type(base.__name__, (base, RuntimeError), {"__module__": "cua_bench.session"})
+
+
+for _name in ("FileNotFoundError", "FileExistsError", "PermissionError", "IsADirectoryError", "NotADirectoryError", "OSError"):
+    _RAISABLE[_name] = _hybrid(_RAISABLE[_name])
+
+
+class Channel:
+    def __init__(self, inp: BinaryIO, out: BinaryIO):
+        self.inp = inp
+        self.out = out
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.out.write(protocol.dumps(message))
+        self.out.flush()
+
+    def recv(self) -> dict[str, Any]:
+        line = self.inp.readline(protocol.MAX_LINE)
+        if not line:
+            raise SystemExit(0)  # the harness closed the channel: nothing more to do
+        return protocol.loads(line)
+
+
+def _raise_remote(error: dict[str, Any]) -> None:
+    kind, message = str(error.get("type", "")), str(error.get("message", ""))
+    if kind == "CalledProcessError":
+        raise subprocess.CalledProcessError(
+            int(error.get("returncode", 1)), error.get("cmd", ""), error.get("stdout"), error.get("stderr")
+        )
+    exc = _RAISABLE.get(kind)
+    if exc is not None:
+        raise exc(message)
+    raise SessionCallError(f"{kind}: {message}")
+
+
+class _Remote:
+    """Forwards each method it was told about to the harness, as an async call."""
+
+    def __init__(self, channel: Channel, prefix: str, methods: list[str], ids: itertools.count):
+        self._channel = channel
+        self._prefix = prefix
+        self._ids = ids
+        for name in methods:
+            setattr(self, name, self._method(prefix + name))
+
+    def _method(self, qualified: str) -> Any:
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            sid = next(self._ids)
+            self._channel.send({"op": "session", "sid": sid, "method": qualified, "args": list(args), "kwargs": kwargs})
+            reply = self._channel.recv()
+            if reply.get("op") != "session_result" or reply.get("sid") != sid:
+                raise SessionCallError(f"protocol error: expected the result of session call {sid}, got {reply.get('op')!r}")
+            if not reply.get("ok"):
+                _raise_remote(reply.get("error") or {})
+            return reply.get("value")
+
+        call.__name__ = qualified.rsplit(".", 1)[-1]
+        return call
+
+
+class RemoteSession(_Remote):
+    """The session a task function receives: cua-bench's method names, served by the harness."""
+
+    def __init__(self, channel: Channel, methods: list[str], interface: list[str]):
+        ids = itertools.count(1)
+        super().__init__(channel, "", methods, ids)
+        if interface:
+            self.interface = _Remote(channel, "interface.", interface, ids)
+
+
+def _describe(main: Path, items: list[Any], functions: dict[str, Any]) -> dict[str, Any]:
+    where = f"{main} load()"
+    variants = []
+    for i, item in enumerate(items):
+        description, task_id, metadata, computer = importer.variant_fields(item, i, where)
+        variants.append({"description": description, "task_id": task_id, "metadata": metadata, "computer": computer})
+    return {"main": str(main), "functions": sorted(functions), "variants": variants}
+
+
+def serve(task_dir: str, channel: Channel) -> None:
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    items: list[Any] = []
+    functions: dict[str, Any] = {}
+    while True:
+        msg = channel.recv()
+        op = msg.get("op")
+        try:
+            if op == "exit":
+                return
+            if op == "load":
+                main, _module, functions = importer.load_module(Path(task_dir), persistent=True)
+                items = importer.call_load(functions["load"], main)
+                channel.send({"op": "result", "value": _describe(main, items, functions)})
+            elif op == "call":
+                role, index = msg["role"], int(msg["variant"])
+                fn = functions.get(role)
+                if fn is None:
+                    raise importer.TaskError(f"the task defines no {role}()")
+                os.environ.update(msg.get("env") or {})
+                session = RemoteSession(channel, list(msg.get("methods") or []), list(msg.get("interface") or []))
+                value = loop.run_until_complete(importer.call_task_fn(fn, items[index], session))
+                channel.send({"op": "result", "value": value})
+            else:
+                raise ValueError(f"unknown message {op!r}")
+        except SystemExit:
+            raise
+        except BaseException as e:  # the task's own failure: reported, the process goes on
+            channel.send({
+                "op": "error",
+                "type": type(e).__name__,
+                "task_error": isinstance(e, importer.TaskError),
+                "message": str(e)[:20_000],
+                "traceback": traceback.format_exc()[-20_000:],
+            })
+
+
+def main() -> None:
+    # The channel is the original stdin/stdout; the task's prints go to stderr.
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    inp = os.fdopen(os.dup(0), "rb")
+    os.dup2(2, 1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    serve(sys.argv[1], Channel(inp, out))
+
+
+if __name__ == "__main__":
+    main()
