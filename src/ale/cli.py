@@ -41,10 +41,14 @@ def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: 
     cfg = dict(config or {})
     if script is not None:
         cfg["script"] = str(script.resolve())
+    from ale.tasks.card import load_card, policy_for_card
+
     try:
-        pol = IsolationPolicy.load(policy)
+        pol, notes = policy_for_card(IsolationPolicy.load(policy), load_card(task_dir))
     except ValueError as e:
         _fail(str(e))
+    for note in notes:
+        err.print(f"note: {note}", markup=False, highlight=False)
     return RunPlan(
         run_id=new_run_id(task_dir.resolve().name, variant, agent),
         task_dir=str(task_dir.resolve()),
@@ -147,6 +151,53 @@ def task_check(
             err.print(f"[red]- {p}[/]")
         raise typer.Exit(1)
     err.print(f"[green]{task_dir}: {n} variant(s) pass (oracle 1.0, nop 0)[/]")
+
+
+@task_app.command("list")
+def task_list(
+    path: Annotated[Path, typer.Argument(help="A task folder or a tree of them (e.g. ALE's tasks/).")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list of {path, status, reason, variants, snapshot}.")] = False,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Tasks loaded at once.")] = 4,
+) -> None:
+    """Every task folder under PATH: ok (variants), unsupported (why) or error (the message)."""
+    import json as _json
+
+    from ale.tasks.listing import list_tasks
+
+    if not path.exists():
+        _fail(f"{path}: no such file or folder")
+    rows = list_tasks(path, workers=jobs)
+    if json_out:
+        print(_json.dumps([r.to_dict() for r in rows], indent=1))
+    else:
+        base = path.resolve()
+        for r in rows:
+            rel = Path(r.path).relative_to(base).as_posix() if Path(r.path) != base else r.path
+            detail = f"{r.variants} variant(s)" if r.status == "ok" else (r.reason or "").splitlines()[0][:300]
+            print(f"{r.status:<12} {rel}  {detail}")
+    counts = {s: sum(1 for r in rows if r.status == s) for s in ("ok", "unsupported", "error")}
+    err.print(f"{len(rows)} task folder(s): {counts['ok']} ok, {counts['unsupported']} unsupported, {counts['error']} error", markup=False)
+
+
+@task_app.command("env")
+def task_env(
+    path: Annotated[Path, typer.Argument(help="A task folder inside the tree whose environment to build.")],
+) -> None:
+    """Build (or find cached) the Python environment a task tree declares; print its interpreter."""
+    from ale.tasks.environment import EnvironmentBuildError, find_declaration, resolve_environment
+    from ale.tasks.errors import TaskError
+
+    try:
+        decl = find_declaration(path)
+        env = resolve_environment(path, say=lambda m: err.print(m, markup=False, highlight=False))
+    except (TaskError, EnvironmentBuildError) as e:
+        _fail(str(e), 1)
+    if decl is None or not decl.dependencies:
+        err.print(f"{path}: its tree declares no dependencies; task code runs with the harness's Python", markup=False)
+    elif not env.description.get("requires_python_satisfied", True):
+        err.print(f"note: requires-python {decl.requires_python!r} is not met by any interpreter here; "
+                  f"using Python {env.description.get('python_version')}", markup=False)
+    print(env.python)
 
 
 @image_app.command("build")

@@ -22,6 +22,7 @@ class DeliverableFile(BaseModel):
     path: str
     size: int
     sha256: str
+    mode: int | None = None  # the permission bits the candidate gave it (kept on the copy)
 
 
 class SkippedEntry(BaseModel):
@@ -62,8 +63,25 @@ def _copy_hashing(src_fd: int, dest: Path, limit: int) -> tuple[str, int]:
     return h.hexdigest(), n
 
 
-def extract_deliverables(workspace: Path, dest: Path, *, max_files: int, max_bytes: int) -> DeliverablesManifest:
-    """Copy regular files from `workspace` into `dest` (which must not exist)."""
+def _keep_mode(path: Path, mode: int, owner: tuple[int, int] | None) -> None:
+    if owner is not None:
+        try:
+            os.chown(path, *owner, follow_symlinks=False)
+        except PermissionError:
+            mode |= 0o444  # not ours to give away: keep it readable by the grader instead
+    os.chmod(path, mode & 0o777, follow_symlinks=False)
+
+
+def extract_deliverables(
+    workspace: Path, dest: Path, *, max_files: int, max_bytes: int, owner: tuple[int, int] | None = None
+) -> DeliverablesManifest:
+    """Copy regular files from `workspace` into `dest` (which must not exist).
+
+    Each copy keeps the permission bits the candidate gave the file (setuid and
+    setgid files are never copied) and, with ``owner`` (the candidate's uid:gid,
+    when the harness may chown), its owner too: a grader running as the candidate
+    user sees the files as the candidate left them (ALE graders check outputs
+    made read-only, for one)."""
     dest.mkdir(parents=True, exist_ok=False, mode=0o755)
     files: list[DeliverableFile] = []
     skipped: list[SkippedEntry] = []
@@ -124,7 +142,8 @@ def extract_deliverables(workspace: Path, dest: Path, *, max_files: int, max_byt
             finally:
                 os.close(fd)
             total += size
-            files.append(DeliverableFile(path=relpath, size=size, sha256=digest))
+            _keep_mode(dest / relpath, stat.S_IMODE(st.st_mode), owner)
+            files.append(DeliverableFile(path=relpath, size=size, sha256=digest, mode=stat.S_IMODE(st.st_mode)))
 
     try:
         walk(root_fd, "")

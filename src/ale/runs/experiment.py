@@ -33,6 +33,7 @@ from ale.defaults import DEFAULT_TOOLS_IMAGE
 from ale.documents import load_document
 from ale.plan import AgentSpec, Limits, RunPlan
 from ale.sandbox.policy import IsolationPolicy
+from ale.tasks.card import load_card, policy_for_card
 from ale.tasks.errors import TaskError
 from ale.tasks.process import TaskCallFailed, TaskProcessError, inspect_task_sync
 
@@ -488,7 +489,9 @@ def plan_units(exp: Experiment) -> list[PlannedUnit]:
     runs_dir = str(exp.output_dir / "runs")
     units: list[PlannedUnit] = []
     seen: set[str] = set()
-    for task in resolve_tasks(exp):
+    tasks = resolve_tasks(exp)
+    policies = {t.task_dir: policy_for_card(policy, load_card(t.task_dir))[0] for t in tasks}
+    for task in tasks:
         for variant in task.variants:
             for agent in exp.agent_specs():
                 for repeat in range(exp.repeats):
@@ -505,7 +508,7 @@ def plan_units(exp: Experiment) -> list[PlannedUnit]:
                         agent=agent,
                         data_source=env.data_source,
                         image=env.image,
-                        policy=policy,
+                        policy=policies[task.task_dir],
                         limits=exp.limits,
                         runs_dir=runs_dir,
                         experiment=exp.name,

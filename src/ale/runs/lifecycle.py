@@ -60,11 +60,12 @@ from ale.sandbox.scratch import mount_workspace_tmpfs, release_scratch
 from ale.sandbox.session import ContainerSession, Route, RoutedSession
 from ale.sandbox.tools import ToolBox
 from ale.status import RunStatus
+from ale.tasks.card import load_card
+from ale.tasks.environment import EnvironmentBuildError, TaskEnvironment, resolve_environment
 from ale.tasks.errors import TaskError
 from ale.tasks.loader import TaskVariant, select_variant
 from ale.tasks.process import (
     TaskCallFailed,
-    TaskEnvironment,
     TaskInfo,
     TaskProcess,
     TaskProcessError,
@@ -209,6 +210,17 @@ async def prepare(
 ) -> Prepared:
     """Start the task process (``load()``), pick the variant, check the agent, the
     engine and the image. Raises ``PreflightError``; nothing is left running then."""
+    try:
+        reason = load_card(plan.task_dir).unsupported_reason(plan.provider)
+    except TaskError as e:
+        raise PreflightError(str(e)) from e
+    if reason is not None:
+        raise PreflightError(f"{plan.task_dir}: {reason}")
+    try:
+        if environment is None:
+            environment = await asyncio.to_thread(resolve_environment, plan.task_dir)
+    except (TaskError, EnvironmentBuildError) as e:
+        raise PreflightError(str(e)) from e
     process = TaskProcess(plan.task_dir, environment=environment)
     try:
         return await _prepare(plan, provider, process)
@@ -221,6 +233,10 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
     try:
         task = await process.start()
         variant = select_variant(task.variants, plan.variant)
+        os_type = ((variant.computer or {}).get("setup_config") or {}).get("os_type")
+        reason = task.card.unsupported_reason(plan.provider, variant_os=os_type if isinstance(os_type, str) else None)
+        if reason is not None:
+            raise TaskError(f"{plan.task_dir}: variant {plan.variant} {reason}")
     except TaskError as e:
         raise PreflightError(str(e)) from e
     except (TaskProcessError, TaskCallFailed) as e:
@@ -493,7 +509,8 @@ async def stop_and_verify_exited(state: RunState) -> None:
 def collect_deliverables(state: RunState) -> None:
     lim = state.plan.limits
     manifest = extract_deliverables(
-        state.workspace_host, state.run_dir / "deliverables", max_files=lim.deliverable_max_files, max_bytes=lim.deliverable_max_bytes
+        state.workspace_host, state.run_dir / layout.DELIVERABLES_DIR, max_files=lim.deliverable_max_files,
+        max_bytes=lim.deliverable_max_bytes, owner=(state.plan.policy.uid, state.plan.policy.gid) if os.geteuid() == 0 else None,
     )
     ev.write_json_new(state.run_dir / layout.DELIVERABLES, json.loads(manifest.model_dump_json()))
     state.events.append("deliverables.collected", files=len(manifest.files), skipped=len(manifest.skipped), digest=manifest.digest)

@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ale.sandbox.policy import IsolationPolicy
 from ale.tasks.errors import TaskError
 
 CARD_FILE = "task_card.json"
+LINUX_SNAPSHOTS = frozenset({"cpu-free-ubuntu", "ubuntu", "linux"})
+# GCE machine families: memory per vCPU in GB (ALE's own table).
+_GB_PER_VCPU = {"standard": 3.75, "highmem": 7.75, "highcpu": 2.0}
+_GB_PER_VCPU_FAMILY = {("g2", "standard"): 4.0, ("n2", "standard"): 4.0, ("e2", "standard"): 4.0, ("n2", "highmem"): 8.0}
+_MACHINE_RE = re.compile(r"^([a-z][a-z0-9]*)-(standard|highmem|highcpu)-([0-9]+)$")
 
 _MEMORY_UNITS = {
     "": 1,
@@ -44,7 +51,9 @@ class TaskCard(BaseModel):
 
     - ``timeout_s``: the agent's wall time for this task, in seconds (None: not stated).
     - ``resources``: hints for the sandbox, keys ``cpus`` (float) and ``memory``
-      (int, bytes), each present only when the card states it.
+      (int, bytes), each present only when the card states it; ALE's
+      ``vm.machineType`` (``c4-standard-4``: 4 vCPU, 15 GB) counts as stating both
+      (``machine_type`` then names it).
     - ``data_source``: where the task's data lives (``local:`` paths resolved
       against the task folder, so the value works from any working directory).
     - ``raw``: the whole card as parsed, for reports.
@@ -56,6 +65,37 @@ class TaskCard(BaseModel):
     resources: dict[str, Any] = Field(default_factory=dict)
     data_source: str | None = None
     raw: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def _vm(self) -> dict[str, Any]:
+        vm = self.raw.get("vm")
+        return vm if isinstance(vm, dict) else {}
+
+    @property
+    def snapshot(self) -> str | None:
+        vm = self._vm
+        value = vm.get("snapshot") or self.raw.get("snapshot")
+        return value if isinstance(value, str) else None
+
+    @property
+    def os_type(self) -> str | None:
+        vm = self._vm
+        for value in (vm.get("os"), vm.get("osType"), vm.get("os_type"), self.raw.get("os_type")):
+            if isinstance(value, str) and value:
+                return value.lower()
+        return None
+
+    def unsupported_reason(self, provider: str = "docker", variant_os: str | None = None) -> str | None:
+        """Why ``provider`` cannot run this task (None: it can). ALE's Windows VMs
+        (``vm.snapshot`` cpu-free, gpu-*, *-license; ``os_type`` windows) cannot be
+        a container."""
+        snap = self.snapshot
+        os_type = (variant_os or self.os_type or "").lower()
+        if snap is not None and snap not in LINUX_SNAPSHOTS:
+            return f"needs a Windows VM (vm.snapshot={snap}): not supported by the {provider} provider"
+        if os_type and os_type not in ("linux", "ubuntu"):
+            return f"needs a {os_type.capitalize()} VM (os_type={os_type}): not supported by the {provider} provider"
+        return None
 
 
 class _CardError(ValueError):
@@ -125,6 +165,15 @@ def _parse_resources(card: dict[str, Any], vm: dict[str, Any]) -> dict[str, Any]
         if block.get(key) is not None:
             out["cpus"] = _positive_number(block[key], where)
             break
+    machine = vm.get("machineType") or card.get("machineType")
+    if isinstance(machine, str) and "cpus" not in out:
+        m = _MACHINE_RE.match(machine.strip())
+        if m:
+            family, kind, n = m.group(1), m.group(2), int(m.group(3))
+            out["cpus"] = float(n)
+            per = _GB_PER_VCPU_FAMILY.get((family, kind), _GB_PER_VCPU[kind])
+            out.setdefault("machine_memory", int(n * per * 1024**3))
+            out["machine_type"] = machine
     for where, block, key, unit in (
         ("resources.memory", res, "memory", ""),
         ("vm.memory", vm, "memory", ""),
@@ -133,6 +182,9 @@ def _parse_resources(card: dict[str, Any], vm: dict[str, Any]) -> dict[str, Any]
         if block.get(key) is not None:
             out["memory"] = _memory_bytes(block[key], where, unit)
             break
+    machine_memory = out.pop("machine_memory", None)
+    if machine_memory is not None and "memory" not in out:
+        out["memory"] = machine_memory
     return out
 
 
@@ -189,3 +241,44 @@ def load_card(task_dir: str | Path) -> TaskCard:
         )
     except _CardError as e:
         raise TaskError(f"{path}: {e}") from e
+
+
+def fit_resources(card: TaskCard, host_cpus: int, host_memory: int) -> tuple[dict[str, Any], list[str]]:
+    """The card's cpus/memory capped to what this host can give (Docker refuses
+    ``--cpus`` above the host's count), and a note for each cap."""
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    what = card.resources.get("machine_type") or "the task card"
+    cpus = card.resources.get("cpus")
+    if cpus is not None:
+        out["cpus"] = min(float(cpus), float(host_cpus))
+        if out["cpus"] < cpus:
+            notes.append(f"{what} asks for {cpus:g} CPUs; capped to the host's {host_cpus}")
+    mem = card.resources.get("memory")
+    if mem is not None:
+        cap = int(host_memory * 0.75)
+        out["memory_bytes"] = min(int(mem), cap)
+        if out["memory_bytes"] < mem:
+            notes.append(f"{what} asks for {mem / 1024**3:.1f} GiB of memory; capped to {cap / 1024**3:.1f} GiB (75% of the host)")
+    return out, notes
+
+
+def policy_for_card(policy: IsolationPolicy, card: TaskCard) -> tuple[IsolationPolicy, list[str]]:
+    """The card's cpus and memory as the run's limits where the operator's policy
+    does not set them itself, capped to the host (see ``fit_resources``)."""
+    fitted, notes = fit_resources(card, os.cpu_count() or 1, _host_memory())
+    update = {k: v for k, v in fitted.items() if k not in policy.model_fields_set}
+    if not update:
+        return policy, []
+    return policy.model_copy(update=update), notes
+
+
+def _host_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 1024**3

@@ -25,14 +25,14 @@ import contextlib
 import os
 import shutil
 import signal
-import sys
 import tempfile
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ale.tasks.card import TaskCard, load_card
+from ale.tasks.environment import TaskEnvironment, resolve_environment
 from ale.tasks.errors import TaskError
 from ale.tasks.loader import TaskVariant, describe_variant, task_code_hash
 from ale.tasks.runtime._ale_task_worker import protocol
@@ -81,15 +81,6 @@ class TaskCallFailed(RuntimeError):
         super().__init__(message)
         self.kind = kind
         self.traceback = tb
-
-
-@dataclass(frozen=True)
-class TaskEnvironment:
-    """How task processes run: the interpreter (a tree's environment, or the
-    harness's own) and what it was built from, for the evidence."""
-
-    python: str = sys.executable
-    description: dict[str, Any] = field(default_factory=lambda: {"kind": "harness", "python": sys.executable})
 
 
 @dataclass
@@ -358,7 +349,10 @@ def _error(sid: Any, e: BaseException) -> dict[str, Any]:
 
 
 async def inspect_task(task_dir: str | Path, *, environment: TaskEnvironment | None = None) -> TaskInfo:
-    """Load a task in a short-lived task process and describe it (``TaskError`` if malformed)."""
+    """Load a task in a short-lived task process and describe it (``TaskError`` if
+    malformed). The tree's environment is built first when it is not yet."""
+    if environment is None:
+        environment = await asyncio.to_thread(resolve_environment, task_dir)
     async with TaskProcess(task_dir, environment=environment) as proc:
         assert proc.info is not None
         return proc.info
