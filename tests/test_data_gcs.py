@@ -16,9 +16,9 @@ import pytest
 
 from ale.data.base import DataError, ReferenceError, VariantKey
 from ale.data.hashing import hash_tree
-from ale.data.remote import BlobCache, RemoteSource, make_filesystem, prefetch, storage_options_for
+from ale.data.remote import BlobCache, RemoteSource, make_filesystem, storage_options_for
 from ale.data.sealing import seal_variant
-from ale.data.sources import open_source
+from ale.data.sources import open_source, prefetch
 from ale.status import RunStatus
 from tests.test_data_support import (
     KEY,
@@ -140,7 +140,7 @@ def test_gcs_end_to_end_tree_reference(gcs, emulator: Emulator, tmp_path: Path) 
     assert c is not None and c.kind == "tree" and c.sha256 == hash_tree(v / "reference")["digest"]
     src.stage_reference(KEY, tmp_path / "grade" / "reference", c)
     assert tree_of(tmp_path / "grade" / "reference") == tree_of(v / "reference")
-    with pytest.raises(DataError, match=rf"variant folder gcs://{bucket}/pre/tasks/dom/task/v9 not found \(available: v0\)"):
+    with pytest.raises(DataError, match=rf"neither gcs://{bucket}/pre/dom/task/v9 \(ALE layout\) nor gcs://{bucket}/pre/tasks/dom/task/v9 \(tasks layout\) exists \(available: v0\)"):
         src.stage_input(VariantKey("dom", "task", "v9"), tmp_path / "x")
     seen = emulator.since(mark)
     # Everything went through the emulator's JSON API, and anonymously.

@@ -11,9 +11,9 @@ import pytest
 
 from ale.data.base import DataError, ReferenceError, VariantKey
 from ale.data.hashing import hash_tree
-from ale.data.remote import BlobCache, RemoteSource, parse_spec, prefetch, storage_options_for
+from ale.data.remote import BlobCache, RemoteSource, parse_spec, storage_options_for
 from ale.data.sealing import seal_variant
-from ale.data.sources import open_source
+from ale.data.sources import open_source, prefetch
 from tests.test_data_support import (
     KEY,
     HfStandIn,
@@ -85,7 +85,7 @@ def test_s3_end_to_end_tree_reference(s3, tmp_path: Path) -> None:
     assert c is not None and c.kind == "tree" and c.sha256 == hash_tree(v / "reference")["digest"]
     src.stage_reference(KEY, tmp_path / "grade" / "reference", c)
     assert tree_of(tmp_path / "grade" / "reference") == tree_of(v / "reference")
-    with pytest.raises(DataError, match=rf"variant folder s3://{bucket}/pre/tasks/dom/task/v9 not found \(available: v0\)"):
+    with pytest.raises(DataError, match=rf"neither s3://{bucket}/pre/dom/task/v9 \(ALE layout\) nor s3://{bucket}/pre/tasks/dom/task/v9 \(tasks layout\) exists \(available: v0\)"):
         src.stage_input(VariantKey("dom", "task", "v9"), tmp_path / "x")
 
 
@@ -168,7 +168,7 @@ def test_hf_end_to_end(hf_endpoint, tmp_path: Path) -> None:
     assert tree_of(tmp_path / "g" / "ref") == tree_of(repo / KEY.relpath / "reference")
     assert any("/resolve/main/" in r for r in hf.requests)
     assert all(r.startswith(("GET /", "HEAD /", "POST /")) for r in hf.requests)
-    with pytest.raises(DataError, match="variant folder hf://datasets/org/name@main/tasks/dom/task/v3 not found"):
+    with pytest.raises(DataError, match=r"nor hf://datasets/org/name@main/tasks/dom/task/v3 \(tasks layout\) exists \(available: v0\)"):
         src.stage_input(VariantKey("dom", "task", "v3"), tmp_path / "y")
 
 

@@ -9,15 +9,34 @@ import uuid
 
 import pytest
 
+import ale.data.sources
 from ale.data.baked import bake_image
 from ale.data.sealing import seal_variant
 from ale.isolation.verify import verify_run_dir
 from ale.runs.lifecycle import execute_run
+from ale.sandbox.docker_images import DockerImageStore
 from ale.status import RunStatus
 from tests.conftest import EXAMPLES, REPO, TOOLS_IMAGE, our_containers
 from tests.test_run_e2e import plan_for, shell, trajectory
 
 pytestmark = pytest.mark.docker
+
+_open_source = ale.data.sources.open_source
+
+
+@pytest.fixture(autouse=True)
+def _image_store_for_the_lifecycle(monkeypatch):
+    """Until the lifecycle passes `image_store=DockerImageStore(client)` itself, turn
+    the `docker_client=` it passes today into one. Once it does, nothing is changed:
+    a call with `image_store=` goes through untouched."""
+
+    def open_source(spec, **kw):
+        client = kw.pop("docker_client", None)
+        if client is not None and kw.get("image_store") is None:
+            kw["image_store"] = DockerImageStore(client)
+        return _open_source(spec, **kw)
+
+    monkeypatch.setattr(ale.data.sources, "open_source", open_source)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +48,7 @@ def baked_word_count(docker_client, tmp_path_factory):
     for variant in ("essay", "poem"):
         seal_variant(root / "tasks" / "files" / "word_count" / variant, store, remove_clear=True)
     tag = f"ale-test-baked-run:{uuid.uuid4().hex[:8]}"
-    bake_image(docker_client, root, None, tag, TOOLS_IMAGE, say=lambda s: None)
+    bake_image(DockerImageStore(docker_client), root, None, tag, TOOLS_IMAGE, say=lambda s: None)
     yield tag, store
     docker_client.images.remove(tag, force=True)
 
