@@ -22,6 +22,7 @@ from ale.data.sources import open_source, prefetch
 from ale.status import RunStatus
 from tests.test_data_support import (
     KEY,
+    check_ale_layout,
     check_corrupt_cache_and_bad_remote_is_reported,
     check_corrupt_cache_entry_is_refetched,
     check_manifest_mismatch_names_the_file,
@@ -191,6 +192,11 @@ def test_gcs_corrupt_cache_entry_is_refetched(gcs, tmp_path: Path) -> None:
 def test_gcs_corrupt_cache_and_bad_remote_is_reported(gcs, tmp_path: Path) -> None:
     fs, bucket = gcs
     check_corrupt_cache_and_bad_remote_is_reported(fs, f"gs://{bucket}/cb", tmp_path, anon=True)
+
+
+def test_gcs_ale_layout(gcs, tmp_path: Path, monkeypatch) -> None:
+    fs, bucket = gcs
+    check_ale_layout(fs, f"gs://{bucket}/ale", tmp_path, monkeypatch, anon=True)
 
 
 def test_gcs_reference_role_has_its_own_credentials(gcs, emulator: Emulator, tmp_path: Path, monkeypatch) -> None:
