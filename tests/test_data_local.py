@@ -10,8 +10,8 @@ import pytest
 
 from ale.data.base import DataError, ReferenceCommitment, ReferenceError, VariantKey
 from ale.data.hashing import hash_tree, tree_digest
-from ale.data.sealing import build_manifest, write_manifest
 from ale.data.local import LocalSource
+from ale.data.sealing import build_manifest, write_manifest
 from ale.data.sources import open_source
 from ale.status import RunStatus
 from tests.test_data_support import make_variant, tree_of
