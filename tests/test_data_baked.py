@@ -123,3 +123,33 @@ def test_missing_image_is_a_clear_error(docker_client) -> None:
         open_source("image:ale-test-missing:nope", image_store=DockerImageStore(docker_client))
     with pytest.raises(DataError, match="an image: source needs an image store"):
         open_source("image:ale-test-missing:nope")
+
+
+def test_bake_an_ale_layout_root(docker_client, tmp_path: Path, monkeypatch) -> None:
+    """ALE's layout baked as is (no tasks/ level in the image), ALE's own reference.7z
+    opened with ALE_REFERENCE_ARCHIVE_PASSWORD, every helper container removed."""
+    from tests.test_data_support import ALE_PASSWORD, make_ale_archive
+
+    store = DockerImageStore(docker_client)
+    v = make_variant(tmp_path / "data", layout="ale")
+    clear = tree_of(v / "reference")
+    make_ale_archive(v)
+    tag = f"ale-test-baked-ale:{uuid.uuid4().hex[:10]}"
+    image_id = bake_image(store, tmp_path / "data", None, tag, TOOLS_IMAGE, say=lambda s: None)
+    before = {c.id for c in _helpers(docker_client)}
+    try:
+        monkeypatch.setenv("ALE_REFERENCE_ARCHIVE_PASSWORD", ALE_PASSWORD)
+        src = open_source(f"image:{tag}", image_store=store, secret_store=tmp_path / "none.json")
+        assert src.variants() == [KEY]
+        assert src.stage_input(KEY, tmp_path / "run" / "input") == hash_tree(v / "input")
+        assert src.layout_of(KEY) == "ale" and src.location(KEY) == f"{tag}:/opt/ale-data/dom/task/v0"
+        with store.reader(image_id) as reader:
+            assert reader.exists("/opt/ale-data/dom/task/v0/reference.7z")
+            assert not reader.exists("/opt/ale-data/tasks")
+            assert reader.get_tar("/opt/ale-data/nothing") is None
+        c = src.commit_reference(KEY)
+        src.stage_reference(KEY, tmp_path / "g" / "reference", c)
+        assert tree_of(tmp_path / "g" / "reference") == clear
+        assert {c.id for c in _helpers(docker_client)} == before
+    finally:
+        docker_client.images.remove(image_id, force=True)
