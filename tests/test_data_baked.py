@@ -15,6 +15,7 @@ from ale.data.base import DataError, ReferenceError, VariantKey
 from ale.data.hashing import hash_tree
 from ale.data.sealing import seal_variant
 from ale.data.sources import open_source
+from ale.sandbox.docker_images import DockerImageStore
 from tests.conftest import TOOLS_IMAGE
 from tests.test_data_support import make_variant, tree_of
 
@@ -30,7 +31,7 @@ def baked(docker_client, tmp_path_factory):
     seal_variant(v, store, remove_clear=True)
     make_variant(tmp / "data", "dom/task/v1", reference=False)
     tag = f"ale-test-baked:{uuid.uuid4().hex[:10]}"
-    image_id = bake_image(docker_client, tmp / "data", None, tag, TOOLS_IMAGE, say=lambda s: None)
+    image_id = bake_image(DockerImageStore(docker_client), tmp / "data", None, tag, TOOLS_IMAGE, say=lambda s: None)
     try:
         yield {"tag": tag, "id": image_id, "root": tmp / "data", "store": store, "variant": v}
     finally:
@@ -45,7 +46,7 @@ def _helpers(client) -> list:
 
 def test_baked_stage_input_commit_and_reference(docker_client, baked, tmp_path: Path) -> None:
     before = {c.id for c in _helpers(docker_client)}
-    src = open_source(f"image:{baked['tag']}", docker_client=docker_client, secret_store=baked["store"])
+    src = open_source(f"image:{baked['tag']}", image_store=DockerImageStore(docker_client), secret_store=baked["store"])
     assert isinstance(src, ImageSource) and src.image_id == baked["id"]
     v = baked["variant"]
     tree = src.stage_input(KEY, tmp_path / "run" / "input")
@@ -68,7 +69,7 @@ def test_baked_stage_input_commit_and_reference(docker_client, baked, tmp_path: 
     with pytest.raises(ReferenceError, match="does not match"):
         src.stage_reference(KEY, tmp_path / "grade3" / "reference", ReferenceCommitment("archive", "0" * 64, 2))
     assert os.listdir(tmp_path / "grade3") == []
-    with pytest.raises(DataError, match=r"not found \(available: v0, v1\)"):
+    with pytest.raises(DataError, match=r"/opt/ale-data/tasks/dom/task/v7 \(tasks layout\) exists \(available: v0, v1\)"):
         src.stage_input(VariantKey("dom", "task", "v7"), tmp_path / "nope")
     # every helper container was removed
     assert {c.id for c in _helpers(docker_client)} == before
@@ -107,14 +108,48 @@ def test_candidate_cannot_read_or_decrypt_the_reference(docker_client, baked, la
 
 
 def test_bake_refuses_unsealed_variants(docker_client, tmp_path: Path) -> None:
+    store = DockerImageStore(docker_client)
     make_variant(tmp_path / "data")
     with pytest.raises(DataError, match="is not sealed"):
-        bake_image(docker_client, tmp_path / "data", None, "ale-test-never:x", TOOLS_IMAGE, say=lambda s: None)
-    with pytest.raises(DataError, match="no tasks/ folder"):
-        bake_image(docker_client, tmp_path, None, "ale-test-never:x", TOOLS_IMAGE, say=lambda s: None)
+        bake_image(store, tmp_path / "data", None, "ale-test-never:x", TOOLS_IMAGE, say=lambda s: None)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"no variants under .*/empty \(looked for .*/empty/<domain>/<task>/<variant> and .*/empty/tasks/<domain>"):
+        bake_image(store, tmp_path / "empty", None, "ale-test-never:x", TOOLS_IMAGE, say=lambda s: None)
     assert not docker_client.images.list(name="ale-test-never")
 
 
 def test_missing_image_is_a_clear_error(docker_client) -> None:
     with pytest.raises(DataError, match="baked data image ale-test-missing:nope not found"):
-        open_source("image:ale-test-missing:nope", docker_client=docker_client)
+        open_source("image:ale-test-missing:nope", image_store=DockerImageStore(docker_client))
+    with pytest.raises(DataError, match="an image: source needs an image store"):
+        open_source("image:ale-test-missing:nope")
+
+
+def test_bake_an_ale_layout_root(docker_client, tmp_path: Path, monkeypatch) -> None:
+    """ALE's layout baked as is (no tasks/ level in the image), ALE's own reference.7z
+    opened with ALE_REFERENCE_ARCHIVE_PASSWORD, every helper container removed."""
+    from tests.test_data_support import ALE_PASSWORD, make_ale_archive
+
+    store = DockerImageStore(docker_client)
+    v = make_variant(tmp_path / "data", layout="ale")
+    clear = tree_of(v / "reference")
+    make_ale_archive(v)
+    tag = f"ale-test-baked-ale:{uuid.uuid4().hex[:10]}"
+    image_id = bake_image(store, tmp_path / "data", None, tag, TOOLS_IMAGE, say=lambda s: None)
+    before = {c.id for c in _helpers(docker_client)}
+    try:
+        monkeypatch.setenv("ALE_REFERENCE_ARCHIVE_PASSWORD", ALE_PASSWORD)
+        src = open_source(f"image:{tag}", image_store=store, secret_store=tmp_path / "none.json")
+        assert src.variants() == [KEY]
+        assert src.stage_input(KEY, tmp_path / "run" / "input") == hash_tree(v / "input")
+        assert src.layout_of(KEY) == "ale" and src.location(KEY) == f"{tag}:/opt/ale-data/dom/task/v0"
+        with store.reader(image_id) as reader:
+            assert reader.exists("/opt/ale-data/dom/task/v0/reference.7z")
+            assert not reader.exists("/opt/ale-data/tasks")
+            assert reader.get_tar("/opt/ale-data/nothing") is None
+        c = src.commit_reference(KEY)
+        src.stage_reference(KEY, tmp_path / "g" / "reference", c)
+        assert tree_of(tmp_path / "g" / "reference") == clear
+        assert {c.id for c in _helpers(docker_client)} == before
+    finally:
+        docker_client.images.remove(image_id, force=True)

@@ -16,12 +16,13 @@ import pytest
 
 from ale.data.base import DataError, ReferenceError, VariantKey
 from ale.data.hashing import hash_tree
-from ale.data.remote import BlobCache, RemoteSource, make_filesystem, prefetch, storage_options_for
+from ale.data.remote import BlobCache, RemoteSource, make_filesystem, storage_options_for
 from ale.data.sealing import seal_variant
-from ale.data.sources import open_source
+from ale.data.sources import open_source, prefetch
 from ale.status import RunStatus
 from tests.test_data_support import (
     KEY,
+    check_ale_layout,
     check_corrupt_cache_and_bad_remote_is_reported,
     check_corrupt_cache_entry_is_refetched,
     check_manifest_mismatch_names_the_file,
@@ -140,7 +141,7 @@ def test_gcs_end_to_end_tree_reference(gcs, emulator: Emulator, tmp_path: Path) 
     assert c is not None and c.kind == "tree" and c.sha256 == hash_tree(v / "reference")["digest"]
     src.stage_reference(KEY, tmp_path / "grade" / "reference", c)
     assert tree_of(tmp_path / "grade" / "reference") == tree_of(v / "reference")
-    with pytest.raises(DataError, match=rf"variant folder gcs://{bucket}/pre/tasks/dom/task/v9 not found \(available: v0\)"):
+    with pytest.raises(DataError, match=rf"neither gcs://{bucket}/pre/dom/task/v9 \(ALE layout\) nor gcs://{bucket}/pre/tasks/dom/task/v9 \(tasks layout\) exists \(available: v0\)"):
         src.stage_input(VariantKey("dom", "task", "v9"), tmp_path / "x")
     seen = emulator.since(mark)
     # Everything went through the emulator's JSON API, and anonymously.
@@ -191,6 +192,11 @@ def test_gcs_corrupt_cache_entry_is_refetched(gcs, tmp_path: Path) -> None:
 def test_gcs_corrupt_cache_and_bad_remote_is_reported(gcs, tmp_path: Path) -> None:
     fs, bucket = gcs
     check_corrupt_cache_and_bad_remote_is_reported(fs, f"gs://{bucket}/cb", tmp_path, anon=True)
+
+
+def test_gcs_ale_layout(gcs, tmp_path: Path, monkeypatch) -> None:
+    fs, bucket = gcs
+    check_ale_layout(fs, f"gs://{bucket}/ale", tmp_path, monkeypatch, anon=True)
 
 
 def test_gcs_reference_role_has_its_own_credentials(gcs, emulator: Emulator, tmp_path: Path, monkeypatch) -> None:

@@ -10,8 +10,9 @@ import pytest
 
 from ale.data.base import DataError, ReferenceCommitment, ReferenceError, VariantKey
 from ale.data.hashing import hash_tree, tree_digest
+from ale.data.local import LocalSource
 from ale.data.sealing import build_manifest, write_manifest
-from ale.data.sources import LocalSource, open_source
+from ale.data.sources import open_source
 from ale.status import RunStatus
 from tests.test_data_support import make_variant, tree_of
 
@@ -66,7 +67,7 @@ def test_stage_input_refuses_symlinks_and_nonempty_dest(tmp_path: Path) -> None:
 def test_missing_variant_and_input(tmp_path: Path) -> None:
     v = make_variant(tmp_path / "data")
     src = LocalSource(tmp_path / "data")
-    with pytest.raises(DataError, match=r"variant folder .*/tasks/dom/task/v9 not found \(available: v0\)") as e:
+    with pytest.raises(DataError, match=r"variant folder for dom/task/v9 not found: neither .*/data/dom/task/v9 \(ALE layout\) nor .*/data/tasks/dom/task/v9 \(tasks layout\) exists \(available: v0\)") as e:
         src.stage_input(VariantKey("dom", "task", "v9"), tmp_path / "d")
     assert e.value.status is RunStatus.INFRASTRUCTURE_ERROR
     with pytest.raises(DataError, match="no task folder"):

@@ -11,16 +11,19 @@ import pytest
 
 from ale.data.base import DataError, ReferenceError, VariantKey
 from ale.data.hashing import hash_tree
-from ale.data.remote import BlobCache, RemoteSource, parse_spec, prefetch, storage_options_for
+from ale.data.remote import BlobCache, RemoteSource, parse_spec, storage_options_for
 from ale.data.sealing import seal_variant
-from ale.data.sources import open_source
+from ale.data.sources import open_source, prefetch
 from tests.test_data_support import (
+    ALE_PASSWORD,
     KEY,
     HfStandIn,
+    check_ale_layout,
     check_corrupt_cache_and_bad_remote_is_reported,
     check_corrupt_cache_entry_is_refetched,
     check_manifest_mismatch_names_the_file,
     check_sealed_reference_and_cache_reuse,
+    make_ale_archive,
     make_variant,
     tree_of,
     upload_tree,
@@ -85,7 +88,7 @@ def test_s3_end_to_end_tree_reference(s3, tmp_path: Path) -> None:
     assert c is not None and c.kind == "tree" and c.sha256 == hash_tree(v / "reference")["digest"]
     src.stage_reference(KEY, tmp_path / "grade" / "reference", c)
     assert tree_of(tmp_path / "grade" / "reference") == tree_of(v / "reference")
-    with pytest.raises(DataError, match=rf"variant folder s3://{bucket}/pre/tasks/dom/task/v9 not found \(available: v0\)"):
+    with pytest.raises(DataError, match=rf"neither s3://{bucket}/pre/dom/task/v9 \(ALE layout\) nor s3://{bucket}/pre/tasks/dom/task/v9 \(tasks layout\) exists \(available: v0\)"):
         src.stage_input(VariantKey("dom", "task", "v9"), tmp_path / "x")
 
 
@@ -107,6 +110,11 @@ def test_s3_corrupt_cache_entry_is_refetched(s3, tmp_path: Path) -> None:
 def test_s3_corrupt_cache_and_bad_remote_is_reported(s3, tmp_path: Path) -> None:
     fs, bucket = s3
     check_corrupt_cache_and_bad_remote_is_reported(fs, f"s3://{bucket}/cb", tmp_path)
+
+
+def test_s3_ale_layout(s3, tmp_path: Path, monkeypatch) -> None:
+    fs, bucket = s3
+    check_ale_layout(fs, f"s3://{bucket}/ale", tmp_path, monkeypatch)
 
 
 def test_s3_reference_role_has_its_own_credentials(s3, tmp_path: Path, monkeypatch) -> None:
@@ -144,7 +152,10 @@ def hf_endpoint(tmp_path: Path, monkeypatch):
     pytest.importorskip("huggingface_hub")
     repo = tmp_path / "hfrepo"
     make_variant(repo)
-    with HfStandIn({"org/name": repo}) as hf:
+    ale_repo = tmp_path / "hf-ale"  # ALE's dataset: no tasks/ level, ALE's own reference.7z
+    make_ale_archive(make_variant(ale_repo, layout="ale"))
+    (ale_repo / ".gitattributes").write_text("*.7z filter=lfs\n")
+    with HfStandIn({"org/name": repo, "org/ale": ale_repo}) as hf:
         import huggingface_hub.constants as hc
 
         # Every request the client makes goes to the stand-in, including the ones
@@ -168,8 +179,26 @@ def test_hf_end_to_end(hf_endpoint, tmp_path: Path) -> None:
     assert tree_of(tmp_path / "g" / "ref") == tree_of(repo / KEY.relpath / "reference")
     assert any("/resolve/main/" in r for r in hf.requests)
     assert all(r.startswith(("GET /", "HEAD /", "POST /")) for r in hf.requests)
-    with pytest.raises(DataError, match="variant folder hf://datasets/org/name@main/tasks/dom/task/v3 not found"):
+    with pytest.raises(DataError, match=r"nor hf://datasets/org/name@main/tasks/dom/task/v3 \(tasks layout\) exists \(available: v0\)"):
         src.stage_input(VariantKey("dom", "task", "v3"), tmp_path / "y")
+
+
+def test_hf_ale_layout(hf_endpoint, tmp_path: Path, monkeypatch) -> None:
+    hf, _ = hf_endpoint
+    ale_repo = tmp_path / "hf-ale"
+    monkeypatch.setenv("ALE_REFERENCE_ARCHIVE_PASSWORD", ALE_PASSWORD)
+    src = open_source("hf://datasets/org/ale@main", anon=True, secret_store=tmp_path / "none.json")
+    assert src.variants() == [KEY]
+    tree = src.stage_input(KEY, tmp_path / "run" / "input")
+    assert tree == hash_tree(ale_repo / "dom/task/v0/input")
+    assert src.layout_of(KEY) == "ale"
+    assert src.location(KEY) == "hf://datasets/org/ale@main/dom/task/v0"
+    c = src.commit_reference(KEY)
+    assert c is not None and c.kind == "archive" and c.files == 0  # no manifest: the digest alone
+    src.stage_reference(KEY, tmp_path / "g" / "ref", c)
+    assert (tmp_path / "g" / "ref" / "answer.txt").read_text() == "REFERENCE-MARKER-42\n"
+    with pytest.raises(DataError, match=r"variant folder hf://datasets/org/ale@main/tasks/dom/task/v0 not found"):
+        open_source("hf://datasets/org/ale@main#layout=tasks", anon=True).stage_input(KEY, tmp_path / "t")
 
 
 def test_hf_spec_parsing() -> None:

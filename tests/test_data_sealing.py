@@ -12,8 +12,8 @@ import pytest
 
 from ale.data.base import DataError, ReferenceCommitment, ReferenceError, VariantKey
 from ale.data.hashing import sha256_file
+from ale.data.local import LocalSource
 from ale.data.sealing import FILTERS, SecretStore, extract_archive, seal_variant, unseal_variant
-from ale.data.sources import LocalSource
 from ale.status import RunStatus
 from tests.test_data_support import make_variant, tree_of
 

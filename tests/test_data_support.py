@@ -144,12 +144,14 @@ def make_variant(
     root: Path,
     key: str = "dom/task/v0",
     *,
+    layout: str = "tasks",
     reference: bool = True,
     software: bool = False,
     big: int = 0,
 ) -> Path:
-    """A variant folder under root/tasks/ with a few input files (and a reference)."""
-    v = root / "tasks" / key
+    """A variant folder with a few input files (and a reference): under root/tasks/
+    (layout "tasks") or right under root (layout "ale", ALE's own)."""
+    v = root / key if layout == "ale" else root / "tasks" / key
     (v / "input" / "sub").mkdir(parents=True)
     (v / "input" / "a.txt").write_text("hello")
     (v / "input" / "sub" / "b.bin").write_bytes(bytes(range(256)) * 400 + b"x" * big)
@@ -260,3 +262,84 @@ def check_corrupt_cache_and_bad_remote_is_reported(fs, url: str, tmp_path: Path,
     fs.pipe(f"{remote}/{KEY.relpath}/input/a.txt", b"HELLO")  # the remote copy went bad too
     with pytest.raises(DataError, match=r"input/a.txt: downloaded sha256 .* does not match manifest.json"):
         open_source(url, **open_kw).stage_input(KEY, tmp_path / "r2")
+
+
+ALE_PASSWORD = "ale-evaluator-password"
+
+
+def make_ale_archive(variant: Path, password: str = ALE_PASSWORD) -> Path:
+    """Seal variant/reference/ the way ALE ships it: a reference.7z (LZMA2, AES-256,
+    encrypted headers) made by py7zr, no manifest, no secret-store entry; the clear
+    reference/ is removed."""
+    import shutil
+
+    import py7zr
+
+    archive = variant / "reference.7z"
+    filters = [{"id": py7zr.FILTER_LZMA2, "preset": 7}, {"id": py7zr.FILTER_CRYPTO_AES256_SHA256}]
+    with py7zr.SevenZipFile(archive, "w", filters=filters, password=password, header_encryption=True) as z:
+        for p in sorted((variant / "reference").rglob("*")):
+            z.write(p, arcname=p.relative_to(variant / "reference").as_posix())
+    shutil.rmtree(variant / "reference")
+    return archive
+
+
+def check_ale_layout(fs, url: str, tmp_path: Path, monkeypatch, **open_kw) -> None:
+    """ALE's own layout (<root>/<domain>/<task>/<variant>, no tasks/ level) with a
+    reference.7z sealed by ALE: found by auto-detection, listed, staged, its reference
+    decrypted with ALE_REFERENCE_ARCHIVE_PASSWORD; the layout is recorded; a second
+    variant in the tasks/ layout of the same root is found too; the same variant
+    under both layouts is refused until a layout is chosen."""
+    import pytest
+
+    from ale.data.base import DataError, ReferenceError, VariantKey
+    from ale.data.hashing import hash_tree
+    from ale.data.sources import open_source
+    from ale.status import RunStatus
+
+    root = tmp_path / "data"
+    v = make_variant(root, layout="ale", software=True)
+    clear = tree_of(v / "reference")
+    make_ale_archive(v)
+    make_variant(root, "dom/other/base", layout="tasks", reference=True)
+    remote = url.split("://", 1)[1]
+    upload_tree(fs, root, remote)
+    monkeypatch.setenv("ALE_REFERENCE_ARCHIVE_PASSWORD", ALE_PASSWORD)
+    store = tmp_path / "no-entries" / "grader-secrets.json"
+    src = open_source(url, secret_store=store, **open_kw)
+    assert src.layout == "auto"
+    assert src.variants() == [VariantKey("dom", "other", "base"), KEY]
+    tree = src.stage_input(KEY, tmp_path / "run" / "input")
+    assert tree == hash_tree(v / "input")
+    assert tree_of(tmp_path / "run" / "software") == tree_of(v / "software")
+    assert src.layout_of(KEY) == "ale"
+    assert src.location(KEY).endswith(f"{remote}/dom/task/v0")
+    c = src.commit_reference(KEY)
+    assert c is not None and c.kind == "archive"
+    src.stage_reference(KEY, tmp_path / "g" / "reference", c)
+    assert tree_of(tmp_path / "g" / "reference") == clear
+    other = VariantKey("dom", "other", "base")
+    assert src.layout_of(other) == "tasks"
+    oc = src.commit_reference(other)
+    assert oc is not None and oc.kind == "tree"
+    src.stage_reference(other, tmp_path / "g2" / "reference", oc)
+    # a wrong ALE password: grading_failed, naming the archive; nothing is left
+    monkeypatch.setenv("ALE_REFERENCE_ARCHIVE_PASSWORD", "wrong")
+    with pytest.raises(ReferenceError, match=rf"{remote}/dom/task/v0/reference.7z .*ALE_REFERENCE_ARCHIVE_PASSWORD.*wrong password") as e:
+        open_source(url, secret_store=store, **open_kw).stage_reference(KEY, tmp_path / "g3" / "reference", c)
+    assert e.value.status is RunStatus.GRADING_FAILED
+    assert list((tmp_path / "g3").iterdir()) == []
+    # the same variant under both layouts: refused, naming both, until one is chosen
+    fs.put(str(v / "input") + "/", f"{remote}/tasks/dom/task/v0/input/", recursive=True)
+    fs.invalidate_cache()
+    with pytest.raises(DataError, match=r"under both layouts: .*/dom/task/v0 \(ALE layout\) and .*/tasks/dom/task/v0 \(tasks layout\).*#layout=ale"):
+        open_source(url, **open_kw).stage_input(KEY, tmp_path / "amb")
+    chosen = open_source(f"{url}#layout=tasks", **open_kw)
+    assert chosen.layout == "tasks" and chosen.spec.endswith("#layout=tasks")
+    chosen.stage_input(KEY, tmp_path / "as-tasks")
+    assert chosen.layout_of(KEY) == "tasks" and chosen.location(KEY).endswith("/tasks/dom/task/v0")
+    ale = open_source(url, layout="ale", **open_kw)
+    # an explicit "ale" reads tasks/ as a domain called "tasks" (auto never does)
+    assert ale.variants() == [KEY, VariantKey("tasks", "dom", "other"), VariantKey("tasks", "dom", "task")]
+    with pytest.raises(DataError, match=r"variant folder .*/dom/other/base not found \(available: no task folder"):
+        ale.stage_input(other, tmp_path / "x")

@@ -135,7 +135,7 @@ def test_task_process_code_imports_no_harness(module: str) -> None:
 
 
 def test_docker_is_called_from_the_docker_provider_only() -> None:
-    allowed = {"ale.sandbox.docker", "ale.sandbox.image"}
+    allowed = {"ale.sandbox.docker", "ale.sandbox.docker_images", "ale.sandbox.image"}
     users = []
     for m, p in _modules().items():
         tree = ast.parse(p.read_text())

@@ -14,12 +14,12 @@ from ale.data.sealing import seal_variant
 from ale.record.verify import verify_run_dir
 from ale.runs.lifecycle import execute_run
 from ale.sandbox.docker import DockerProvider
+from ale.sandbox.docker_images import DockerImageStore
 from ale.status import RunStatus
 from tests.conftest import EXAMPLES, REPO, TOOLS_IMAGE, our_containers
 from tests.test_run_e2e import plan_for, shell, trajectory
 
 pytestmark = pytest.mark.docker
-
 
 @pytest.fixture(scope="module")
 def baked_word_count(docker_client, tmp_path_factory):
@@ -30,7 +30,7 @@ def baked_word_count(docker_client, tmp_path_factory):
     for variant in ("essay", "poem"):
         seal_variant(root / "tasks" / "files" / "word_count" / variant, store, remove_clear=True)
     tag = f"ale-test-baked-run:{uuid.uuid4().hex[:8]}"
-    bake_image(docker_client, root, None, tag, TOOLS_IMAGE, say=lambda s: None)
+    bake_image(DockerImageStore(docker_client), root, None, tag, TOOLS_IMAGE, say=lambda s: None)
     yield tag, store
     docker_client.images.remove(tag, force=True)
 

@@ -9,7 +9,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from ale.cli_output import fail
-from ale.data.base import DataError, VariantKey
+from ale.data.base import DataError, ImageStore, VariantKey
 from ale.defaults import DEFAULT_TOOLS_IMAGE
 
 data_app = typer.Typer(no_args_is_help=True, help="Fetch, seal and check task data.")
@@ -22,6 +22,25 @@ SecretsOpt = Annotated[
         help="The grader's password file (default: <config dir>/grader-secrets.json).",
     ),
 ]
+
+
+LayoutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--layout",
+        help="Data root layout: auto (each variant under <root>/<d>/<t>/<v> or <root>/tasks/<d>/<t>/<v>), ale or tasks.",
+    ),
+]
+
+
+def _image_store(spec: str) -> ImageStore | None:
+    """The Docker image store for an image: spec, else None (no engine needed)."""
+    if not spec.strip().startswith("image:"):
+        return None
+    from ale.sandbox.docker import connect
+    from ale.sandbox.docker_images import DockerImageStore
+
+    return DockerImageStore(connect())
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -69,16 +88,22 @@ def pull(
     data: Annotated[str | None, typer.Option("--data", envvar="ALE_DATA", help="Data source (default: the task card's).")] = None,
     reference: Annotated[bool, typer.Option("--reference/--no-reference", help="Also cache the reference (sealed or not); trusted machines only.")] = False,
     anon: Annotated[bool, typer.Option("--anon", help="Anonymous access (public buckets).")] = False,
+    layout: LayoutOpt = None,
 ) -> None:
     """Prefetch a task's (or an experiment's) data into the verified cache."""
-    from ale.data.remote import prefetch
+    from ale.data.sources import prefetch
 
     try:
         total = 0
         for spec, keys, base in _targets(target, data):
-            total += prefetch(spec, keys, base_dir=base, reference=reference, anon=anon or None)
+            total += prefetch(
+                spec, keys, base_dir=base, layout=layout, reference=reference, anon=anon or None,
+                image_store=_image_store(spec),
+            )
         typer.echo(f"{total} bytes cached")
     except (DataError, ValueError) as exc:  # TaskError is a ValueError
+        _fail(str(exc))
+    except Exception as exc:  # SandboxError from connect(): the engine is not running
         _fail(str(exc))
 
 
@@ -118,16 +143,21 @@ def unseal(
 
 @data_app.command()
 def validate(
-    root: Annotated[Path, typer.Argument(help="A data root (holding tasks/).")],
+    root: Annotated[Path, typer.Argument(help="A data root (<root>/<domain>/... or <root>/tasks/<domain>/...).")],
     require_sealed: Annotated[bool, typer.Option("--require-sealed", help="A clear reference/ is an error.")] = False,
     huge: Annotated[int, typer.Option("--huge-bytes", help="Warn about files larger than this.")] = 1024**3,
     as_json: Annotated[bool, typer.Option("--json", help="Print the problems as JSON.")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too.")] = False,
+    layout: LayoutOpt = None,
 ) -> None:
     """Check a data root's layout: missing input or reference, stray or huge files, unsealed references."""
     from ale.data.validate import validate_root
 
-    problems = validate_root(root, require_sealed=require_sealed, huge_bytes=huge)
+    try:
+        problems = validate_root(root, layout=layout or "auto", require_sealed=require_sealed, huge_bytes=huge)
+    except DataError as exc:
+        _fail(str(exc))
+        return
     if as_json:
         typer.echo(json.dumps([p.model_dump() for p in problems], indent=2))
     else:
@@ -140,19 +170,24 @@ def validate(
 
 
 def bake_command(
-    data_root: Annotated[Path, typer.Argument(help="A data root (holding tasks/) with sealed references.")],
+    data_root: Annotated[Path, typer.Argument(help="A data root (either layout) with sealed references.")],
     tag: Annotated[str, typer.Option("--tag", help="The image to build.")] = "ale-data:latest",
     base: Annotated[str, typer.Option("--base", help="The image to build FROM.")] = DEFAULT_TOOLS_IMAGE,
     task: Annotated[list[str] | None, typer.Option("--task", help="domain/task/variant to include (repeatable; default: all).")] = None,
     image_data_root: Annotated[str, typer.Option("--data-root", help="Where the data lives inside the image.")] = "/opt/ale-data",
+    layout: LayoutOpt = None,
 ) -> None:
     """Bake task data (input, software, reference.7z; never a clear reference) into an image."""
     from ale.data.baked import bake_image
+    from ale.data.base import check_layout
     from ale.sandbox.docker import connect
+    from ale.sandbox.docker_images import DockerImageStore
 
     try:
         keys = [VariantKey.parse(t) for t in task] if task else None
-        image_id = bake_image(connect(), data_root, keys, tag, base, image_data_root=image_data_root)
+        choice = check_layout(layout or "auto", "--layout")
+        store = DockerImageStore(connect())
+        image_id = bake_image(store, data_root, keys, tag, base, image_data_root=image_data_root, layout=choice)
         typer.echo(f"{tag} {image_id}")
         typer.echo(f"use it with --data image:{tag}")
     except DataError as exc:

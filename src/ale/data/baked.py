@@ -1,21 +1,25 @@
-"""Baked images: task data inside a Docker image, the reference only as reference.7z.
+"""Baked images: task data inside a container image, the reference only as reference.7z.
 
 `bake_image` builds FROM the tools image a layer holding, under a data root
 (default /opt/ale-data), each variant's input/, software/, manifest.json and
-reference.7z. Data files are root-owned and world-readable; every reference.7z is
-root-owned mode 0600, so the candidate user cannot even read the ciphertext, and
-its password never enters any image or container (it stays in the grader's secret
-store). Unsealed variants are refused: a clear reference is never baked.
+reference.7z, in the layout the variant has in the data root it came from
+(``<d>/<t>/<v>`` for ALE's layout, ``tasks/<d>/<t>/<v>`` otherwise). Data files
+are root-owned and world-readable; every reference.7z is root-owned mode 0600, so
+the candidate user cannot even read the ciphertext, and its password never enters
+any image or container (it stays in the grader's secret store). Unsealed variants
+are refused: a clear reference is never baked.
 
 At run time `ImageSource` reads the image through *fresh helper containers*
-(created with no network, never started, labelled ale.managed=1 and
-ale.role=data-helper, removed right after) with `get_archive`, never through the
-candidate's container. The image is pinned by id when the source opens, so a
-retag during a run cannot swap the data.
+(``ImageStore.reader``: created with no network, never started, labelled as
+ale's, removed right after), never through the candidate's container. The image
+is pinned by id when the source opens, so a retag during a run cannot swap the
+data. This module never talks to an engine itself: it is handed an ImageStore
+(ale.sandbox.docker_images.DockerImageStore for Docker).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -23,14 +27,25 @@ import shutil
 import stat
 import tarfile
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ale.data.base import DataError, ReferenceCommitment, ReferenceError, TreeHash, VariantKey
+from ale.data.base import (
+    DataError,
+    ImageNotFound,
+    ImageReader,
+    ImageStore,
+    Layout,
+    LayoutChoice,
+    ReferenceCommitment,
+    ReferenceError,
+    TreeHash,
+    VariantKey,
+)
 from ale.data.hashing import CHUNK, make_tree_hash, sha256_file, walk_tree, write_all
+from ale.data.local import LocalSource
+from ale.data.roots import choose_layout, list_variants, resolve_layout, split_spec, with_layout
 from ale.data.sealing import (
     ARCHIVE_NAME,
     DEFAULT_MAX_BYTES,
@@ -38,12 +53,14 @@ from ale.data.sealing import (
     MANIFEST_NAME,
     parse_manifest,
 )
+from ale.data.staging import check_against_manifest, prepare_dest, stage_archive_file
 
 DEFAULT_DATA_ROOT = "/opt/ale-data"
 LABEL_DATA_ROOT = "ale.data.root"
+# JSON: the variant folder below the data root ("tasks/d/t/v" or "d/t/v") ->
+# {"archive": sha256 | None, "size": int, "files": int}
 LABEL_DATA_INDEX = "ale.data.variants"
-LABEL_MANAGED = "ale.managed"
-LABEL_ROLE = "ale.role"
+LABEL_BAKED = "ale.data.baked"
 
 Say = Callable[[str], None]
 
@@ -51,47 +68,49 @@ Say = Callable[[str], None]
 # ----------------------------------------------------------------------------- baking
 
 
-def _variants_of(data_root: Path) -> list[VariantKey]:
-    from ale.data.sources import LocalSource
-
-    return LocalSource(data_root).variants()
-
-
 def bake_image(
-    client: Any,
+    store: ImageStore,
     data_root: Path,
     tasks: list[VariantKey] | None,
     tag: str,
     base_image: str = "ale-tools:latest",
     *,
     image_data_root: str = DEFAULT_DATA_ROOT,
+    layout: LayoutChoice = "auto",
     say: Say = print,
 ) -> str:
     """Build `tag` FROM base_image with the variants' data under image_data_root; returns the image id.
 
-    Refuses any variant whose reference/ is not sealed into reference.7z, and any
-    symlink or special file in the data.
+    `data_root` is in either layout (`layout` "auto" finds each variant under
+    exactly one; "ale" or "tasks" reads only that one); `tasks` None bakes every
+    variant found. Each variant keeps its layout inside the image. Raises
+    DataError for: a data root with no variants, a variant folder missing or under
+    both layouts, a missing input/, a reference/ not sealed into reference.7z, a
+    symlink or special file in the data, a base image the store does not have, a
+    failed build.
     """
     data_root = Path(data_root)
-    if not (data_root / "tasks").is_dir():
-        raise DataError(f"data root {data_root} has no tasks/ folder")
     if not image_data_root.startswith("/") or ".." in PurePosixPath(image_data_root).parts:
         raise DataError(f"image data root {image_data_root!r} must be an absolute path")
-    keys = list(tasks) if tasks else _variants_of(data_root)
+    source = LocalSource(data_root, layout=layout)
+    keys = list(tasks) if tasks else source.variants()
     if not keys:
-        raise DataError(f"no variants under {data_root / 'tasks'}")
+        looked = " and ".join(
+            f"{data_root}/{'tasks/' if lay == 'tasks' else ''}<domain>/<task>/<variant>"
+            for lay in (("ale", "tasks") if layout == "auto" else (layout,))
+        )
+        raise DataError(f"no variants under {data_root} (looked for {looked})")
     try:
-        client.images.get(base_image)
-    except Exception as exc:
-        raise DataError(f"base image {base_image} not found locally ({type(exc).__name__}); build it with `ale image build`") from exc
+        store.lookup(base_image)
+    except ImageNotFound as exc:
+        raise DataError(f"base image {base_image} not found locally ({exc}); build it with `ale image build`") from exc
     index: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ale-bake-") as tmp:
         ctx = Path(tmp)
         data = ctx / "data"
         for key in keys:
-            vdir = data_root / key.relpath
-            if not vdir.is_dir():
-                raise DataError(f"variant folder {vdir} not found")
+            vdir = source.variant_dir(key)
+            rel = key.relpath_in(source.layout_of(key))
             archive = vdir / ARCHIVE_NAME
             has_clear = (vdir / "reference").exists()
             if has_clear and not archive.is_file():
@@ -101,7 +120,7 @@ def bake_image(
                 )
             if not (vdir / "input").is_dir():
                 raise DataError(f"input folder {vdir / 'input'} not found")
-            out = data / key.relpath
+            out = data / rel
             out.mkdir(parents=True)
             for part in ("input", "software"):
                 if (vdir / part).is_dir():
@@ -119,7 +138,7 @@ def bake_image(
                 manifest = json.loads((vdir / MANIFEST_NAME).read_text()) if (vdir / MANIFEST_NAME).is_file() else {}
                 info = manifest.get("reference_archive") or {}
                 entry = {"archive": digest, "size": size, "files": info.get("files", 0) if info.get("sha256") == digest else 0}
-            index[key.relpath] = entry
+            index[rel] = entry
         for d in [data, *(p for p in data.rglob("*") if p.is_dir())]:
             os.chmod(d, 0o755)
         (ctx / "Dockerfile").write_text(
@@ -131,16 +150,10 @@ def bake_image(
         labels = {
             LABEL_DATA_ROOT: image_data_root,
             LABEL_DATA_INDEX: json.dumps(index, sort_keys=True, separators=(",", ":")),
-            "ale.data.baked": "1",
+            LABEL_BAKED: "1",
         }
         say(f"baking {len(keys)} variant(s) into {tag} FROM {base_image}")
-        try:
-            image, _logs = client.images.build(
-                path=str(ctx), tag=tag, labels=labels, rm=True, forcerm=True, pull=False
-            )
-        except Exception as exc:
-            raise DataError(f"building the baked image {tag} failed: {exc}") from exc
-    return str(image.id)
+        return store.build(ctx, tag=tag, labels=labels)
 
 
 def _copy_public(src: Path, dst: Path) -> None:
@@ -154,11 +167,11 @@ def _copy_public(src: Path, dst: Path) -> None:
             os.chmod(dst / rel, mode | 0o644)
 
 
-# ----------------------------------------------------------------------------- reading an image
+# ----------------------------------------------------------------------------- reading an image tar
 
 
 class _ChunkReader(io.RawIOBase):
-    """A file object over the chunk iterator docker's get_archive returns."""
+    """A file object over an iterator of byte chunks (ImageReader.get_tar)."""
 
     def __init__(self, chunks: Iterator[bytes]) -> None:
         self.chunks = chunks
@@ -192,12 +205,10 @@ def _safe_rel(name: str, top: str) -> str | None:
 def extract_tar_stream(
     chunks: Iterator[bytes], top: str, dest: Path, *, what: str, file_mode: int | None = None
 ) -> TreeHash:
-    """Unpack docker's tar of a folder named `top` into the existing dest, hashing as it writes.
+    """Unpack an image's tar of a folder named `top` into the existing dest, hashing as it writes.
 
     Only folders and regular files; anything else is a DataError naming it.
     """
-    import hashlib
-
     files: dict[str, dict[str, Any]] = {}
     with tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks), CHUNK), mode="r|") as tar:
         for m in tar:
@@ -232,90 +243,118 @@ def extract_tar_stream(
 
 
 class ImageSource:
-    """Task data baked into a Docker image (see bake_image)."""
+    """Task data baked into an image (see bake_image), read through an ImageStore.
+
+    `layout` (or the spec option ``image:<ref>#layout=...``) is "auto" (default),
+    "ale" or "tasks", resolved per variant against the image's variant index
+    (label ale.data.variants) or, for an image without one, against its files.
+    """
 
     def __init__(
         self,
         spec: str,
         *,
-        client: Any | None = None,
+        store: ImageStore | None,
+        layout: str | None = None,
         secret_store: Path | None = None,
         max_reference_bytes: int = DEFAULT_MAX_BYTES,
         max_reference_files: int = DEFAULT_MAX_FILES,
     ) -> None:
-        if not spec.startswith("image:") or not spec[len("image:") :]:
+        base, options = split_spec(spec)
+        if not base.startswith("image:") or not base[len("image:") :]:
             raise DataError(f"{spec!r} is not an image source (image:<ref>)")
-        self.spec = spec
-        self.ref = spec[len("image:") :]
+        self.layout: LayoutChoice = choose_layout(spec, options.get("layout"), layout)
+        self.spec = with_layout(base, self.layout)
+        self.ref = base[len("image:") :]
         self.secret_store = secret_store
         self.max_reference_bytes = max_reference_bytes
         self.max_reference_files = max_reference_files
-        if client is None:
-            import docker
-
-            try:
-                client = docker.from_env(timeout=120)
-            except Exception as exc:
-                raise DataError(f"cannot reach the Docker engine for {spec}: {exc}") from exc
-        self.client = client
+        if store is None:
+            raise DataError(
+                f"data source {spec}: an image: source needs an image store, e.g. "
+                "open_source(spec, image_store=ale.sandbox.docker_images.DockerImageStore(client))"
+            )
+        self.store = store
         try:
-            image = client.images.get(self.ref)
-        except Exception as exc:
-            raise DataError(f"baked data image {self.ref} not found ({type(exc).__name__}); bake it with `ale image bake`") from exc
+            image = store.lookup(self.ref)
+        except ImageNotFound as exc:
+            raise DataError(f"baked data image {self.ref} not found ({exc}); bake it with `ale image bake`") from exc
         self.image_id: str = image.id
-        labels = (image.attrs.get("Config") or {}).get("Labels") or {}
+        labels = image.labels
         self.data_root: str = labels.get(LABEL_DATA_ROOT) or DEFAULT_DATA_ROOT
         try:
-            self.index: dict[str, Any] | None = json.loads(labels[LABEL_DATA_INDEX]) if LABEL_DATA_INDEX in labels else None
+            index = json.loads(labels[LABEL_DATA_INDEX]) if LABEL_DATA_INDEX in labels else None
         except ValueError as exc:
             raise DataError(f"image {self.ref}: label {LABEL_DATA_INDEX} is not valid JSON") from exc
-        self._lock = threading.Lock()
+        if index is not None and not isinstance(index, dict):
+            raise DataError(f"image {self.ref}: label {LABEL_DATA_INDEX} is not a JSON object")
+        self.index: dict[str, Any] | None = index
+        self._layouts: dict[VariantKey, Layout] = {}
 
     def __repr__(self) -> str:
-        return f"ImageSource({self.ref!r}, id={self.image_id[:19]})"
+        return f"ImageSource({self.ref!r}, id={self.image_id[:19]}, layout={self.layout!r})"
 
-    @contextmanager
-    def helper(self) -> Iterator[Any]:
-        """A fresh, never-started, network-less container of the pinned image."""
-        container = self.client.containers.create(
-            self.image_id,
-            command=["sleep", "0"],
-            network_mode="none",
-            network_disabled=True,
-            labels={LABEL_MANAGED: "1", LABEL_ROLE: "data-helper"},
-            user="0:0",
-        )
-        try:
-            yield container
-        finally:
-            with suppress(Exception):
-                container.remove(force=True, v=True)
+    # ------------------------------------------------------------------ layout
+
+    def _image_path(self, rel: str, *rest: str) -> str:
+        return "/".join([self.data_root.rstrip("/"), rel, *rest])
+
+    def layout_of(self, key: VariantKey) -> Layout:
+        if key not in self._layouts:
+            index = self.index
+            if index is not None:
+                self._layouts[key] = resolve_layout(
+                    key,
+                    self.layout,
+                    exists=lambda layout: key.relpath_in(layout) in index,
+                    location=lambda layout: f"{self.ref}:{self._image_path(key.relpath_in(layout))}",
+                    available=lambda layout: self._available(key, layout, index),
+                )
+            else:
+                with self.store.reader(self.image_id) as reader:
+                    self._layouts[key] = resolve_layout(
+                        key,
+                        self.layout,
+                        exists=lambda layout: reader.exists(self._image_path(key.relpath_in(layout))),
+                        location=lambda layout: f"{self.ref}:{self._image_path(key.relpath_in(layout))}",
+                        available=lambda layout: (0, f"unknown (image {self.ref} has no {LABEL_DATA_INDEX} label)"),
+                    )
+        return self._layouts[key]
+
+    def _available(self, key: VariantKey, layout: Layout, index: dict[str, Any]) -> tuple[int, str]:
+        task_prefix = key.relpath_in(layout).rsplit("/", 1)[0] + "/"
+        domain_prefix = task_prefix.rstrip("/").rsplit("/", 1)[0] + "/"
+        variants = sorted(r[len(task_prefix) :] for r in index if r.startswith(task_prefix))
+        if variants:
+            return 2, ", ".join(variants)
+        level = 1 if any(r.startswith(domain_prefix) for r in index) else 0
+        return level, f"none for {key.domain}/{key.task}; baked: {', '.join(sorted(index)) or 'none'}"
 
     def _path(self, key: VariantKey, *rest: str) -> str:
-        return "/".join([self.data_root.rstrip("/"), key.relpath, *rest])
+        return self._image_path(key.relpath_in(self.layout_of(key)), *rest)
 
-    def _get(self, container: Any, path: str) -> Iterator[bytes] | None:
-        import docker.errors
+    def location(self, key: VariantKey) -> str:
+        return f"{self.ref}:{self._path(key)}"
 
-        try:
-            chunks, _stat = container.get_archive(path, chunk_size=CHUNK)
-        except docker.errors.NotFound:
-            return None
-        except Exception as exc:
-            raise DataError(f"reading {path} from image {self.ref} failed: {exc}") from exc
-        return chunks
+    def variants(self) -> list[VariantKey]:
+        """The variants the image's index lists; DataError for an image without one."""
+        if self.index is None:
+            raise DataError(f"image {self.ref} has no {LABEL_DATA_INDEX} label: its variants cannot be listed")
+        tree: dict[str, set[str]] = {}
+        for rel in self.index:
+            parts = rel.split("/")
+            for i in range(len(parts)):
+                tree.setdefault("/".join(parts[:i]), set()).add(parts[i])
+        return list_variants(self.layout, lambda rel: sorted(tree.get(rel, ())))
 
-    def _missing_variant(self, key: VariantKey) -> DataError:
-        if self.index is not None:
-            prefix = f"tasks/{key.domain}/{key.task}/"
-            names = sorted(r[len(prefix) :] for r in self.index if r.startswith(prefix))
-            avail = ", ".join(names) or f"none for {key.domain}/{key.task}; baked: {', '.join(sorted(self.index)) or 'none'}"
-        else:
-            avail = "unknown"
-        return DataError(f"variant folder {self.ref}:{self._path(key)} not found (available: {avail})")
+    def prefetch_variant(self, key: VariantKey, *, reference: bool = False) -> int:
+        """Nothing to fetch: the image is local. Checks the variant is baked."""
+        self.layout_of(key)
+        return 0
 
-    def _manifest(self, container: Any, key: VariantKey) -> dict[str, Any] | None:
-        chunks = self._get(container, self._path(key, MANIFEST_NAME))
+    def _manifest(self, reader: ImageReader, key: VariantKey) -> dict[str, Any] | None:
+        where = f"{self.ref}:{self._path(key, MANIFEST_NAME)}"
+        chunks = reader.get_tar(self._path(key, MANIFEST_NAME))
         if chunks is None:
             return None
         with tempfile.TemporaryDirectory() as tmp:
@@ -323,59 +362,49 @@ class ImageSource:
             try:
                 data = json.loads((Path(tmp) / MANIFEST_NAME).read_text())
             except ValueError as exc:
-                raise DataError(f"{self.ref}:{self._path(key, MANIFEST_NAME)} is not valid JSON") from exc
-        return parse_manifest(data, f"{self.ref}:{self._path(key, MANIFEST_NAME)}")
+                raise DataError(f"{where} is not valid JSON") from exc
+        return parse_manifest(data, where)
 
     # ------------------------------------------------------------------ input
 
     def stage_input(self, key: VariantKey, dest: Path) -> TreeHash:
-        from ale.data.sources import check_against_manifest, prepare_dest
-
-        if self.index is not None and key.relpath not in self.index:
-            raise self._missing_variant(key)
         dest = Path(dest)
-        with self.helper() as c:
-            chunks = self._get(c, self._path(key, "input"))
+        where = self.location(key)
+        with self.store.reader(self.image_id) as reader:
+            chunks = reader.get_tar(self._path(key, "input"))
             if chunks is None:
-                if self._get(c, self._path(key)) is None:
-                    raise self._missing_variant(key)
+                if not reader.exists(self._path(key)):
+                    raise DataError(f"variant folder {where} not found in the image")
                 raise DataError(f"input folder {self.ref}:{self._path(key, 'input')} not found")
             prepare_dest(dest)
             tree = extract_tar_stream(chunks, "input", dest, what=f"{self.ref}:{self._path(key, 'input')}")
-            manifest = self._manifest(c, key)
+            manifest = self._manifest(reader, key)
             if manifest is not None:
-                check_against_manifest(tree, manifest, "input", f"{self.ref}:{self._path(key)}")
-            schunks = self._get(c, self._path(key, "software"))
+                check_against_manifest(tree, manifest, "input", where)
+            schunks = reader.get_tar(self._path(key, "software"))
             if schunks is not None:
                 sdest = dest.parent / "software"
                 prepare_dest(sdest)
                 extract_tar_stream(schunks, "software", sdest, what=f"{self.ref}:{self._path(key, 'software')}")
         return tree
 
-    def prefetch_variant(self, key: VariantKey) -> int:
-        """Nothing to fetch: the image is local. Checks the variant is baked."""
-        if self.index is not None and key.relpath not in self.index:
-            raise self._missing_variant(key)
-        return 0
-
     # ------------------------------------------------------------------ reference
 
     def _fetch_archive(self, key: VariantKey, target: Path) -> str | None:
-        """Copy reference.7z out of a fresh helper container into target; its sha256, or None."""
-        with self.helper() as c:
-            chunks = self._get(c, self._path(key, ARCHIVE_NAME))
+        """Copy reference.7z out of a fresh helper into target; its sha256, or None."""
+        with self.store.reader(self.image_id) as reader:
+            chunks = reader.get_tar(self._path(key, ARCHIVE_NAME))
             if chunks is None:
-                if self._get(c, self._path(key)) is None:
-                    raise self._missing_variant(key)
+                if not reader.exists(self._path(key)):
+                    raise DataError(f"variant folder {self.location(key)} not found in the image")
                 return None
             return extract_tar_stream_file(chunks, ARCHIVE_NAME, target, what=self.ref, mode=0o600)
 
     def commit_reference(self, key: VariantKey) -> ReferenceCommitment | None:
+        layout = self.layout_of(key)
         if self.index is not None:
-            if key.relpath not in self.index:
-                raise self._missing_variant(key)
-            entry = self.index[key.relpath]
-            if not entry.get("archive"):
+            entry = self.index[key.relpath_in(layout)]
+            if not isinstance(entry, dict) or not entry.get("archive"):
                 return None
             return ReferenceCommitment("archive", entry["archive"], int(entry.get("files", 0)))
         with tempfile.TemporaryDirectory(prefix="ale-ref-") as tmp:
@@ -383,8 +412,6 @@ class ImageSource:
         return None if digest is None else ReferenceCommitment("archive", digest, 0)
 
     def stage_reference(self, key: VariantKey, dest: Path, commitment: ReferenceCommitment | None) -> None:
-        from ale.data.sources import prepare_dest, stage_archive_file
-
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=".ref-image-", dir=dest.parent))
@@ -409,6 +436,7 @@ class ImageSource:
                 dest,
                 commitment,
                 secret_store=self.secret_store,
+                origin=f"{self.ref}:{self._path(key, ARCHIVE_NAME)}",
                 max_bytes=self.max_reference_bytes,
                 max_files=self.max_reference_files,
             )
@@ -417,9 +445,9 @@ class ImageSource:
 
 
 def extract_tar_stream_file(chunks: Iterator[bytes], name: str, target: Path, *, what: str, mode: int = 0o644) -> str:
-    """Unpack docker's tar of a single file `name` to target; returns its sha256."""
-    import hashlib
+    """Unpack an image's tar of a single file `name` to target; returns its sha256.
 
+    DataError naming `what` when the tar holds anything but that one regular file."""
     h = hashlib.sha256()
     seen = False
     with tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks), CHUNK), mode="r|") as tar:

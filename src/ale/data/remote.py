@@ -13,6 +13,9 @@ contents. The reference role has its own file system object, configured by
 ``reference_storage_options`` or the environment (``ALE_REFERENCE_S3_PROFILE``,
 ``ALE_REFERENCE_STORAGE_OPTIONS``), and is used only by commit_reference (when no
 manifest records the digest) and stage_reference.
+
+Both layouts of a data root are read (ale.data.roots): ``<root>/<d>/<t>/<v>``
+(ALE's buckets and Hugging Face dataset) and ``<root>/tasks/<d>/<t>/<v>``.
 """
 
 from __future__ import annotations
@@ -32,18 +35,28 @@ from typing import Any
 
 from ale.data.base import (
     DataError,
+    Layout,
+    LayoutChoice,
     ReferenceCommitment,
     ReferenceError,
     TreeHash,
     VariantKey,
 )
 from ale.data.hashing import CHUNK, copy_hashing, make_tree_hash
+from ale.data.roots import choose_layout, list_variants, resolve_layout, split_spec, with_layout
 from ale.data.sealing import (
     ARCHIVE_NAME,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_FILES,
     MANIFEST_NAME,
     parse_manifest,
+)
+from ale.data.staging import (
+    check_against_manifest,
+    check_commitment,
+    finish_reference_dir,
+    prepare_dest,
+    stage_archive_file,
 )
 from ale.paths import cache_dir
 
@@ -283,12 +296,18 @@ class _Progress:
 
 
 class RemoteSource:
-    """Task data under an fsspec URL, fetched through the verified cache."""
+    """Task data under an fsspec URL, fetched through the verified cache.
+
+    `layout` (or the spec option ``#layout=...``) is "auto" (default: each variant
+    is found under either layout, never both), "ale" or "tasks"; a variant's layout
+    is resolved on first use and pinned for the life of the source.
+    """
 
     def __init__(
         self,
         spec: str,
         *,
+        layout: str | None = None,
         anon: bool | None = None,
         storage_options: dict[str, Any] | None = None,
         reference_storage_options: dict[str, Any] | None = None,
@@ -299,8 +318,10 @@ class RemoteSource:
         max_reference_bytes: int = DEFAULT_MAX_BYTES,
         max_reference_files: int = DEFAULT_MAX_FILES,
     ) -> None:
-        self.spec = spec
-        self.parsed = parse_spec(spec)
+        base, options = split_spec(spec)
+        self.layout: LayoutChoice = choose_layout(spec, options.get("layout"), layout)
+        self.spec = with_layout(base, self.layout)
+        self.parsed = parse_spec(base)
         self.anon = anon
         self._input_opts = storage_options_for(self.parsed.protocol, anon=anon, role="input", extra=storage_options)
         self._ref_opts = storage_options_for(
@@ -315,6 +336,7 @@ class RemoteSource:
         self.max_reference_bytes = max_reference_bytes
         self.max_reference_files = max_reference_files
         self._manifests: dict[VariantKey, dict[str, Any] | None] = {}
+        self._layouts: dict[VariantKey, Layout] = {}
 
     def __repr__(self) -> str:
         return f"RemoteSource({self.spec!r})"
@@ -341,7 +363,14 @@ class RemoteSource:
         return f"{self.parsed.protocol}://{path}"
 
     def vroot(self, key: VariantKey) -> str:
-        return f"{self.parsed.root}/{key.relpath}"
+        """The variant folder's fsspec path; DataError when it is in no layout tried."""
+        return self._path_in(key, self.layout_of(key))
+
+    def _path_in(self, key: VariantKey, layout: Layout) -> str:
+        return f"{self.parsed.root}/{key.relpath_in(layout)}"
+
+    def location(self, key: VariantKey) -> str:
+        return self.url(self.vroot(key))
 
     # ------------------------------------------------------------------ layout
 
@@ -361,20 +390,56 @@ class RemoteSource:
     def _isfile(self, fs: Any, path: str) -> bool:
         return bool(self._call(f"checking {self.url(path)}", lambda: fs.isfile(path)))
 
-    def variant_exists(self, key: VariantKey) -> None:
-        root = self.vroot(key)
-        if self._isdir(self.fs, root):
-            return
-        parent = root.rsplit("/", 1)[0]
-        try:
-            names = sorted(
-                p.rstrip("/").rsplit("/", 1)[-1]
-                for p in self._call(f"listing {self.url(parent)}", lambda: self.fs.ls(parent, detail=False))
+    def layout_of(self, key: VariantKey) -> Layout:
+        if key not in self._layouts:
+            self._layouts[key] = resolve_layout(
+                key,
+                self.layout,
+                exists=lambda layout: self._isdir(self.fs, self._path_in(key, layout)),
+                location=lambda layout: self.url(self._path_in(key, layout)),
+                available=lambda layout: self._available(self._path_in(key, layout)),
             )
-            available = ", ".join(names) or "none"
+        return self._layouts[key]
+
+    def variant_exists(self, key: VariantKey) -> None:
+        """DataError naming the paths tried unless the variant folder exists."""
+        self.layout_of(key)
+
+    def _names(self, path: str) -> list[str]:
+        """The folder names in path; FileNotFoundError when it is not there."""
+        entries = self._call(f"listing {self.url(path)}", lambda: self.fs.ls(path, detail=True))
+        if not entries and not self._isdir(self.fs, path):
+            raise FileNotFoundError(path)  # some file systems list a missing prefix as empty
+        own = path.strip("/")
+        names = set()
+        for e in entries:
+            name = str(e.get("name", "")).strip("/")
+            if e.get("type") == "directory" and name and name != own:
+                names.add(name.rsplit("/", 1)[-1])
+        return sorted(names)
+
+    def _available(self, variant_path: str) -> tuple[int, str]:
+        task_path = variant_path.rsplit("/", 1)[0]
+        domain_path = task_path.rsplit("/", 1)[0]
+        try:
+            return 2, ", ".join(self._names(task_path)) or "none"
         except (FileNotFoundError, DataError):
-            available = f"no folder {self.url(parent)}"
-        raise DataError(f"variant folder {self.url(root)} not found (available: {available})")
+            pass
+        try:
+            tasks = self._names(domain_path)
+        except (FileNotFoundError, DataError):
+            return 0, f"no folder {self.url(domain_path)}"
+        return 1, f"no task folder {self.url(task_path)}; tasks there: {', '.join(tasks) or 'none'}"
+
+    def variants(self) -> list[VariantKey]:
+        def subdirs(rel: str) -> list[str]:
+            path = f"{self.parsed.root}/{rel}" if rel else self.parsed.root
+            try:
+                return self._names(path)
+            except FileNotFoundError:
+                return []
+
+        return list_variants(self.layout, subdirs)
 
     def manifest(self, key: VariantKey) -> dict[str, Any] | None:
         if key not in self._manifests:
@@ -496,8 +561,6 @@ class RemoteSource:
     # ------------------------------------------------------------------ input
 
     def stage_input(self, key: VariantKey, dest: Path) -> TreeHash:
-        from ale.data.sources import check_against_manifest, prepare_dest
-
         self.variant_exists(key)
         inputs = self.list_part(key, "input")
         if not inputs and not self._isdir(self.fs, f"{self.vroot(key)}/input"):
@@ -556,13 +619,6 @@ class RemoteSource:
         return ReferenceCommitment("tree", tree["digest"], tree["count"])
 
     def stage_reference(self, key: VariantKey, dest: Path, commitment: ReferenceCommitment | None) -> None:
-        from ale.data.sources import (
-            check_commitment,
-            finish_reference_dir,
-            prepare_dest,
-            stage_archive_file,
-        )
-
         dest = Path(dest)
         try:
             self.variant_exists(key)
@@ -589,6 +645,7 @@ class RemoteSource:
                 dest,
                 commitment,
                 secret_store=self.secret_store,
+                origin=self.url(archive.path),
                 max_bytes=self.max_reference_bytes,
                 max_files=self.max_reference_files,
             )
@@ -633,41 +690,3 @@ def _check_listing(files: list[RemoteFile], manifest: dict[str, Any], part: str,
                 f"{where}: {f.rel} is {f.size} bytes remotely but manifest.json says {entry['size']}"
             )
 
-
-def prefetch(
-    spec: str,
-    keys: list[VariantKey],
-    *,
-    base_dir: Path | None = None,
-    reference: bool = False,
-    anon: bool | None = None,
-    progress: bool | None = None,
-    say: Callable[[str], None] = print,
-) -> int:
-    """Warm the cache for `keys` (for `ale data pull`); returns the bytes fetched or found.
-
-    A local source needs no cache: its variants are only checked to exist.
-    """
-    from ale.data.sources import LocalSource, open_source
-
-    source = open_source(spec, base_dir=base_dir, anon=anon)
-    total = 0
-    for key in keys:
-        if isinstance(source, LocalSource):
-            vdir = source.variant_dir(key)
-            if not (vdir / "input").is_dir():
-                raise DataError(f"input folder {vdir / 'input'} not found")
-            say(f"{key.relpath}: local, nothing to fetch")
-            continue
-        if isinstance(source, RemoteSource):
-            source.progress = progress
-            n = source.prefetch_variant(key, reference=reference)
-            total += n
-            say(f"{key.relpath}: {n} bytes in the cache")
-            continue
-        pre = getattr(source, "prefetch_variant", None)
-        if pre is None:
-            raise DataError(f"{spec}: this source cannot be prefetched")
-        total += pre(key)
-        say(f"{key.relpath}: ready")
-    return total

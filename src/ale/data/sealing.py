@@ -3,9 +3,11 @@
 The password is random (>= 128 bits), held only in the grader's secret store (a
 JSON file outside any data root, mode 0600) and keyed by the archive's sha256, so
 the archive itself can travel anywhere (a bucket, an image layer) and stays useless
-without the store. Decryption happens on the trusted side only, after the archive's
-digest matched its commitment, with limits on total size and file count and no
-entry that could land outside its folder.
+without the store. Archives sealed by ALE itself come with one password for the
+evaluator, ``ALE_REFERENCE_ARCHIVE_PASSWORD``: it serves an archive the store has
+no entry for (see `archive_password`). Decryption happens on the trusted side
+only, after the archive's digest matched its commitment, with limits on total size
+and file count and no entry that could land outside its folder.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import secrets
 import shutil
 import stat
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -31,6 +33,8 @@ from ale.paths import config_dir
 
 ARCHIVE_NAME = "reference.7z"
 MANIFEST_NAME = "manifest.json"
+# The password ALE gives its evaluator for its own sealed references.
+ENV_ARCHIVE_PASSWORD = "ALE_REFERENCE_ARCHIVE_PASSWORD"
 DEFAULT_MAX_BYTES = 8 * 1024**3
 DEFAULT_MAX_FILES = 100_000
 # Compression presets, fastest first. zstd (level 3) packs and unpacks at several
@@ -87,14 +91,23 @@ class SecretStore:
             raise ReferenceError(f"grader secret store {self.path} has no 'archives' object")
         return data
 
-    def get(self, archive_sha256: str) -> str:
+    def find(self, archive_sha256: str) -> str | None:
+        """The archive's password, or None when the store (or its file) has none.
+
+        Raises ReferenceError when the store is readable by others or unreadable."""
         entry = self._load()["archives"].get(archive_sha256)
         if not entry or not isinstance(entry.get("password"), str):
+            return None
+        return entry["password"]
+
+    def get(self, archive_sha256: str) -> str:
+        password = self.find(archive_sha256)
+        if password is None:
             raise ReferenceError(
                 f"no password for reference archive sha256:{archive_sha256} in the grader "
                 f"secret store {self.path} (sealed elsewhere? set ALE_GRADER_SECRETS)"
             )
-        return entry["password"]
+        return password
 
     def put(self, archive_sha256: str, password: str, *, variant: str) -> None:
         data = self._load()
@@ -122,6 +135,38 @@ class SecretStore:
             with os.fdopen(fd, "w") as f:
                 json.dump(data, f, indent=2, sort_keys=True)
             os.replace(tmp, self.path)
+
+
+@dataclass(frozen=True)
+class ArchivePassword:
+    password: str = field(repr=False)
+    origin: str  # where it came from, for messages and evidence: never the password
+
+
+def archive_password(archive_sha256: str, secret_store: Path | None, *, archive: str) -> ArchivePassword:
+    """The password for one archive, in this order of precedence:
+
+    1. the grader's secret store entry for the archive's sha256;
+    2. the environment variable ALE_REFERENCE_ARCHIVE_PASSWORD (ALE's own sealed
+       references), when set and not empty.
+
+    A store that exists but is readable by others or unreadable is an error, never
+    skipped. Raises ReferenceError naming `archive` (where it comes from), its digest,
+    the store and the variable when neither has a password. Whether the password is
+    right shows only when decrypting (extract_archive).
+    """
+    store = SecretStore(secret_store)
+    found = store.find(archive_sha256)
+    if found is not None:
+        return ArchivePassword(found, f"the grader secret store {store.path}")
+    env = os.environ.get(ENV_ARCHIVE_PASSWORD)
+    if env:
+        return ArchivePassword(env, f"the environment variable {ENV_ARCHIVE_PASSWORD}")
+    raise ReferenceError(
+        f"no password for reference archive {archive} (sha256:{archive_sha256}): the grader "
+        f"secret store {store.path} has no entry for it (sealed elsewhere? set ALE_GRADER_SECRETS) "
+        f"and {ENV_ARCHIVE_PASSWORD} is not set"
+    )
 
 
 # ----------------------------------------------------------------------------- manifest
@@ -269,7 +314,10 @@ def unseal_variant(
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_files: int = DEFAULT_MAX_FILES,
 ) -> Path:
-    """For authors: decrypt reference.7z back into variant_dir/reference/."""
+    """For authors: decrypt reference.7z back into variant_dir/reference/.
+
+    The password comes from the secret store, else ALE_REFERENCE_ARCHIVE_PASSWORD
+    (archive_password); a wrong one is a ReferenceError naming the archive."""
     variant_dir = Path(variant_dir)
     archive = variant_dir / ARCHIVE_NAME
     if not archive.is_file():
@@ -278,8 +326,11 @@ def unseal_variant(
     if ref.exists() and any(ref.iterdir()):
         raise DataError(f"{ref} already exists and is not empty; remove it to unseal")
     digest, _ = sha256_file(archive)
-    password = SecretStore(secret_store).get(digest)
-    extract_archive(archive, password, ref, expected_sha256=digest, max_bytes=max_bytes, max_files=max_files)
+    secret = archive_password(digest, secret_store, archive=str(archive))
+    try:
+        extract_archive(archive, secret.password, ref, expected_sha256=digest, max_bytes=max_bytes, max_files=max_files)
+    except ReferenceError as exc:
+        raise ReferenceError(f"{exc} (password from {secret.origin})") from exc
     return ref
 
 

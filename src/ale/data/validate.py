@@ -1,4 +1,5 @@
-"""`ale data validate ROOT`: what a task author should fix before publishing a data root."""
+"""`ale data validate ROOT`: what a task author should fix before publishing a data root
+(in either layout, see ale.data.roots)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from ale.data.base import VariantKey, check_layout
 from ale.data.hashing import sha256_file
+from ale.data.roots import candidates
 from ale.data.sealing import ARCHIVE_NAME, MANIFEST_NAME
 
 VARIANT_ENTRIES = {"input", "software", "reference", ARCHIVE_NAME, MANIFEST_NAME}
@@ -30,11 +33,21 @@ class Problem(BaseModel):
 def validate_root(
     root: Path,
     *,
+    layout: str = "auto",
     require_sealed: bool = False,
     huge_bytes: int = DEFAULT_HUGE_BYTES,
     check_manifests: bool = True,
 ) -> list[Problem]:
-    """Every problem in the data root `<root>/tasks/<domain>/<task>/<variant>/...`."""
+    """Every problem in a data root, in the layouts `layout` names (ale.data.roots).
+
+    "tasks" reads `<root>/tasks/<domain>/<task>/<variant>/...` only (other entries at
+    the root are stray); "ale" reads `<root>/<domain>/<task>/<variant>/...`; "auto"
+    reads both, a top-level `tasks/` being the tasks layout, and reports a variant
+    under both layouts as an error (sources refuse it). Hidden entries at the root
+    are never read and are reported as warnings. Raises DataError for an unknown
+    layout; every other finding is a Problem.
+    """
+    choice = check_layout(layout, f"data root {root}")
     root = Path(root)
     out: list[Problem] = []
 
@@ -48,14 +61,32 @@ def validate_root(
         err(root, "data root not found")
         return out
     tasks = root / "tasks"
-    if not tasks.is_dir() or tasks.is_symlink():
+    domains: list[Path] = []
+    if choice == "tasks" and (not tasks.is_dir() or tasks.is_symlink()):
         err(tasks, "missing tasks/ folder (layout: tasks/<domain>/<task>/<variant>/{input,software,reference})")
         return out
     for entry in sorted(root.iterdir()):
-        if entry.name != "tasks" and entry.name not in ROOT_EXTRAS:
+        name = entry.name
+        if name in ROOT_EXTRAS:
+            continue
+        if name == "tasks" and choice in ("auto", "tasks"):
+            if tasks.is_symlink() or not tasks.is_dir():
+                err(tasks, "the tasks/ folder is a symbolic link or a file")
+            else:
+                domains.extend(sorted(tasks.iterdir()))
+            continue
+        if choice == "tasks":
             warn(entry, "stray entry at the data root (only tasks/ is read)")
-    nvariants = 0
-    for domain in sorted(tasks.iterdir()):
+        elif name.startswith("."):
+            warn(entry, "hidden entry at the data root (never read)")
+        elif entry.is_dir() and not entry.is_symlink():
+            domains.append(entry)
+        elif entry.is_symlink():
+            err(entry, "symbolic link where a domain folder belongs")
+        else:
+            warn(entry, "stray entry at the data root (expected domain folders or tasks/)")
+    found: dict[VariantKey, Path] = {}
+    for domain in domains:
         if not _is_dir(domain, err, "domain"):
             continue
         task_dirs = sorted(domain.iterdir())
@@ -70,10 +101,20 @@ def validate_root(
             for variant in variants:
                 if not _is_dir(variant, err, "variant"):
                     continue
-                nvariants += 1
+                key = VariantKey(domain.name, task.name, variant.name)
+                if key in found:
+                    err(
+                        variant,
+                        f"variant {key.name} is under both layouts (also {found[key]}): sources refuse it; "
+                        "remove one or choose a layout",
+                    )
+                found[key] = variant
                 _check_variant(variant, require_sealed, huge_bytes, check_manifests, err, warn)
-    if nvariants == 0:
-        err(tasks, "no variants found")
+    if not found:
+        looked = " and ".join(
+            f"{root}/{'tasks/' if lay == 'tasks' else ''}<domain>/<task>/<variant>" for lay in candidates(choice)
+        )
+        err(root, f"no variants found (looked for {looked})")
     return out
 
 

@@ -288,10 +288,14 @@ async def stage_input(state: RunState) -> None:
     if spec is None:
         state.store.write_json(Evidence.INPUT_STAGED, {"source": None, "note": "task has no data source"})
         return
-    state.source = open_source(spec, base_dir=state.prep.task.path, docker_client=getattr(state.prep.provider, "client", None))
+    state.source = open_source(spec, base_dir=state.prep.task.path, image_store=state.prep.provider.image_store())
     tree = await asyncio.to_thread(state.source.stage_input, state.variant.data_key, state.input_host)
     _make_workspace_mount_point(state)
-    state.store.write_json(Evidence.INPUT_STAGED, {"source": spec, "key": state.variant.data_key.relpath, "tree": tree})
+    key = state.variant.data_key
+    state.store.write_json(
+        Evidence.INPUT_STAGED,
+        {"source": spec, "key": key.relpath, "layout": state.source.layout_of(key), "location": state.source.location(key), "tree": tree},
+    )
 
 
 def _make_workspace_mount_point(state: RunState) -> None:

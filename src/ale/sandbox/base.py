@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ale.data.base import ImageStore
 from ale.sandbox.policy import IsolationPolicy
 
 DEFAULT_OUTPUT_LIMIT = 1024 * 1024
@@ -204,6 +205,11 @@ class SandboxProvider(Protocol):
     def attach(self, name_or_id: str, policy: IsolationPolicy) -> Sandbox:
         """A handle on an existing sandbox (created by an operator or an earlier
         call), to inspect, probe or exec into it. Raises ``SandboxGone``."""
+        ...
+
+    def image_store(self) -> ImageStore | None:
+        """Where ``image:`` data sources (baked task images) are read from, or None
+        when this provider has no image store of its own."""
         ...
 
     def remove_managed(self, *, run_id: str | None = None, experiment: str | None = None) -> list[str]:

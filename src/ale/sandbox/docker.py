@@ -35,6 +35,7 @@ from ale.sandbox.base import (
     SandboxGone,
     SandboxSpec,
 )
+from ale.sandbox.docker_images import DockerImageStore
 from ale.sandbox.policy import IsolationPolicy
 
 EXEC_TAG_VAR = "ALE_EXEC_ID"
@@ -530,6 +531,9 @@ class DockerProvider:
         except docker.errors.DockerException as e:
             raise SandboxError(f"docker could not find {name_or_id!r}: {e}") from e
         return DockerSandbox(self.client, container, policy)
+
+    def image_store(self) -> DockerImageStore:
+        return DockerImageStore(self.client)
 
     def remove_managed(self, *, run_id: str | None = None, experiment: str | None = None) -> list[str]:
         try:
