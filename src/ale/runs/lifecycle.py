@@ -398,10 +398,10 @@ async def verify_running(state: RunState, phase: str, probe: ExecResult | None =
     assert state.sandbox is not None
     with state.cost("verify"):
         v = state.variant
-        r = probe or await state.sandbox.exec(probe_argv(v.input_dir, v.output_dir), user=state.plan.policy.user, timeout=60)
+        r = probe or await state.sandbox.exec(probe_argv(v.public_root, v.output_dir), user=state.plan.policy.user, timeout=60)
         raw = r.stdout.decode(errors="replace") + (f"\n#stderr\n{r.stderr.decode(errors='replace')}" if r.stderr else "")
         state.store.write_text(Evidence.probes(phase), raw)
-        checks = parse_probes(r.stdout.decode(errors="replace"), state.plan.policy, input_dir=v.input_dir, workspace_dir=v.output_dir)
+        checks = parse_probes(r.stdout.decode(errors="replace"), state.plan.policy, input_dir=v.public_root, workspace_dir=v.output_dir)
         state.add_checks(f"probes-{phase}", checks)
 
 
@@ -493,7 +493,7 @@ async def kill_agent_processes(state: RunState) -> ExecResult | None:
     """End the turn: kill every process the agent left, then (same exec) probe."""
     assert state.sandbox is not None
     v = state.variant
-    remaining, probe = await state.sandbox.kill_user_processes_then(probe_argv(v.input_dir, v.output_dir))
+    remaining, probe = await state.sandbox.kill_user_processes_then(probe_argv(v.public_root, v.output_dir))
     state.events.append("agent.processes_killed", remaining=remaining)
     return probe
 

@@ -173,6 +173,10 @@ def main() -> None:
     os.dup2(2, 1)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
+    for stream in (sys.stdout, sys.stderr):  # a grader that dies still leaves what it printed
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
     serve(sys.argv[1], Channel(inp, out))
 
 

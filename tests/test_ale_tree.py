@@ -1,0 +1,509 @@
+"""ALE's corpus shapes, on trees we write (tests/ale_tree.py): namespace trees,
+per-run task processes, the tree's environment, the public package, session
+parity, ALE's data layout, refusing what the provider cannot run."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from ale.plan import AgentSpec, RunPlan
+from ale.record.verify import verify_run_dir
+from ale.runs.lifecycle import PreflightError, execute_run
+from ale.sandbox.docker import DockerProvider
+from ale.sandbox.session import Interface
+from ale.status import RunStatus
+from ale.tasks.environment import resolve_environment
+from ale.tasks.errors import TaskError
+from ale.tasks.listing import list_tasks
+from ale.tasks.process import TaskCallFailed, TaskProcess, TaskProcessError, inspect_task_sync
+from tests.ale_tree import make_data, make_tree, write
+from tests.conftest import TOOLS_IMAGE, our_containers
+
+
+class FakeSession:
+    """An in-memory session: files by path, commands refused."""
+
+    def __init__(self, files: dict[str, str] | None = None):
+        self.files = dict(files or {})
+        self.interface = Interface(self)
+        self.made: list[str] = []
+
+    async def read_file(self, path: str, encoding: str = "utf-8") -> str:
+        if path not in self.files:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return self.files[path]
+
+    async def read_bytes(self, path: str) -> bytes:
+        return (await self.read_file(path)).encode()
+
+    async def write_file(self, path: str, content: str) -> None:
+        self.files[path] = content
+
+    async def write_bytes(self, path: str, content: bytes) -> None:
+        self.files[path] = content.decode()
+
+    async def file_exists(self, path: str) -> bool:
+        return path in self.files
+
+    async def make_dir(self, path: str) -> None:
+        self.made.append(path)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    return make_tree(tmp_path / "ale", data_root=make_data(tmp_path / "data"))
+
+
+def _alpha_files(info, answer: str) -> dict[str, str]:
+    m = info.variants[0].metadata
+    return {f"{m['remote_output_dir']}/answer.txt": answer, f"{m['reference_dir']}/expected.txt": "forty two\n"}
+
+
+# -- task processes (no Docker) ---------------------------------------------------
+def test_a_namespace_tree_loads_with_its_root_importable(tree: Path) -> None:
+    assert not (tree / "__init__.py").exists()
+    info = inspect_task_sync(tree / "lab" / "alpha")
+    (v,) = info.variants
+    assert v.task_dir == "/media/user/data/agenthle/lab/alpha/base"
+    assert v.input_dir == f"{v.task_dir}/input" and v.output_dir == f"{v.task_dir}/output"
+    assert v.public_root == v.task_dir and v.data_key.relpath == "tasks/lab/alpha/base"
+    assert info.functions == {"load", "start", "solve", "evaluate"}
+
+
+@pytest.mark.parametrize("order", [("alpha", "beta"), ("beta", "alpha")])
+def test_twin_score_outputs_modules_never_mix_in_any_order(tree: Path, order: tuple[str, str]) -> None:
+    async def go() -> dict[str, list[float]]:
+        out = {}
+        for name in order:
+            async with TaskProcess(tree / "lab" / name) as proc:
+                if name == "alpha":
+                    session = FakeSession(_alpha_files(proc.info, "Forty  TWO"))
+                else:
+                    session = FakeSession()
+                    session.run_command = _verdict("PASS")  # type: ignore[method-assign]
+                out[name] = await proc.call("evaluate", 0, session)
+        return out
+
+    assert asyncio.run(go()) == {"alpha": [1.0], "beta": [1.0]}
+
+
+def _verdict(text: str):
+    async def run_command(command: str, **kw):
+        assert command.startswith("python /tmp/agenthle_eval/beta/verify.py"), command
+        return {"stdout": text + "\n", "stderr": "", "return_code": 0 if text == "PASS" else 1}
+
+    return run_command
+
+
+def test_twin_modules_never_mix_under_concurrency(tree: Path) -> None:
+    async def one(name: str, answer: str) -> list[float]:
+        async with TaskProcess(tree / "lab" / name) as proc:
+            if name == "alpha":
+                return await proc.call("evaluate", 0, FakeSession(_alpha_files(proc.info, answer)))
+            session = FakeSession()
+            session.run_command = _verdict(answer)  # type: ignore[method-assign]
+            return await proc.call("evaluate", 0, session)
+
+    async def go():
+        return await asyncio.gather(*(one(n, a) for n, a in [("alpha", "forty two"), ("beta", "PASS"), ("alpha", "no"), ("beta", "FAIL")] * 2))
+
+    assert asyncio.run(go()) == [[1.0], [1.0], [0.0], [0.0]] * 2
+
+
+def test_a_lazy_tasks_import_inside_evaluate_sees_the_tree(tree: Path) -> None:
+    async def go():
+        async with TaskProcess(tree / "lab" / "beta") as proc:
+            session = FakeSession()
+            session.run_command = _verdict("PASS")  # type: ignore[method-assign]
+            scores = await proc.call("evaluate", 0, session)
+            return scores, session
+
+    scores, session = asyncio.run(go())
+    assert scores == [1.0]
+    assert session.made == ["/tmp/agenthle_eval/beta"]  # interface.create_dir reached the harness
+    assert "import sys" in session.files["/tmp/agenthle_eval/beta/verify.py"]
+
+
+def test_module_state_survives_from_start_to_evaluate(tmp_path: Path) -> None:
+    d = write(tmp_path / "t" / "main.py", '''
+        import cua_bench as cb
+        WINDOW = {}
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="x")]
+        @cb.setup_task
+        async def start(cfg, session):
+            WINDOW["pid"] = 4242
+        @cb.evaluate_task
+        async def evaluate(cfg, session):
+            return [1.0 if WINDOW.get("pid") == 4242 else 0.0]
+    ''').parent
+
+    async def go():
+        async with TaskProcess(d) as proc:
+            await proc.call("start", 0, FakeSession())
+            return await proc.call("evaluate", 0, FakeSession())
+
+    assert asyncio.run(go()) == [1.0]
+
+
+def test_a_cpu_bound_sync_grader_does_not_stall_another_run(tmp_path: Path) -> None:
+    slow = write(tmp_path / "slow" / "main.py", '''
+        import time
+        import cua_bench as cb
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="x")]
+        @cb.evaluate_task
+        def evaluate(cfg, session):
+            end = time.time() + 4
+            while time.time() < end:
+                pass
+            return [1.0]
+    ''').parent
+    fast = write(tmp_path / "fast" / "main.py", '''
+        import cua_bench as cb
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="x")]
+        @cb.evaluate_task
+        async def evaluate(cfg, session):
+            return [0.5]
+    ''').parent
+
+    async def go():
+        done: dict[str, float] = {}
+        t0 = time.monotonic()
+
+        async def run(d: Path, name: str) -> None:
+            async with TaskProcess(d) as proc:
+                await proc.call("evaluate", 0, FakeSession())
+            done[name] = time.monotonic() - t0
+
+        await asyncio.gather(run(slow, "slow"), run(fast, "fast"))
+        return done
+
+    done = asyncio.run(go())
+    assert done["fast"] < 2.0 < done["slow"], done
+
+
+def test_a_grader_timeout_kills_its_process(tmp_path: Path) -> None:
+    d = write(tmp_path / "t" / "main.py", '''
+        import cua_bench as cb
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="x")]
+        @cb.evaluate_task
+        def evaluate(cfg, session):
+            while True:
+                pass
+    ''').parent
+
+    async def go():
+        proc = TaskProcess(d)
+        await proc.start()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(TaskProcessError, match="did not finish within 1s"):
+                await proc.call("evaluate", 0, FakeSession(), timeout=1)
+            assert time.monotonic() - t0 < 5
+        finally:
+            await proc.close()
+        return proc.returncode
+
+    assert asyncio.run(go()) == -9
+
+
+def test_a_grader_that_exits_the_interpreter_ends_only_its_call(tmp_path: Path) -> None:
+    d = write(tmp_path / "t" / "main.py", '''
+        import os
+        import cua_bench as cb
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="x")]
+        @cb.evaluate_task
+        def evaluate(cfg, session):
+            print("about to exit")
+            os._exit(3)
+    ''').parent
+
+    async def go():
+        async with TaskProcess(d) as proc:
+            with pytest.raises(TaskProcessError, match=r"(?s)exited \(exit code 3\).*about to exit"):
+                await proc.call("evaluate", 0, FakeSession())
+
+    asyncio.run(go())
+
+
+def test_task_code_sees_the_ale_defaults_and_none_of_the_harness_env(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("REMOTE_ROOT_DIR", "/operator/root")
+    monkeypatch.setenv("REMOTE_OUTPUT_DIR", "elsewhere")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "harness-secret")
+    monkeypatch.setenv("ALE_SIGNING_KEY", "/root/key.pem")
+    monkeypatch.setenv("ALE_JUDGE_OPENAI_API_KEY", "judge-key")
+    d = write(tmp_path / "t" / "main.py", '''
+        import json, os
+        import cua_bench as cb
+        AT_IMPORT = {k: os.environ.get(k) for k in ("REMOTE_ROOT_DIR", "REMOTE_OUTPUT_DIR", "OS_TYPE")}
+        SEEN = {}
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="x", metadata={"at_import": AT_IMPORT})]
+        @cb.setup_task
+        async def start(cfg, session):
+            SEEN["start"] = sorted(os.environ)
+        @cb.evaluate_task
+        async def evaluate(cfg, session):
+            ok = os.environ.get("OPENAI_API_KEY") == "judge-key"
+            clean = not any("SECRET" in k or "SIGNING" in k or k.startswith("ALE_") for k in os.environ)
+            started_clean = "OPENAI_API_KEY" not in SEEN["start"]
+            return [float(ok), float(clean), float(started_clean)]
+    ''').parent
+    from ale.tasks.process import judge_env
+
+    async def go():
+        async with TaskProcess(d) as proc:
+            await proc.call("start", 0, FakeSession())
+            return proc.info, await proc.call("evaluate", 0, FakeSession(), env=judge_env())
+
+    info, scores = asyncio.run(go())
+    assert info.variants[0].metadata["at_import"] == {
+        "REMOTE_ROOT_DIR": "/media/user/data/agenthle", "REMOTE_OUTPUT_DIR": "output", "OS_TYPE": "linux"}
+    assert scores == [1.0, 1.0, 1.0]
+
+
+def test_session_errors_are_what_upstream_raises(tmp_path: Path) -> None:
+    d = write(tmp_path / "t" / "main.py", '''
+        import cua_bench as cb
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="x")]
+        @cb.evaluate_task
+        async def evaluate(cfg, session):
+            out = []
+            for kind in (RuntimeError, FileNotFoundError):
+                try:
+                    await session.read_file("/nope/missing.txt")
+                except kind as e:
+                    out.append(1.0 if "No such file or directory" in str(e) else 0.5)
+            return out
+    ''').parent
+
+    async def go():
+        async with TaskProcess(d) as proc:
+            return await proc.call("evaluate", 0, FakeSession())
+
+    assert asyncio.run(go()) == [1.0, 1.0]
+
+
+def test_a_task_whose_function_raises_reports_its_traceback(tmp_path: Path) -> None:
+    d = write(tmp_path / "t" / "main.py", '''
+        import cua_bench as cb
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="x")]
+        @cb.evaluate_task
+        async def evaluate(cfg, session):
+            raise ValueError("the reference is malformed")
+    ''').parent
+
+    async def go():
+        async with TaskProcess(d) as proc:
+            with pytest.raises(TaskCallFailed, match="ValueError: the reference is malformed") as e:
+                await proc.call("evaluate", 0, FakeSession())
+            assert "main.py" in e.value.traceback
+
+    asyncio.run(go())
+
+
+def test_a_missing_module_names_it_and_how_to_install_it(tmp_path: Path) -> None:
+    d = write(tmp_path / "t" / "main.py", "import not_a_real_module_xyz\n").parent
+    with pytest.raises(TaskError, match=r"No module named 'not_a_real_module_xyz'.*declare it in the tree's pyproject.toml"):
+        inspect_task_sync(d)
+
+
+# -- the tree's environment -------------------------------------------------------
+def _wheel(dest: Path, name: str, version: str, module: str) -> Path:
+    """A minimal pure-Python wheel, written by hand (no build backend, no network)."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    path = dest / f"{dist}-py3-none-any.whl"
+    files = {
+        f"{module}.py": f"VALUE = {version!r}\n",
+        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: ale-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    with zipfile.ZipFile(path, "w") as z:
+        for arc, text in files.items():
+            z.writestr(arc, text)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+            record.append(f"{arc},sha256={digest},{len(text.encode())}")
+        record.append(f"{dist}.dist-info/RECORD,,")
+        z.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
+    return path
+
+
+def test_the_trees_declared_dependencies_get_their_own_environment(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("ALE_CACHE_DIR", str(tmp_path / "cache"))
+    wheel = _wheel(tmp_path, "ale-tree-dep", "1.2.3", "ale_tree_dep")
+    tasks = tmp_path / "tree" / "tasks"
+    write(tasks / "pyproject.toml", f'''
+        [project]
+        name = "tree-deps"
+        version = "0"
+        requires-python = ">=3.99"
+        dependencies = ["ale-tree-dep @ {wheel.as_uri()}"]
+    ''')
+    d = write(tasks / "d" / "t" / "main.py", '''
+        import ale_tree_dep
+        import cua_bench as cb
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="x", metadata={"dep": ale_tree_dep.VALUE})]
+        @cb.evaluate_task
+        async def evaluate(cfg, session):
+            return [1.0]
+    ''').parent
+    with pytest.raises(TaskError, match="not built yet: run `ale task env"):
+        resolve_environment(d, build=False)
+    said: list[str] = []
+    env = resolve_environment(d, say=said.append)
+    assert env.python != sys.executable and Path(env.python).is_file()
+    assert env.description["requires_python_satisfied"] is False  # reported, not fatal
+    assert any("requires-python" in s for s in said)
+    assert inspect_task_sync(d).variants[0].metadata == {"dep": "1.2.3"}
+    again = resolve_environment(d)  # cached by content: a lookup
+    assert again.python == env.python
+    harness = subprocess.run([sys.executable, "-c", "import ale_tree_dep"], capture_output=True)
+    assert harness.returncode != 0  # never installed into the harness's own environment
+
+
+# -- listing and refusing -----------------------------------------------------------
+def test_task_list_reports_ok_unsupported_and_error(tree: Path) -> None:
+    write(tree / "lab" / "windows_task" / "main.py", "raise SystemExit('never imported')\n")
+    write(tree / "lab" / "windows_task" / "task_card.json", '{"vm": {"snapshot": "cpu-free"}}')
+    write(tree / "lab" / "broken" / "main.py", "def load(:\n")
+    rows = {Path(r.path).name: r for r in list_tasks(tree)}
+    assert rows["alpha"].status == "ok" and rows["alpha"].variants == 1
+    assert rows["windows_task"].status == "unsupported"
+    assert rows["windows_task"].reason == "needs a Windows VM (vm.snapshot=cpu-free): not supported by the docker provider"
+    assert rows["broken"].status == "error" and "syntax error at line 1" in (rows["broken"].reason or "")
+    assert "scripts" not in rows and "_shared" not in rows
+
+
+def test_task_list_json_from_the_cli(tree: Path) -> None:
+    p = subprocess.run([sys.executable, "-m", "ale.cli", "task", "list", str(tree), "--json"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert {r["status"] for r in rows} == {"ok"} and all({"path", "status", "reason", "variants"} <= set(r) for r in rows)
+
+
+def test_a_windows_task_is_refused_at_preflight(tmp_path: Path) -> None:
+    d = write(tmp_path / "d" / "win" / "main.py", "import cua_bench as cb\n").parent
+    write(d / "task_card.json", '{"vm": {"snapshot": "gpu-license", "machineType": "g2-standard-8"}}')
+    plan = RunPlan(run_id="win", task_dir=str(d), agent=AgentSpec(name="nop"), runs_dir=str(tmp_path / "runs"))
+    with pytest.raises(PreflightError, match=r"needs a Windows VM \(vm.snapshot=gpu-license\): not supported by the docker provider"):
+        asyncio.run(execute_run(plan))
+    assert not (tmp_path / "runs" / "win").exists()
+
+
+def test_machine_type_becomes_the_default_limits_capped_to_the_host(tree: Path) -> None:
+    import os
+
+    from ale.sandbox.policy import IsolationPolicy
+    from ale.tasks.card import load_card, policy_for_card
+
+    card = load_card(tree / "lab" / "alpha")
+    assert card.resources["cpus"] == 4.0 and card.resources["memory"] == int(15 * 1024**3)
+    policy, notes = policy_for_card(IsolationPolicy(), card)
+    assert policy.cpus == min(4.0, float(os.cpu_count() or 1))
+    assert (policy.cpus < 4.0) == any("capped to the host's" in n for n in notes)
+    explicit, _ = policy_for_card(IsolationPolicy(cpus=1.0), card)
+    assert explicit.cpus == 1.0  # the operator's own value wins
+
+
+# -- whole runs (Docker) --------------------------------------------------------------
+def _run(tree: Path, name: str, agent: AgentSpec, tmp_path: Path, docker_client, data: str | None = None):
+    plan = RunPlan(run_id=f"{name}-{agent.name}", task_dir=str(tree / "lab" / name), agent=agent, image=TOOLS_IMAGE,
+                   runs_dir=str(tmp_path / "runs"), data_source=data)
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+    assert our_containers(docker_client, **{"ale.run_id": plan.run_id}) == []
+    return plan, result
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("name", ["alpha", "beta"])
+def test_real_shaped_ale_tasks_score_one_with_the_oracle_and_zero_with_nop(tree, name, tmp_path, docker_client) -> None:
+    plan, oracle = _run(tree, name, AgentSpec(name="oracle"), tmp_path, docker_client)
+    assert oracle.status is RunStatus.SCORED and oracle.scores == [1.0], (oracle.error, oracle.violations)
+    assert verify_run_dir(plan.run_dir).valid
+    _, nop = _run(tree, name, AgentSpec(name="nop"), tmp_path, docker_client)
+    assert nop.status is RunStatus.SCORED and nop.scores == [0.0], (nop.error, nop.violations)
+    mounts = json.loads((plan.run_dir / "evidence" / "mounts.json").read_text())
+    task_dir = f"/media/user/data/agenthle/lab/{name}/base"
+    assert [(m["target"], m["read_only"]) for m in mounts] == [(task_dir, True), (f"{task_dir}/output", False)]
+    staged = json.loads((plan.run_dir / "evidence" / "input-staged.json").read_text())
+    assert staged["layout"] == "ale"
+    files = json.loads((plan.run_dir / "evidence" / "input-after-start.json").read_text())["files"]
+    assert all(not f.startswith("reference") for f in files)
+    if name == "alpha":
+        assert "software/bin/answer.sh" in files  # the software is part of the hashed public package
+
+
+@pytest.mark.docker
+def test_an_agent_uses_the_software_the_prompt_points_at(tree, tmp_path, docker_client) -> None:
+    script = tmp_path / "calls.json"
+    task_dir = "/media/user/data/agenthle/lab/alpha/base"
+    script.write_text(json.dumps([{"tool": "shell", "args": {"command": f"ls {task_dir}; {task_dir}/software/bin/answer.sh > {task_dir}/output/answer.txt"}}]))
+    plan, result = _run(tree, "alpha", AgentSpec(name="replay", config={"script": str(script)}), tmp_path, docker_client)
+    assert result.status is RunStatus.SCORED and result.scores == [1.0], (result.error, result.violations)
+    steps = json.loads((plan.run_dir / "trajectory.json").read_text())["steps"]
+    listing = steps[0]["stdout"]
+    assert "software" in listing and "reference" not in listing
+
+
+@pytest.mark.docker
+def test_a_grader_that_kills_its_interpreter_is_grading_failed(tmp_path, docker_client) -> None:
+    d = write(tmp_path / "tasks" / "d" / "crash" / "main.py", '''
+        import os
+        import cua_bench as cb
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="do nothing")]
+        @cb.evaluate_task
+        def evaluate(cfg, session):
+            os._exit(3)
+    ''').parent
+    plan = RunPlan(run_id="crash", task_dir=str(d), agent=AgentSpec(name="nop"), image=TOOLS_IMAGE, runs_dir=str(tmp_path / "runs"))
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+    assert result.status is RunStatus.GRADING_FAILED and "exit code 3" in (result.error or "")
+    assert verify_run_dir(plan.run_dir).valid
+
+
+@pytest.mark.docker
+def test_an_ale_sealed_reference_archive_opens_with_the_ale_password(tree, tmp_path, docker_client, monkeypatch) -> None:
+    import py7zr
+
+    data = tmp_path / "data"
+    ref = data / "lab" / "beta" / "base" / "reference"
+    with py7zr.SevenZipFile(ref.parent / "reference.7z", "w", password="ale-evaluator-secret", header_encryption=True) as z:
+        z.write(ref / "expected.txt", "expected.txt")
+    for f in ref.iterdir():
+        f.unlink()
+    ref.rmdir()
+    monkeypatch.setenv("ALE_REFERENCE_ARCHIVE_PASSWORD", "ale-evaluator-secret")
+    monkeypatch.setenv("ALE_GRADER_SECRETS", str(tmp_path / "no-store.json"))
+    plan, result = _run(tree, "beta", AgentSpec(name="oracle"), tmp_path, docker_client)
+    assert result.status is RunStatus.SCORED and result.scores == [1.0], (result.error, result.violations)
+    commit = json.loads((plan.run_dir / "evidence" / "reference-commit.json").read_text())
+    assert commit["source"]["kind"] == "archive"
