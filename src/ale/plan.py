@@ -36,7 +36,7 @@ class Limits(BaseModel):
     workspace_max_bytes: int | None = Field(None, gt=0)
     deliverable_max_files: int = 10_000
     deliverable_max_bytes: int = 2 * 1024**3
-    grading_timeout_s: float = 1800.0
+    grading_timeout_s: float = 3600.0  # evaluate() as a whole, and any one command it runs
 
 
 class RunPlan(BaseModel):

@@ -588,7 +588,7 @@ async def grade(state: RunState) -> list[float]:
             software_dir=f"{v.public_root}/software" if state.software_host is not None else None,
             task_dir=v.task_dir,
         ),
-        command_timeout=plan.limits.command_timeout_s,
+        command_timeout=plan.limits.grading_timeout_s,  # ALE graders run commands for up to about an hour
     )
     try:
         process, timeout, env = state.prep.process, plan.limits.grading_timeout_s, judge_env()
