@@ -150,7 +150,7 @@ def test_renderings(report) -> None:
     for a in report.agents:
         n = a.statuses.get("invalid_evaluation_environment", 0)
         row = agents_table.split(f"<tr><td>{a.agent}</td>")[1].split("</tr>")[0]
-        assert row.endswith(f">{n}</td>"), row
+        assert row.endswith(f">{n}</td><td class='num'>{a.flagged}</td>"), row
     assert sum(a.statuses.get("invalid_evaluation_environment", 0) for a in report.agents) == 5
 
 

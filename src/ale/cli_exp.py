@@ -163,20 +163,27 @@ def report_command(
         err.print(f"wrote {html}")
     if not (as_json or as_csv or html):
         table = Table(title=f"{report.experiment or exp_dir}: {report.total_runs} runs")
-        for col in ("agent", "mean", "95% CI", f"pass ≥ {report.pass_threshold:g}", "tasks", "counted/runs", "invalid"):
+        for col in ("agent", "mean", "95% CI", "valid-only mean", f"pass ≥ {report.pass_threshold:g}", "tasks",
+                    "counted/runs", "invalid", "flagged"):
             table.add_column(col)
         for a in report.agents:
             ci = "-" if a.ci_low is None else f"[{a.ci_low:.3f}, {a.ci_high:.3f}]"
             table.add_row(a.agent, "-" if a.mean is None else f"{a.mean:.3f}", ci,
+                          "-" if a.valid_mean is None else f"{a.valid_mean:.3f}",
                           "-" if a.pass_rate is None else f"{a.pass_rate:.3f}", str(a.items), f"{a.counted}/{a.runs}",
-                          str(a.statuses.get("invalid_evaluation_environment", 0)))
+                          str(a.statuses.get("invalid_evaluation_environment", 0)), str(a.flagged))
         console = Console()
         console.print(table)
         console.print("by status: " + ", ".join(f"{k} {v}" for k, v in report.counts_by_status.items() if v))
         console.print("tiers: " + ", ".join(f"{k} {len(v)}" for k, v in report.tiers.items()))
-        if report.invalid_runs:
-            console.print(f"[red]{len(report.invalid_runs)} invalid run(s)[/] (never scored): "
-                          + ", ".join(r.run_id for r in report.invalid_runs[:10]))
+        if report.flagged_runs:
+            console.print(f"[red]{len(report.flagged_runs)} run(s) invalid after the agent started[/] "
+                          "(counted as 0 in the headline; review them): " + ", ".join(r.run_id for r in report.flagged_runs[:10]))
+        others = [r for r in report.invalid_runs if r not in report.flagged_runs]
+        if others:
+            console.print(f"[red]{len(others)} invalid run(s)[/] charged to the harness or the controller (excluded): "
+                          + ", ".join(r.run_id for r in others[:10]))
+        console.print(report.counting_policy, markup=False, highlight=False)
 
 
 def cleanup_command() -> None:

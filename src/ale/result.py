@@ -8,7 +8,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ale.status import RunStatus, counts_toward_score
+from ale.status import (
+    InvalidAttribution,
+    RunStatus,
+    counts_toward_score,
+    headline_score,
+    is_retryable,
+)
 
 
 class Phase(StrEnum):
@@ -46,6 +52,8 @@ class RunResult(BaseModel):
     score: float | None = None
     error: str | None = None
     violations: list[str] = Field(default_factory=list)
+    # For invalid runs: who the run is charged to (status.InvalidAttribution).
+    invalid_attribution: InvalidAttribution | None = None
     phases: list[PhaseTiming] = Field(default_factory=list)
     started_at: datetime
     ended_at: datetime
@@ -57,6 +65,14 @@ class RunResult(BaseModel):
     @property
     def counts(self) -> bool:
         return counts_toward_score(self.status, self.score)
+
+    @property
+    def headline(self) -> float | None:
+        return headline_score(self.status, self.score, self.invalid_attribution)
+
+    @property
+    def retryable(self) -> bool:
+        return is_retryable(self.status, self.invalid_attribution, allowed=self.extra.get("retryable", True))
 
 
 def write_schema(path: str) -> None:

@@ -18,15 +18,54 @@ class RunStatus(StrEnum):
         """Statuses whose scores may enter an aggregate (when a score exists)."""
         return self in (RunStatus.SCORED, RunStatus.AGENT_FAILED, RunStatus.TIMEOUT)
 
-    @property
-    def retryable(self) -> bool:
-        return self is RunStatus.INFRASTRUCTURE_ERROR
+
+
+class InvalidAttribution(StrEnum):
+    """Who an ``invalid_evaluation_environment`` run is charged to.
+
+    - ``before_agent``: the harness could not prove the seal before the candidate
+      started. The candidate did nothing: excluded from every mean, retried.
+    - ``after_agent_start``: a violation found after the candidate started, possibly
+      the candidate's doing. Never retried; counts as a failure (0) in the agent's
+      headline mean, pass rate and pass@k, and is flagged for review.
+    - ``controller_configuration``: the controller offered the model a forbidden
+      tool in its first request: a configuration to fix. Excluded, never retried.
+    """
+
+    BEFORE_AGENT = "before_agent"
+    AFTER_AGENT_START = "after_agent_start"
+    CONTROLLER_CONFIGURATION = "controller_configuration"
 
 
 def counts_toward_score(status: RunStatus | str, score: float | None) -> bool:
-    """The one rule every aggregate, report and tier uses to admit a run.
+    """The rule for a *valid* score: valid-only means and difficulty tiers.
 
-    Invalid runs, grading failures and infrastructure errors never count; a run
-    without a score never counts.
+    Invalid runs, grading failures and infrastructure errors never count here; a
+    run without a score never counts.
     """
     return RunStatus(status).carries_score and score is not None
+
+
+def headline_score(
+    status: RunStatus | str, score: float | None, attribution: InvalidAttribution | str | None
+) -> float | None:
+    """The run's score in an agent's headline numbers (mean, pass rate, pass@k), or
+    None when it is left out: a valid score as it is, an invalid run charged to the
+    candidate (``after_agent_start``) as 0, anything else left out."""
+    if counts_toward_score(status, score):
+        return score
+    if RunStatus(status) is RunStatus.INVALID_EVALUATION_ENVIRONMENT and attribution == InvalidAttribution.AFTER_AGENT_START:
+        return 0.0
+    return None
+
+
+def is_retryable(status: RunStatus | str, attribution: InvalidAttribution | str | None, *, allowed: bool = True) -> bool:
+    """Only what the harness can attribute to itself earns another attempt: an
+    infrastructure error, or a seal it could not prove before the candidate
+    started. ``allowed=False`` (e.g. a malformed task) overrides."""
+    st = RunStatus(status)
+    if not allowed:
+        return False
+    if st is RunStatus.INFRASTRUCTURE_ERROR:
+        return True
+    return st is RunStatus.INVALID_EVALUATION_ENVIRONMENT and attribution == InvalidAttribution.BEFORE_AGENT

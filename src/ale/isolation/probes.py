@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ale.isolation.checks import Check
-from ale.sandbox.base import SandboxError
+from ale.sandbox.base import ExecResult, SandboxError
 from ale.sandbox.policy import IsolationPolicy
 
 MARK = "=== ale-probe:"
@@ -206,8 +206,17 @@ def parse_probes(
     input_dir: str,
     workspace_dir: str,
     tmpfs_paths: tuple[str, ...] | None = None,
+    phase: str = "before",
 ) -> list[Check]:
-    """Judge the probe output against the policy; a missing section is unknown."""
+    """Judge the probe output against the policy; a missing section is unknown.
+
+    ``phase`` "after" (the candidate has worked): the write tests of the workspace
+    and the tmpfs are not judged, because the candidate may legitimately make them
+    fail (chmod its own workspace, fill its /tmp); that those mounts are writable is
+    read from the kernel's mount table instead (``probe.writable_mounts``). The
+    checks that the root and the public package refuse writes stay: nothing the
+    candidate may do can make them pass wrongly or fail.
+    """
     s = split_sections(raw)
     tmpfs = tuple(t.path for t in policy.tmpfs) if tmpfs_paths is None else tmpfs_paths
     checks: list[Check] = []
@@ -217,6 +226,12 @@ def parse_probes(
                   "probe output lacks its end marker (cut short or failed)"))
     else:
         add(Check("probe.complete", True, "end marker", sorted(s)))
+    if "exit" in s:  # recorded by judge_probes (older evidence has no such section)
+        line = " ".join(s["exit"]).split()
+        fields = dict(item.split("=", 1) for item in line if "=" in item)
+        ok = fields.get("exit_code") == "0" and fields.get("timed_out") == "False"
+        add(Check("probe.exec", ok, {"exit_code": "0", "timed_out": "False"}, fields,
+                  "" if ok else f"the probe script itself failed: {fields}"))
 
     def status(name: str = "status") -> dict[str, str]:
         out = {}
@@ -442,36 +457,48 @@ def parse_probes(
 
     add(_check("probe.write_root_fails", "fail", root_paths))
     add(_check("probe.write_input_fails", "fail", must((input_dir,), "fail")))
-    add(_check("probe.write_workspace_ok", "ok", must((workspace_dir,), "ok")))
-    add(_check("probe.write_tmp_ok", "ok", must(tmpfs, "ok")))
+    if phase != "after":
+        add(_check("probe.write_workspace_ok", "ok", must((workspace_dir,), "ok")))
+        add(_check("probe.write_tmp_ok", "ok", must(tmpfs, "ok")))
     return checks
 
 
-async def run_probes(
-    sandbox: Any, policy: IsolationPolicy, *, input_dir: str, workspace_dir: str
+def probe_command(policy: IsolationPolicy, *, input_dir: str, workspace_dir: str) -> list[str]:
+    """The probe exec for this policy (its tmpfs paths are write-tested too)."""
+    return probe_argv(input_dir, workspace_dir, tmpfs_paths=tuple(t.path for t in policy.tmpfs))
+
+
+def judge_probes(
+    res: ExecResult | None, policy: IsolationPolicy, *, input_dir: str, workspace_dir: str, phase: str
 ) -> tuple[str, list[Check]]:
-    """Run the probe script as the candidate user; return raw output and checks."""
-    tmpfs = tuple(t.path for t in policy.tmpfs)
-    try:
-        res = await sandbox.exec(
-            probe_argv(input_dir, workspace_dir, tmpfs_paths=tmpfs), user=policy.user, timeout=30
-        )
-    except SandboxError as e:
-        return "", [Check("probe.exec", None, 0, None, f"cannot run the probes: {e}")]
+    """The evidence text and the checks of one probe exec (None: it did not run).
+
+    The text keeps everything a later re-parse needs to reach the same verdict:
+    the script's output, its stderr, its exit status and the harness's own
+    namespaces (which the sandbox's must differ from).
+    """
+    if res is None:
+        return "", [Check("probe.exec", None, 0, None, "the probes did not run (the end-of-turn kill could not report)")]
     raw = res.stdout.decode("utf-8", errors="replace")
     err = res.stderr.decode("utf-8", errors="replace")
     if err:
         raw += f"{MARK}stderr ===\n{err}"
-    # Kept in the raw output so a later re-parse of the evidence alone gives the same verdict.
+    raw += f"{MARK}exit ===\nexit_code={res.exit_code} timed_out={res.timed_out}\n"
     raw += f"{MARK}host_ns ===\n" + "".join(f"{k} {v}\n" for k, v in host_namespaces().items())
-    checks = [
-        Check("probe.exec", res.exit_code == 0 and not res.timed_out, 0,
-              {"exit_code": res.exit_code, "timed_out": res.timed_out},
-              "" if res.exit_code == 0 else f"probe script exited {res.exit_code}")
-    ]
-    checks += parse_probes(raw, policy, input_dir=input_dir, workspace_dir=workspace_dir,
-                           tmpfs_paths=tmpfs)
-    return raw, checks
+    return raw, parse_probes(raw, policy, input_dir=input_dir, workspace_dir=workspace_dir, phase=phase)
+
+
+async def run_probes(
+    sandbox: Any, policy: IsolationPolicy, *, input_dir: str, workspace_dir: str, phase: str = "running"
+) -> tuple[str, list[Check]]:
+    """Run the probe script as the candidate user (the harness's own exec, never the
+    agent's tools); return the evidence text and the checks."""
+    try:
+        res = await sandbox.exec(probe_command(policy, input_dir=input_dir, workspace_dir=workspace_dir),
+                                 user=policy.user, timeout=30)
+    except SandboxError as e:
+        return "", [Check("probe.exec", None, 0, None, f"cannot run the probes: {e}")]
+    return judge_probes(res, policy, input_dir=input_dir, workspace_dir=workspace_dir, phase=phase)
 
 
 # -- the workspace at start --------------------------------------------------------

@@ -517,10 +517,10 @@ class _Verifier:
                 self.check("isolation.mounts", False, "an input and a workspace mount", [m.target for m in mounts],
                            "evidence/mounts.json lacks the input or the workspace mount")
                 break
-            # The stored probe file keeps stderr after a marker line; the checks read stdout.
+            # Older probe files keep stderr after a "#stderr" line; newer ones as a section.
             stdout = raw.split("\n#stderr\n", 1)[0]
             self._add_isolation(f"probes-{phase}", parse_probes(
-                stdout, policy, input_dir=input_dir, workspace_dir=workspace_dir), failures)
+                stdout, policy, input_dir=input_dir, workspace_dir=workspace_dir, phase=phase), failures)
 
     def verify_input_and_workspace(self) -> None:
         trees = {}

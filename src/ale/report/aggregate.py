@@ -6,10 +6,16 @@ Definitions (docs/experiments.md repeats them for readers of a report):
 - Only the **final attempt** of each unit (task, variant, agent, repeat) enters
   a report; earlier attempts (infrastructure errors that were retried) are counted
   in ``attempts`` only.
-- A run is **admitted** to any number only if ``ale.status.counts_toward_score``
-  says so: invalid runs, grading failures, infrastructure errors and runs without
-  a score appear in the counts and in ``invalid_runs``/``runs``, never in a mean,
-  an interval, a pass rate, pass@k or a tier.
+- **Headline** numbers (an agent's mean, interval, pass rate, pass@k) admit a run
+  by ``ale.status.headline_score``: a valid score as it is, and a run found
+  invalid *after the agent started* (``invalid_attribution`` ``after_agent_start``:
+  possibly the candidate's doing) as **0**, flagged for review in
+  ``flagged_runs``. Invalid runs charged to the harness (``before_agent``) or to the
+  controller's configuration, grading failures, infrastructure errors and runs
+  without a score are left out.
+- **Valid-only** numbers (``valid_mean`` beside the headline, and the difficulty
+  tiers) admit a run only if ``ale.status.counts_toward_score`` says so: no
+  invalid run of any kind.
 - An **item** is one task variant, named ``<task>@v<variant>``.
 - An agent's **item score** is the mean of its admitted runs on that item (over
   repeats). Its **mean** is the mean of its item scores (each item weighs the
@@ -45,9 +51,16 @@ from ale import layout
 from ale.result import RunResult
 from ale.runs.experiment import ReportSpec, TierSpec
 from ale.runs.store import UnitInfo, iter_results, read_units, unit_of
-from ale.status import RunStatus, counts_toward_score
+from ale.status import InvalidAttribution, RunStatus, counts_toward_score, headline_score
 
 TIERS = ("near-term", "full-spectrum", "last-exam")
+COUNTING_POLICY = (
+    "Headline means, pass rates and pass@k count every run an agent started: a run found invalid after "
+    "the agent started (possibly the candidate's doing) counts as 0 and is flagged for review. Runs invalid "
+    "before the agent started (the harness could not prove the seal; retried) or because of the controller's "
+    "configuration, grading failures and infrastructure errors are left out. The valid-only mean and the "
+    "difficulty tiers use valid runs alone."
+)
 UNCLASSIFIED = "unclassified"
 
 
@@ -63,7 +76,9 @@ class RunRow(BaseModel):
     attempt: int
     status: RunStatus
     score: float | None
-    counted: bool
+    counted: bool  # a valid score (valid-only numbers, tiers)
+    headline: float | None = None  # the run's value in the headline numbers (None: left out)
+    attribution: InvalidAttribution | None = None
     error: str | None = None
     path: str | None = None  # the run folder, relative to the experiment folder
     trajectory: str | None = None  # trajectory.json, relative to the experiment folder
@@ -75,19 +90,22 @@ class AgentSummary(BaseModel):
     runs: int  # final attempts
     counted: int  # admitted runs
     items: int  # items with at least one admitted run
-    mean: float | None
+    mean: float | None  # headline: invalid runs after the agent started count as 0
     ci_low: float | None
     ci_high: float | None
     pass_rate: float | None
     pass_at_k: dict[int, float] = Field(default_factory=dict)
     statuses: dict[str, int] = Field(default_factory=dict)
+    valid_mean: float | None = None  # valid runs only
+    flagged: int = 0  # runs invalid after the agent started (counted as 0 above)
 
 
 class AgentItemScore(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    mean: float | None  # None: no admitted run
-    scores: list[float]  # admitted scores, by repeat
+    mean: float | None  # headline; None: no admitted run
+    scores: list[float]  # headline scores, by repeat
     runs: int  # final attempts, admitted or not
+    valid_mean: float | None = None  # valid runs only (what the tiers use)
 
 
 class ItemRow(BaseModel):
@@ -117,6 +135,8 @@ class Report(BaseModel):
     tiers: dict[str, list[str]]
     invalid_runs: list[RunRow]
     runs: list[RunRow]
+    flagged_runs: list[RunRow] = Field(default_factory=list)  # invalid after the agent started: review them
+    counting_policy: str = COUNTING_POLICY
 
 
 def item_name(task: str, variant: int) -> str:
@@ -191,6 +211,7 @@ def aggregate(
     rows: list[RunRow] = []
     for r, u in finals:
         counted = counts_toward_score(r.status, r.score)
+        attribution = r.invalid_attribution
         path = run_paths.get(r.run_id)
         trajectory = f"{path}/trajectory.json" if path else None
         rows.append(
@@ -206,6 +227,8 @@ def aggregate(
                 status=RunStatus(r.status),
                 score=r.score,
                 counted=counted,
+                headline=headline_score(r.status, r.score, attribution),
+                attribution=attribution,
                 error=r.error,
                 path=path,
                 trajectory=trajectory,
@@ -222,14 +245,17 @@ def aggregate(
         item_keys.setdefault(row.item, (row.task, row.variant))
     items_sorted = sorted(item_keys)
 
-    # (agent, item) -> admitted scores, and run counts
+    # (agent, item) -> headline scores, valid scores, and run counts
     scores: dict[tuple[str, str], list[float]] = defaultdict(list)
+    valid: dict[tuple[str, str], list[float]] = defaultdict(list)
     run_counts: dict[tuple[str, str], int] = defaultdict(int)
     for row in sorted(rows, key=lambda x: (x.agent, x.item, x.repeat)):
         run_counts[(row.agent, row.item)] += 1
+        if row.headline is not None:
+            scores[(row.agent, row.item)].append(row.headline)
         if row.counted:
             assert row.score is not None
-            scores[(row.agent, row.item)].append(row.score)
+            valid[(row.agent, row.item)].append(row.score)
 
     summaries: list[AgentSummary] = []
     for agent in agents:
@@ -248,6 +274,7 @@ def aggregate(
         statuses: dict[str, int] = defaultdict(int)
         for row in agent_rows:
             statuses[row.status.value] += 1
+        valid_means = [sum(v) / len(v) for item in items_sorted if (v := valid.get((agent, item)))]
         mean = ci_low = ci_high = pass_rate = None
         pak: dict[int, float] = {}
         if item_means:
@@ -271,6 +298,8 @@ def aggregate(
                 pass_rate=pass_rate,
                 pass_at_k=pak,
                 statuses=dict(statuses),
+                valid_mean=(sum(valid_means) / len(valid_means)) if valid_means else None,
+                flagged=sum(1 for row in agent_rows if _flagged(row)),
             )
         )
 
@@ -281,11 +310,14 @@ def aggregate(
         per_agent: dict[str, AgentItemScore] = {}
         for agent in agents:
             s = scores.get((agent, item), [])
+            v = valid.get((agent, item), [])
             n = run_counts.get((agent, item), 0)
             if n == 0:
                 continue
-            per_agent[agent] = AgentItemScore(mean=(sum(s) / len(s)) if s else None, scores=s, runs=n)
-        means = [a.mean for a in per_agent.values() if a.mean is not None]
+            per_agent[agent] = AgentItemScore(
+                mean=(sum(s) / len(s)) if s else None, scores=s, runs=n, valid_mean=(sum(v) / len(v)) if v else None
+            )
+        means = [a.valid_mean for a in per_agent.values() if a.valid_mean is not None]
         best = max(means) if means else None
         tier = tier_of(best, opts.tiers)
         tiers[tier].append(item)
@@ -306,7 +338,12 @@ def aggregate(
         tiers=tiers,
         invalid_runs=[row for row in rows if row.status is RunStatus.INVALID_EVALUATION_ENVIRONMENT],
         runs=rows,
+        flagged_runs=[row for row in rows if _flagged(row)],
     )
+
+
+def _flagged(row: RunRow) -> bool:
+    return row.status is RunStatus.INVALID_EVALUATION_ENVIRONMENT and row.attribution == InvalidAttribution.AFTER_AGENT_START
 
 
 def load_report(exp_dir: str | Path, options: ReportSpec | None = None) -> Report:

@@ -17,7 +17,7 @@ from ale.report.aggregate import TIERS, UNCLASSIFIED, Report
 
 CSV_FIELDS = (
     "run_id", "unit_id", "item", "task", "variant", "agent", "repeat", "attempt",
-    "status", "score", "counted", "error", "path",
+    "status", "score", "counted", "headline", "attribution", "error", "path",
 )
 
 _PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
@@ -100,6 +100,10 @@ def histogram_svg(report: Report, bins: int = 10) -> str:
         for j, a in enumerate(agents)
     )
     return "".join(parts) + f'<div class="legend">{legend}</div>'
+
+
+def _flagged_row(row: Any) -> bool:
+    return str(row.attribution) == "after_agent_start"
 
 
 def _invalid(agent: Any) -> int:
@@ -185,20 +189,23 @@ def to_html(report: Report, *, link_base: str = "") -> str:
 
     # agents
     max_k = max([max(a.pass_at_k) for a in report.agents if a.pass_at_k] + [0])
-    out.append("<h2>Agents</h2><table id='agents'><tr><th>agent</th><th>mean</th><th>95% CI</th>"
+    out.append(f"<h2>Agents</h2><p class='policy'>{escape(report.counting_policy)}</p>"
+               "<table id='agents'><tr><th>agent</th><th>mean</th><th>95% CI</th><th>valid-only mean</th>"
                f"<th>pass rate ≥ {report.pass_threshold:g}</th>"
                + "".join(f"<th>pass@{k}</th>" for k in range(1, max_k + 1))
-               + "<th>tasks scored</th><th>runs counted / final</th><th>invalid</th></tr>")
+               + "<th>tasks scored</th><th>runs counted / final</th><th>invalid</th><th>flagged (counted as 0)</th></tr>")
     for a in report.agents:
         ci = "–" if a.ci_low is None else f"[{_fmt(a.ci_low)}, {_fmt(a.ci_high)}]"
         out.append(
             f"<tr><td>{escape(a.agent)}</td><td class='num'>{_fmt(a.mean)}</td><td class='num'>{ci}</td>"
+            f"<td class='num'>{_fmt(a.valid_mean)}</td>"
             f"<td class='num'>{_fmt(a.pass_rate)}</td>"
             + "".join(f"<td class='num'>{_fmt(a.pass_at_k.get(k))}</td>" for k in range(1, max_k + 1))
             + f"<td class='num'>{a.items}</td><td class='num'>{a.counted} / {a.runs}</td>"
             # Shown per agent: an agent that breaks its sandbox's checks voids its runs
             # instead of scoring 0 on them, so its invalid rate belongs beside its mean.
-            + f"<td class='num{' bad' if _invalid(a) else ''}'>{_invalid(a)}</td></tr>"
+            + f"<td class='num{' bad' if _invalid(a) else ''}'>{_invalid(a)}</td>"
+            + f"<td class='num{' bad' if a.flagged else ''}'>{a.flagged}</td></tr>"
         )
     out.append("</table>")
 
@@ -244,13 +251,16 @@ def to_html(report: Report, *, link_base: str = "") -> str:
     out.append("</table></div>")
 
     # invalid
-    out.append(f"<h2>Invalid runs ({len(report.invalid_runs)})</h2>")
+    out.append(f"<h2>Invalid runs ({len(report.invalid_runs)}; flagged for review: {len(report.flagged_runs)})</h2>")
     if report.invalid_runs:
-        out.append("<table id='invalid'><tr><th>run</th><th>agent</th><th>task</th><th>reason</th></tr>")
+        out.append("<table id='invalid'><tr><th>run</th><th>agent</th><th>task</th><th>charged to</th><th>reason</th></tr>")
         for r in report.invalid_runs:
+            charged = {"after_agent_start": "the agent (counted as 0; review)", "before_agent": "the harness (excluded, retried)",
+                       "controller_configuration": "the controller's configuration (excluded)"}.get(str(r.attribution), "unattributed")
+            cls = " class='bad'" if _flagged_row(r) else ""
             out.append(
-                f"<tr><td>{link(r.path, r.run_id)}</td><td>{escape(r.agent)}</td><td>{escape(r.item)}</td>"
-                f"<td>{escape(r.error or '')}</td></tr>"
+                f"<tr{cls}><td>{link(r.path, r.run_id)}</td><td>{escape(r.agent)}</td><td>{escape(r.item)}</td>"
+                f"<td>{escape(charged)}</td><td>{escape(r.error or '')}</td></tr>"
             )
         out.append("</table>")
     else:

@@ -20,6 +20,7 @@ import os
 import platform
 import shutil
 import time
+import traceback
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -37,7 +38,13 @@ from ale.data.sources import open_source
 from ale.grading.deliverables import extract_deliverables
 from ale.grading.grader import Grader, GradingError, GradingInputs
 from ale.isolation.checks import Check, check_inspect, diff_captures, failures
-from ale.isolation.probes import parse_probes, probe_argv, workspace_empty_checks, workspace_listing
+from ale.isolation.probes import (
+    judge_probes,
+    probe_command,
+    run_probes,
+    workspace_empty_checks,
+    workspace_listing,
+)
 from ale.layout import Evidence
 from ale.plan import RunPlan
 from ale.record import evidence as ev
@@ -59,7 +66,7 @@ from ale.sandbox.providers import make_provider
 from ale.sandbox.scratch import mount_workspace_tmpfs, release_scratch
 from ale.sandbox.session import ContainerSession, Route, RoutedSession
 from ale.sandbox.tools import ToolBox
-from ale.status import RunStatus
+from ale.status import InvalidAttribution, RunStatus
 from ale.tasks.card import load_card
 from ale.tasks.environment import EnvironmentBuildError, TaskEnvironment, resolve_environment
 from ale.tasks.errors import TaskError
@@ -123,6 +130,7 @@ class RunState:
     inspect_before: dict | None = None  # the raw capture at create, diffed with the one after exit
     input_after_start: dict | None = None  # the input's tree hash once start() has run
     reference_commit: dict | None = None  # what was committed before the agent started
+    agent_started: bool = False  # from here on, a failure may be the candidate's doing
 
     @contextlib.contextmanager
     def cost(self, what: str) -> Iterator[None]:
@@ -392,16 +400,18 @@ async def run_task_setup(state: RunState) -> None:
     await state.prep.process.call("start", v.index, session, timeout=state.plan.limits.grading_timeout_s)
 
 
-async def verify_running(state: RunState, phase: str, probe: ExecResult | None = None) -> None:
-    """Probes inside the running container (the harness's own exec); `probe` is
-    their output when they already ran (after the end-of-turn kill)."""
+async def verify_running(state: RunState, phase: str, probe: ExecResult | None = None, *, ran: bool = False) -> None:
+    """Probes inside the running sandbox (the harness's own exec; the same code
+    ``verify-container`` and the real-container tests use). ``ran``: they already
+    ran, in the end-of-turn kill's exec, and ``probe`` is their result."""
     assert state.sandbox is not None
     with state.cost("verify"):
-        v = state.variant
-        r = probe or await state.sandbox.exec(probe_argv(v.public_root, v.output_dir), user=state.plan.policy.user, timeout=60)
-        raw = r.stdout.decode(errors="replace") + (f"\n#stderr\n{r.stderr.decode(errors='replace')}" if r.stderr else "")
+        v, policy = state.variant, state.plan.policy
+        if ran:
+            raw, checks = judge_probes(probe, policy, input_dir=v.public_root, workspace_dir=v.output_dir, phase=phase)
+        else:
+            raw, checks = await run_probes(state.sandbox, policy, input_dir=v.public_root, workspace_dir=v.output_dir, phase=phase)
         state.store.write_text(Evidence.probes(phase), raw)
-        checks = parse_probes(r.stdout.decode(errors="replace"), state.plan.policy, input_dir=v.public_root, workspace_dir=v.output_dir)
         state.add_checks(f"probes-{phase}", checks)
 
 
@@ -469,7 +479,6 @@ async def run_agent(state: RunState) -> None:
     except asyncio.CancelledError:
         raise
     except Exception as e:
-        import traceback
 
         state.agent_outcome = AgentOutcome(AgentEnd.FAILED, detail=f"{type(e).__name__}: {e}\n{traceback.format_exc()[-4000:]}")
     outcome = state.agent_outcome
@@ -493,7 +502,9 @@ async def kill_agent_processes(state: RunState) -> ExecResult | None:
     """End the turn: kill every process the agent left, then (same exec) probe."""
     assert state.sandbox is not None
     v = state.variant
-    remaining, probe = await state.sandbox.kill_user_processes_then(probe_argv(v.public_root, v.output_dir))
+    remaining, probe = await state.sandbox.kill_user_processes_then(
+        probe_command(state.plan.policy, input_dir=v.public_root, workspace_dir=v.output_dir)
+    )
     state.events.append("agent.processes_killed", remaining=remaining)
     return probe
 
@@ -603,21 +614,40 @@ async def grade(state: RunState) -> list[float]:
 
 # -- the run -------------------------------------------------------------------
 def _classify_failure(e: Exception, state: RunState) -> tuple[RunStatus, str, dict[str, Any]]:
-    """What a phase's exception means for the run: its status, error, extra record."""
-    import traceback
+    """What a phase's exception means for the run: its status, error, extra record.
 
+    Before the agent starts, provider and data failures are the infrastructure's
+    (retryable). Once it has started, nothing may become a retryable
+    infrastructure error but an engine that stopped answering: a failure to finish
+    the run's checks makes the run invalid (charged to the candidate), a data
+    source failing while the reference is staged is a grading failure.
+    """
     if isinstance(e, SealBroken):
         return RunStatus.INVALID_EVALUATION_ENVIRONMENT, "the sandbox was not proven sealed; see violations", {}
     if isinstance(e, GradingError):
         return RunStatus.GRADING_FAILED, str(e), ({"grading_traceback": e.traceback} if e.traceback else {})
+    if isinstance(e, TaskCallFailed):  # start() raised: the task could not be set up
+        return RunStatus.INFRASTRUCTURE_ERROR, f"start() raised {e}", {"traceback": e.traceback[-8000:], "retryable": False}
     if isinstance(e, DataError):
+        if state.agent_started:
+            return RunStatus.GRADING_FAILED, f"{type(e).__name__}: {e}", {}
         # A reference failing its digest, password or limits is grading_failed;
         # an unreachable or missing input is infrastructure_error (retryable).
         return RunStatus(e.status), f"{type(e).__name__}: {e}", {}
-    if isinstance(e, SandboxError | OSError):
-        return RunStatus.INFRASTRUCTURE_ERROR, f"{type(e).__name__}: {e}", {}
-    # The task's own start() raising lands here: the run could not be set up.
-    return RunStatus.INFRASTRUCTURE_ERROR, f"{type(e).__name__}: {e}", {"traceback": traceback.format_exc()[-8000:]}
+    detail = f"{type(e).__name__}: {e}"
+    if state.agent_started and not _engine_down(state):
+        state.violations.append(f"[after-agent] run.checks_completed: the run's checks could not be completed ({detail})")
+        return RunStatus.INVALID_EVALUATION_ENVIRONMENT, f"the seal could not be proven after the agent started: {detail}", {
+            "traceback": traceback.format_exc()[-8000:]}
+    return RunStatus.INFRASTRUCTURE_ERROR, detail, {"traceback": traceback.format_exc()[-8000:]}
+
+
+def _engine_down(state: RunState) -> bool:
+    try:
+        state.prep.provider.engine_record()
+    except SandboxError:
+        return True
+    return False
 
 
 def _status_after_agent(outcome: AgentOutcome | None) -> RunStatus:
@@ -668,10 +698,11 @@ async def execute_run(
         if state.violations:
             raise SealBroken()
         async with state.phase(Phase.AGENT):
+            state.agent_started = True
             await run_agent(state)
         async with state.phase(Phase.STOP):
             probe = await kill_agent_processes(state)
-            await verify_running(state, "after", probe)
+            await verify_running(state, "after", probe, ran=True)
             await stop_and_verify_exited(state)
         async with state.phase(Phase.DELIVERABLES):
             collect_deliverables(state)
@@ -691,8 +722,10 @@ async def execute_run(
         extra.update(more)
     finally:
         await _cleanup(state)
+    attribution = None
     if state.violations:
         status, scores = RunStatus.INVALID_EVALUATION_ENVIRONMENT, None
+        attribution = InvalidAttribution.AFTER_AGENT_START if state.agent_started else InvalidAttribution.BEFORE_AGENT
     if state.agent_outcome and state.agent_outcome.usage:
         extra["usage"] = state.agent_outcome.usage
     extra["costs"] = {k: round(v, 4) for k, v in state.costs.items()}
@@ -707,6 +740,7 @@ async def execute_run(
         score=(sum(scores) / len(scores)) if scores else None,
         error=error,
         violations=state.violations,
+        invalid_attribution=attribution,
         phases=state.phases,
         started_at=started,
         ended_at=_now(),

@@ -278,7 +278,7 @@ class Orchestrator:
                     result = task.result()
                     index.record(result, unit_info(st.unit), runs_root(self.output) / result.run_id)
                     status = RunStatus(result.status)
-                    retryable = status.retryable and result.extra.get("retryable", True)
+                    retryable = result.retryable
                     if retryable and attempt < self.exp.retry.max_attempts and not self.stopping:
                         st.next_attempt = attempt + 1
                         retried += 1
@@ -295,7 +295,7 @@ class Orchestrator:
                         d.add_done_callback(delayed.discard)
                         self.progress.update(
                             progress,
-                            f"{result.run_id}: infrastructure_error ({_short(result.error)}); "
+                            f"{result.run_id}: {status.value} ({_short(result.error)}); "
                             f"attempt {attempt + 1} in {delay:.1f}s",
                         )
                         continue
@@ -307,7 +307,7 @@ class Orchestrator:
                     progress.finished_this_session += 1
                     if result.run_id not in ramped:
                         ramped.add(result.run_id)
-                        grow(not status.retryable)
+                        grow(status is not RunStatus.INFRASTRUCTURE_ERROR)
                     score = "-" if result.score is None else f"{result.score:.3f}"
                     self.progress.update(progress, f"{result.run_id}: {status.value} score={score}")
                 for task in [t for t in done if t in delayed]:

@@ -21,7 +21,6 @@ from ale.runs.exp_record import unit_info
 from ale.runs.experiment import PlannedUnit, attempt_run_id
 from ale.runs.store import RunIndex, read_result, runs_root
 from ale.sandbox.scratch import release_scratch
-from ale.status import RunStatus
 
 Janitor = Callable[[str], list[str]]  # experiment name -> removed sandbox names
 
@@ -72,11 +71,7 @@ def resume_states(units: list[PlannedUnit], output: Path, index: RunIndex, max_a
             latest = result
             attempt += 1
         st.next_attempt = attempt
-        if latest is not None and (
-            not RunStatus(latest.status).retryable
-            or not latest.extra.get("retryable", True)
-            or latest.attempt >= max_attempts
-        ):
+        if latest is not None and (not latest.retryable or latest.attempt >= max_attempts):
             st.final = latest
         states.append(st)
     index.record_many(rows)
