@@ -99,7 +99,7 @@ def run(
     signing_key: KeyOpt = None,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Agent wall time in seconds (default: the task card's).")] = None,
     agent_config: Annotated[str | None, typer.Option("--agent-config", help="Agent configuration as JSON.")] = None,
-    workspace_max_bytes: Annotated[int | None, typer.Option("--workspace-max-bytes", min=1, help="Cap the workspace (a tmpfs of this size; root only).")] = None,
+    workspace_max_bytes: Annotated[int | None, typer.Option("--workspace-max-bytes", min=1, help="Cap the workspace in bytes (as root a tmpfs of this size; else the watchdog ends the turn there). Default: 20 GiB or half the free disk.")] = None,
 ) -> None:
     """Run one task variant with one agent; print the run folder last."""
     cfg = None

@@ -31,8 +31,9 @@ class Limits(BaseModel):
     wall_time_s: float | None = None  # None: the task card's timeout, else 1800
     max_steps: int | None = None
     command_timeout_s: float = 600.0
-    # None: the workspace is a plain host folder. A size (bytes): a tmpfs of that
-    # size, so an agent cannot fill the host's disk (root only).
+    # The workspace's byte limit. As root it is a tmpfs of this size (a hard cap);
+    # otherwise, and when None (the default limit: 20 GiB or half the free disk),
+    # a watchdog ends the agent's turn at the limit (ale.runs.watchdog).
     workspace_max_bytes: int | None = Field(None, gt=0)
     deliverable_max_files: int = 10_000
     deliverable_max_bytes: int = 2 * 1024**3

@@ -43,7 +43,6 @@ def canonical_json(obj: Any) -> bytes:
 
 
 def default_key_path() -> Path:
-
     return config_dir() / KEY_FILE_NAME
 
 

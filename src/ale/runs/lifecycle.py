@@ -50,6 +50,7 @@ from ale.plan import RunPlan
 from ale.record import evidence as ev
 from ale.record.signing import load_or_create_signing_key
 from ale.result import Phase, PhaseTiming, RunResult
+from ale.runs.watchdog import WorkspaceLimits, watch
 from ale.sandbox.base import (
     LABEL_EXPERIMENT,
     LABEL_ROLE,
@@ -253,11 +254,6 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
         agent = make_agent(plan.agent)
     except AgentConfigError as e:
         raise PreflightError(str(e)) from e
-    if plan.limits.workspace_max_bytes is not None and os.geteuid() != 0:
-        raise PreflightError(
-            f"limits.workspace_max_bytes={plan.limits.workspace_max_bytes} needs root (the workspace "
-            "becomes a size-capped tmpfs mount); run as root or leave it unset"
-        )
     data_spec = plan.data_source or task.card.data_source
     wall = plan.limits.wall_time_s or task.card.timeout_s or DEFAULT_WALL_TIME_S
     try:
@@ -279,7 +275,7 @@ def _make_dirs(state: RunState) -> None:
         state.input_host.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
     state.workspace_host.mkdir(mode=0o755)
     policy, cap = state.plan.policy, state.plan.limits.workspace_max_bytes
-    if cap is not None:
+    if cap is not None and os.geteuid() == 0:  # a hard cap; otherwise the watchdog's
         mount_workspace_tmpfs(state.workspace_host, max_bytes=cap, uid=policy.uid, gid=policy.gid)
     else:
         try:
@@ -291,7 +287,6 @@ def _make_dirs(state: RunState) -> None:
 
 
 async def stage_input(state: RunState) -> None:
-
     spec = state.prep.data_spec
     if spec is None:
         state.store.write_json(Evidence.INPUT_STAGED, {"source": None, "note": "task has no data source"})
@@ -446,7 +441,6 @@ async def commit_reference(state: RunState) -> None:
 
 
 async def run_agent(state: RunState) -> None:
-
     assert state.sandbox is not None
     plan, v = state.plan, state.variant
     agent = state.prep.agent
@@ -472,15 +466,30 @@ async def run_agent(state: RunState) -> None:
         max_steps=plan.limits.max_steps,
         oracle=_oracle(state) if plan.agent.name == "oracle" else None,
     )
+    limits = WorkspaceLimits.for_host(state.workspace_host, plan.limits.workspace_max_bytes)
+    state.events.append("workspace.watch", **limits.to_dict())
+    watchdog = asyncio.ensure_future(watch(state.workspace_host, limits))
+    turn = asyncio.ensure_future(asyncio.wait_for(agent.run(ctx), state.prep.wall_time_s))
     try:
-        state.agent_outcome = await asyncio.wait_for(agent.run(ctx), state.prep.wall_time_s)
+        await asyncio.wait({turn, watchdog}, return_when=asyncio.FIRST_COMPLETED)
+        if not turn.done():  # a workspace limit: the agent's turn ends here
+            turn.cancel()
+            with contextlib.suppress(BaseException):
+                await turn
+            reason = watchdog.result()
+            state.events.append("workspace.limit", reason=reason)
+            state.agent_outcome = AgentOutcome(AgentEnd.FAILED, detail=f"the agent's turn was ended: {reason}")
+        else:
+            state.agent_outcome = turn.result()
     except TimeoutError:
         state.agent_outcome = AgentOutcome(AgentEnd.TIMEOUT, detail=f"wall time of {state.prep.wall_time_s:.0f}s reached")
     except asyncio.CancelledError:
+        turn.cancel()
         raise
     except Exception as e:
-
         state.agent_outcome = AgentOutcome(AgentEnd.FAILED, detail=f"{type(e).__name__}: {e}\n{traceback.format_exc()[-4000:]}")
+    finally:
+        watchdog.cancel()
     outcome = state.agent_outcome
     assert outcome is not None
     state.events.append("agent.ended", end=outcome.end.value, detail=(outcome.detail or "")[:2000])
