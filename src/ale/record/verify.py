@@ -34,7 +34,7 @@ from ale.redaction import unredacted_secrets
 from ale.result import RunResult
 from ale.sandbox.base import Mount
 from ale.sandbox.policy import IsolationPolicy
-from ale.status import RunStatus
+from ale.status import InvalidAttribution, RunStatus
 
 # Evidence every run that got started records, whatever its outcome.
 BASE_FILES = (
@@ -688,6 +688,22 @@ class _Verifier:
         self.check("agent.redacted", not leaks, "no secret-looking values", leaks,
                    f"evidence/agent.json holds unredacted secrets at {leaks}" if leaks else "", area="agent")
 
+    def _attribution_problems(self, result: Any) -> list[str]:
+        """An invalid run's attribution must follow from the evidence: the agent's
+        phase ran (``phases.json``, the trajectory) exactly when it is charged to
+        the agent. Older run folders carry no attribution: nothing to check."""
+        claimed = getattr(result, "invalid_attribution", None)
+        if claimed is None:
+            return []
+        phases = self.load(layout.evidence_path(Evidence.PHASES))
+        agent_ran = isinstance(phases, list) and any(isinstance(p, dict) and p.get("name") == "agent" for p in phases)
+        agent_ran = agent_ran or (self.run_dir / layout.TRAJECTORY).exists()
+        if claimed == InvalidAttribution.AFTER_AGENT_START and not agent_ran:
+            return ["the run is charged to the agent (after_agent_start), but the agent never started"]
+        if claimed == InvalidAttribution.BEFORE_AGENT and agent_ran:
+            return ["the run is charged to the harness (before_agent), but the agent had started"]
+        return []
+
     def verify_status(self, result: Any) -> None:
         if result is None:
             return
@@ -705,6 +721,7 @@ class _Verifier:
                 self.notes.append(
                     f"the evidence confirms the run's status: {len(self.violations)} isolation check(s) fail on it"
                 )
+            problems += self._attribution_problems(result)
         else:
             for v in self.violations:
                 problems.append(f"the evidence shows a violation, yet the status is {status.value}: {v}")
