@@ -55,3 +55,61 @@ def label():
 def our_containers(client, **labels) -> list:
     filters = ["ale.managed=1"] + [f"{k}={v}" for k, v in labels.items()]
     return client.containers.list(all=True, filters={"label": filters})
+
+
+# The conformance checks live outside test modules; rewrite their asserts too.
+pytest.register_assert_rewrite("tests.sandbox_conformance")
+
+
+@pytest.fixture
+def conformance_env(docker_client, tmp_path, label):
+    """A ``ConformanceEnv`` on the Docker engine (its engine hooks use the client
+    directly, never the provider). Teardown removes whatever carries the test's
+    label and fails the test when anything was left behind."""
+    from contextlib import suppress
+
+    import docker.errors
+
+    from ale.sandbox.policy import MIB, IsolationPolicy
+    from tests.sandbox_conformance import INPUT_FILE, INPUT_TEXT, TEST_LABEL, ConformanceEnv
+
+    inp = tmp_path / "input"
+    inp.mkdir()
+    (inp / INPUT_FILE).write_bytes(INPUT_TEXT)
+    os.chmod(inp / INPUT_FILE, 0o666)
+    os.chmod(inp, 0o777)  # only the read-only mount may stop a write
+    api = docker_client.api
+    selector = {"label": f"{TEST_LABEL}={label}"}
+
+    def engine_names() -> set[str]:
+        return {c["Names"][0].lstrip("/") for c in api.containers(all=True, filters=selector)}
+
+    def engine_state(name: str) -> str | None:
+        try:
+            return api.inspect_container(name)["State"]["Status"]
+        except docker.errors.NotFound:
+            return None
+
+    def vanish(name: str) -> None:
+        with suppress(docker.errors.NotFound):
+            api.remove_container(name, force=True, v=True)
+
+    def make_foreign(name: str, labels: dict[str, str]) -> None:
+        api.create_container(TOOLS_IMAGE, command=["sleep", "infinity"], name=name, labels=labels)
+
+    env = ConformanceEnv(
+        image=TOOLS_IMAGE,
+        input_dir=inp,
+        workspace_root=tmp_path / "workspaces",
+        run_id=label,
+        policy=IsolationPolicy(memory_bytes=512 * MIB),
+        engine_names=engine_names,
+        engine_state=engine_state,
+        vanish=vanish,
+        make_foreign=make_foreign,
+    )
+    yield env
+    left = engine_names()
+    for name in left:
+        vanish(name)
+    assert left == set(), f"the test left sandboxes behind: {sorted(left)}"

@@ -1,65 +1,94 @@
-"""The docker provider against the conformance suite, on a real sealed container."""
+"""The docker provider against the conformance suite (one test per check), plus
+the Docker-specific behaviour the suite does not state."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
-from ale.sandbox.base import Mount, SandboxSpec
-from ale.sandbox.docker import DockerSandbox, remove_containers
-from ale.sandbox.policy import IsolationPolicy
-from tests.conftest import TOOLS_IMAGE, our_containers
-from tests.sandbox_conformance import run_conformance
+from ale.sandbox.base import LABEL_MANAGED, ImageMissing, SandboxError
+from ale.sandbox.docker import DockerProvider
+from tests.sandbox_conformance import CHECKS, MISSING_IMAGE, run_check
 
 pytestmark = pytest.mark.docker
 
+#: Checks the docker provider fails today: contract breaches in
+#: src/ale/sandbox/docker.py. Strict, so a fix turns them into a failure that
+#: asks for the entry's removal.
+KNOWN_PROVIDER_BUGS: dict[str, str] = {
+    "stdin_with_echoed_output": (
+        "DockerSandbox._pump writes all of stdin before it reads any output: a "
+        "command echoing a large stdin deadlocks until its timeout, and is then "
+        "reported with exit 126 and timed_out=False"
+    ),
+    "vanished_during_exec": (
+        "DockerSandbox.exec reads the exec's exit code (137) before the engine "
+        "reports the container dying, and returns it as the command's own result "
+        "instead of raising SandboxGone"
+    ),
+    "kill_then_run_output_is_argvs": (
+        "_KILL_SCRIPT's `read -r l < /proc/$p/stat 2>/dev/null` reports a process "
+        "that exited mid-scan on the kill's stderr (the redirection fails before "
+        "2>/dev/null applies), which becomes argv's stderr"
+    ),
+    "timeout_kills_env_cleared_descendants": (
+        "DockerSandbox._kill_tagged finds escaped descendants by ALE_EXEC_ID in "
+        "their environment: `setsid env -i ...` survives the command's timeout"
+    ),
+}
+
+
+def _params():
+    for name in CHECKS:
+        marks = ()
+        if name in KNOWN_PROVIDER_BUGS:
+            marks = (pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_PROVIDER_BUGS[name]),)
+        yield pytest.param(name, id=name, marks=marks)
+
 
 @pytest.fixture
-def sandbox(docker_client, tmp_path, label):
-    inp = tmp_path / "input"
-    ws = tmp_path / "workspace"
-    inp.mkdir()
-    ws.mkdir()
-    os.chown(ws, 1000, 1000)
-    (inp / "data.txt").write_text("hello\n")
-    sb = DockerSandbox.create(
-        docker_client, SandboxSpec(name=f"ale-{label}",
-        image=TOOLS_IMAGE,
-        policy=IsolationPolicy(memory_bytes=512 * 1024**2),
-        mounts=[Mount(str(inp), "/input", True), Mount(str(ws), "/workspace", False)],
-        labels={"ale.run_id": label},
-        workdir="/workspace"))
-    asyncio.run(sb.start())
-    yield sb
-    remove_containers(docker_client, run_id=label)
-    assert our_containers(docker_client, **{"ale.run_id": label}) == []
+def provider(docker_client):
+    return DockerProvider(docker_client)
 
 
-def test_docker_provider_conformance(sandbox):
-    asyncio.run(run_conformance(sandbox))
+@pytest.mark.parametrize("check_name", list(_params()))
+def test_conformance(check_name, provider, conformance_env):
+    run_check(check_name, provider, conformance_env)
 
 
-def test_input_is_read_only_and_workspace_writable(sandbox):
+def test_known_bugs_name_real_checks():
+    assert set(KNOWN_PROVIDER_BUGS) <= set(CHECKS)
+
+
+def test_missing_image_error_says_how_to_build_it(provider, conformance_env):
+    with pytest.raises(ImageMissing, match="ale image build"):
+        asyncio.run(provider.create(conformance_env.spec(image=MISSING_IMAGE)))
+    with pytest.raises(ImageMissing, match="ale image build"):
+        provider.image_inspect(MISSING_IMAGE)
+
+
+def test_containers_carry_the_managed_label_and_the_spec(provider, conformance_env, docker_client):
+    """Cleanup selects by `ale.managed=1`: the provider adds it to every container."""
+    spec = conformance_env.spec(environment={"ALE_X": "1"})
+
     async def go():
-        r = await sandbox.exec(["sh", "-c", "echo x > /input/new"])
-        assert r.exit_code != 0
-        r = await sandbox.exec(["sh", "-c", "echo x > /workspace/new && cat /workspace/new"])
-        assert r.stdout == b"x\n"
+        sb = await provider.create(spec)
+        try:
+            attrs = docker_client.api.inspect_container(spec.name)
+            assert attrs["Config"]["Labels"][LABEL_MANAGED] == "1"
+            assert all(attrs["Config"]["Labels"][k] == v for k, v in spec.labels.items())
+            assert "ALE_X=1" in attrs["Config"]["Env"]
+            assert attrs["Config"]["User"] == spec.policy.user
+            assert attrs["HostConfig"]["NetworkMode"] == "none"
+            assert attrs["HostConfig"]["ReadonlyRootfs"] is True
+        finally:
+            await sb.remove()
 
     asyncio.run(go())
 
 
-def test_create_with_missing_image_is_a_clear_error(docker_client, tmp_path, label):
-    from ale.sandbox.base import SandboxError
-
-    with pytest.raises(SandboxError, match="ale image build"):
-        DockerSandbox.create(
-            docker_client, SandboxSpec(name=f"ale-{label}",
-            image="ale-no-such-image:nope",
-            policy=IsolationPolicy(),
-            mounts=[Mount(str(tmp_path), "/input", True)],
-            labels={"ale.run_id": label},
-            workdir="/workspace"))
-    assert our_containers(docker_client, **{"ale.run_id": label}) == []
+def test_unreachable_engine_is_a_sandbox_error(tmp_path):
+    provider = DockerProvider(base_url=f"unix://{tmp_path}/no-docker.sock")
+    with pytest.raises(SandboxError, match="cannot reach the Docker engine"):
+        provider.engine_record()
