@@ -16,27 +16,7 @@ pytestmark = pytest.mark.docker
 #: Checks the docker provider fails today: contract breaches in
 #: src/ale/sandbox/docker.py. Strict, so a fix turns them into a failure that
 #: asks for the entry's removal.
-KNOWN_PROVIDER_BUGS: dict[str, str] = {
-    "stdin_with_echoed_output": (
-        "DockerSandbox._pump writes all of stdin before it reads any output: a "
-        "command echoing a large stdin deadlocks until its timeout, and is then "
-        "reported with exit 126 and timed_out=False"
-    ),
-    "vanished_during_exec": (
-        "DockerSandbox.exec reads the exec's exit code (137) before the engine "
-        "reports the container dying, and returns it as the command's own result "
-        "instead of raising SandboxGone"
-    ),
-    "kill_then_run_output_is_argvs": (
-        "_KILL_SCRIPT's `read -r l < /proc/$p/stat 2>/dev/null` reports a process "
-        "that exited mid-scan on the kill's stderr (the redirection fails before "
-        "2>/dev/null applies), which becomes argv's stderr"
-    ),
-    "timeout_kills_env_cleared_descendants": (
-        "DockerSandbox._kill_tagged finds escaped descendants by ALE_EXEC_ID in "
-        "their environment: `setsid env -i ...` survives the command's timeout"
-    ),
-}
+KNOWN_PROVIDER_BUGS: dict[str, str] = {}
 
 
 def _params():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import threading
 import time
 import uuid
 from collections.abc import Iterable
@@ -237,12 +238,14 @@ class DockerSandbox:
         setsid or a double fork included). Should the stream still not close, every
         candidate process is killed. `wrap_timeout=False` leaves only the host-side
         deadline (for commands that kill every process but themselves)."""
-        tag = None
+        # Every command is tagged, so that a timed-out command's kill can tell the
+        # processes of other commands (another tag) from its own.
+        tag = uuid.uuid4().hex
+        env = {**(env or {}), EXEC_TAG_VAR: tag}
+        wrapped = timeout is not None and wrap_timeout
         if timeout is not None and wrap_timeout:
             t = max(timeout, 0.1)
             argv = ["timeout", "-s", "KILL", f"{t:.3f}", *argv]
-            tag = uuid.uuid4().hex
-            env = {**(env or {}), EXEC_TAG_VAR: tag}
         started = time.monotonic()
         try:
             exec_id = await asyncio.to_thread(
@@ -294,8 +297,10 @@ class DockerSandbox:
         )
         if collector.error is not None and not forced:
             raise SandboxError(f"exec stream from {self.name} failed: {collector.error}")
-        if timed_out and tag is not None and not forced:
-            await self._kill_tagged(tag)
+        if timed_out and wrapped and not forced:
+            await self._kill_tagged(tag, time.monotonic() - started)
+        if not forced and not timed_out and (exit_code == -1 or exit_code >= 128):
+            await self._raise_if_gone()
         return ExecResult(
             exit_code=exit_code,
             stdout=bytes(collector.out),
@@ -314,15 +319,41 @@ class DockerSandbox:
         except docker.errors.DockerException as e:
             raise SandboxError(f"exec inspect in {self.name} failed: {e}") from e
 
+    async def _raise_if_gone(self) -> None:
+        """A command killed by a signal may have died with its sandbox; the engine
+        reports the exec's exit before the container's, so look for a moment."""
+        deadline = time.monotonic() + 0.3
+        while True:
+            try:
+                state = (await asyncio.to_thread(self.client.api.inspect_container, self.id))["State"]
+            except docker.errors.NotFound as e:
+                raise SandboxGone(f"container {self.name} is gone") from e
+            except docker.errors.DockerException:
+                return
+            if state.get("Status") != "running":
+                raise SandboxGone(f"container {self.name} stopped during the command ({state.get('Status')})")
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.03)
+
     def _pump(self, exec_id: str, stdin: bytes | None, collector: _StreamCollector) -> None:
         try:
             sock = self.client.api.exec_start(exec_id, socket=True)
             raw = getattr(sock, "_sock", sock)
             collector.sock = raw
-            if stdin is not None:
-                raw.sendall(stdin)
-            with suppress(OSError):
-                raw.shutdown(socket.SHUT_WR)
+
+            def feed() -> None:
+                # Written while the output is read: a command that echoes its
+                # input must not block on a full stdout while we block on stdin.
+                with suppress(OSError):
+                    if stdin:
+                        raw.sendall(stdin)
+                    raw.shutdown(socket.SHUT_WR)
+
+            if stdin is None:
+                feed()
+            else:
+                threading.Thread(target=feed, name=f"ale-stdin-{exec_id[:12]}", daemon=True).start()
             _read_frames(raw, collector)
         except Exception as e:  # recorded, raised by the caller
             if not collector.closed:
@@ -331,14 +362,26 @@ class DockerSandbox:
             with suppress(Exception):
                 collector.sock.close()
 
-    async def _kill_tagged(self, tag: str) -> None:
-        """Kill every process whose environment carries this command's tag."""
+    async def _kill_tagged(self, tag: str, age_s: float) -> None:
+        """Kill every process whose environment carries this command's tag, and
+        every process with no tag at all (it cleared its environment) that started
+        since the command did (``age_s`` ago, measured by the host: never less)."""
         script = (
-            'for i in 1 2 3; do for p in /proc/[0-9]*; do '
-            'grep -qzx "$1=$2" "$p/environ" 2>/dev/null && kill -9 "${p#/proc/}" 2>/dev/null; '
+            'var=$1 tag=$2 age_cs=$3; hz=$(getconf CLK_TCK 2>/dev/null || echo 100); '
+            'read -r up _ < /proc/uptime; cs=${up#*.}; cs=${cs#0}; '
+            'since_cs=$(( ${up%.*} * 100 + cs - age_cs )); '
+            'for i in 1 2 3; do for p in /proc/[0-9]*; do pid=${p#/proc/}; '
+            '{ [ "$pid" = 1 ] || [ "$pid" = $$ ]; } && continue; '
+            'if grep -qzx "$var=$tag" "$p/environ" 2>/dev/null; then kill -9 "$pid" 2>/dev/null; continue; fi; '
+            'grep -qz "^$var=" "$p/environ" 2>/dev/null && continue; '
+            '{ read -r l < "$p/stat"; } 2>/dev/null || continue; set -- ${l##*) }; '
+            '[ $(( ${20} * 100 / hz )) -ge "$since_cs" ] && kill -9 "$pid" 2>/dev/null; '
             "done; done; true"
         )
-        await self.exec(["sh", "-c", script, "kill-tagged", EXEC_TAG_VAR, tag], timeout=30, wrap_timeout=False)
+        age_cs = str(int(age_s * 100) + 2)
+        await self.exec(
+            ["sh", "-c", script, "kill-tagged", EXEC_TAG_VAR, tag, age_cs], timeout=30, wrap_timeout=False
+        )
 
     async def kill_user_processes(self) -> int:
         """Kill every candidate process (all but PID 1) and report how many remain
@@ -379,7 +422,7 @@ _KILL_SCRIPT = (
     "i=0; while :; do kill -9 -1 2>/dev/null; [ $i -gt 0 ] && sleep 0.02; n=0; z=0; "
     "for p in /proc/[0-9]*; do p=${p#/proc/}; "
     "[ \"$p\" = 1 ] || [ \"$p\" = $$ ] && continue; "
-    "read -r l < /proc/$p/stat 2>/dev/null || continue; "
+    "{ read -r l < /proc/$p/stat; } 2>/dev/null || continue; "
     "case \"${l##*) }\" in Z*|X*) z=$((z+1)); continue;; esac; n=$((n+1)); done; "
     "i=$((i+1)); { [ $n = 0 ] && [ $z = 0 ]; } || [ $i -ge 50 ] && break; done; echo $n"
 )
