@@ -328,7 +328,7 @@ def test_a_task_whose_function_raises_reports_its_traceback(tmp_path: Path) -> N
 
 def test_a_missing_module_names_it_and_how_to_install_it(tmp_path: Path) -> None:
     d = write(tmp_path / "t" / "main.py", "import not_a_real_module_xyz\n").parent
-    with pytest.raises(TaskError, match=r"No module named 'not_a_real_module_xyz'.*declare it in the tree's pyproject.toml"):
+    with pytest.raises(TaskError, match=r"No module named 'not_a_real_module_xyz'.*add 'not_a_real_module_xyz' to the dependencies in the tree's pyproject.toml"):
         inspect_task_sync(d)
 
 
@@ -507,3 +507,43 @@ def test_an_ale_sealed_reference_archive_opens_with_the_ale_password(tree, tmp_p
     assert result.status is RunStatus.SCORED and result.scores == [1.0], (result.error, result.violations)
     commit = json.loads((plan.run_dir / "evidence" / "reference-commit.json").read_text())
     assert commit["source"]["kind"] == "archive"
+
+
+@pytest.mark.docker
+def test_the_grading_sandbox_fits_ale_graders(tmp_path, docker_client) -> None:
+    """Large reads and outputs, scratch above the task folder and in the VM user's
+    home, /tmp on disk, and Python that never imports from the current folder."""
+    tasks = make_tree(tmp_path / "ale", data_root=make_data(tmp_path / "data"))
+    d = write(tasks / "lab" / "gamma" / "main.py", '''
+        import json
+        import cua_bench as cb
+        from tasks.linux_runtime import LinuxTaskConfig
+
+        class Config(LinuxTaskConfig):
+            pass
+
+        @cb.tasks_config
+        def load():
+            cfg = Config(DOMAIN_NAME="lab", TASK_NAME="beta")
+            return [cb.Task(description="do nothing", metadata=cfg.to_metadata())]
+
+        @cb.evaluate_task
+        async def evaluate(task_cfg, session):
+            checks = []
+            r = await session.run_command("mkdir -p /media/user/data/agenthle/.tmp_eval /home/user/Desktop && echo ok")
+            checks.append(r["stdout"].strip() == "ok")
+            r = await session.run_command("python -c \\"import json; print(json.dumps(['x' * 3000000]))\\"")
+            checks.append(len(json.loads(r["stdout"])[0]) == 3000000 and not r["truncated"])
+            await session.run_command("head -c 12000000 /dev/zero > /tmp/big.bin")
+            checks.append(len(await session.read_bytes("/tmp/big.bin")) == 12000000)
+            r = await session.run_command("awk '$5 == \\"/tmp\\" {print $9}' /proc/self/mountinfo")
+            checks.append(r["stdout"].strip() != "tmpfs")
+            r = await session.run_command(
+                "mkdir -p /tmp/v && cd /tmp/v && echo 'raise SystemExit(7)' > json.py && python -c 'import json' ; echo $?")
+            checks.append(r["stdout"].strip() == "0")
+            return [1.0 if all(checks) else 0.0, float(sum(checks)) / len(checks)]
+    ''').parent
+    write(d / "task_card.json", '{"vm": {"snapshot": "cpu-free-ubuntu"}, "data_source": "local:%s"}' % (tmp_path / "data"))
+    plan = RunPlan(run_id="gamma", task_dir=str(d), agent=AgentSpec(name="nop"), image=TOOLS_IMAGE, runs_dir=str(tmp_path / "runs"))
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+    assert result.status is RunStatus.SCORED and result.scores == [1.0, 1.0], (result.scores, result.error)

@@ -9,6 +9,7 @@ never the candidate's, which is gone by now.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from ale.sandbox.base import (
 )
 from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.session import ContainerSession, Route, RoutedSession
-from ale.sandbox.tools import ToolBox
+from ale.sandbox.tools import TASK_OUTPUT_LIMIT, TASK_READ_LIMIT, ToolBox
 from ale.tasks.errors import TaskError
 from ale.tasks.process import TaskCallFailed, TaskProcessError
 
@@ -48,7 +49,16 @@ class GradingInputs:
     reference_dir: str
     software_host: Path | None = None
     software_dir: str | None = None
-    task_dir: str | None = None  # ALE: a writable scratch folder holding the mounts (graders write eval_data/ there)
+    task_dir: str | None = None  # ALE: <root>/<domain>/<task>/<variant>; the root becomes writable scratch
+    scratch_host: Path | None = None  # a host folder for the grading sandbox's writable places (disk, not memory)
+
+
+# Where ALE graders write: /tmp (verifier copies, large intermediates), the data
+# root above the task folder (eval_data/, .tmp_eval/), and the VM user's home.
+GRADER_HOME = "/home/user"
+# The grading sandbox's environment: Python never imports from the current folder
+# or a user site, so a verifier run next to candidate files does not execute them.
+GRADER_ENV = {"PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "HOME": GRADER_HOME}
 
 
 def validate_scores(value: Any) -> list[float]:
@@ -101,20 +111,40 @@ class Grader:
         ]
         if i.software_host is not None and i.software_dir is not None:
             mounts.append(Mount(str(i.software_host), i.software_dir, True))
+        mounts = self._scratch_mounts() + mounts  # parents first: the read-only folders nest inside
         self.container = await self.provider.create(
             SandboxSpec(
                 name=f"ale-grade-{self.run_id}"[:120],
                 image=self.image,
-                policy=self.policy,
+                # Writable places are host folders (on disk: a grader may unpack
+                # gigabytes), not the candidate's small in-memory /tmp.
+                policy=self.policy.model_copy(update={"tmpfs": ()}) if self.inputs.scratch_host else self.policy,
                 mounts=tuple(mounts),
                 labels=labels,
                 workdir="/tmp",
-                scratch_dirs=(i.task_dir,) if i.task_dir else (),
+                environment=GRADER_ENV,
             )
         )
         await self.container.start()
-        tools = ToolBox(self.container, workdir="/tmp", default_timeout=self.command_timeout)
+        tools = ToolBox(self.container, workdir="/tmp", default_timeout=self.command_timeout,
+                        output_limit=TASK_OUTPUT_LIMIT, read_limit=TASK_READ_LIMIT)
         return ContainerSession(tools, default_timeout=self.command_timeout)
+
+    def _scratch_mounts(self) -> list[Mount]:
+        i = self.inputs
+        if i.scratch_host is None:
+            return []
+        targets = ["/tmp", GRADER_HOME]
+        if i.task_dir:
+            parts = i.task_dir.rstrip("/").split("/")
+            targets.append("/".join(parts[:-3]) if len(parts) > 4 else i.task_dir)  # ALE's data root
+        out = []
+        for n, target in enumerate(targets):
+            host = i.scratch_host / f"w{n}"
+            host.mkdir(parents=True, exist_ok=True)
+            os.chmod(host, 0o1777)
+            out.append(Mount(str(host), target, False))
+        return out
 
     def session(self) -> RoutedSession:
         i = self.inputs

@@ -66,7 +66,7 @@ from ale.sandbox.base import (
 from ale.sandbox.providers import make_provider
 from ale.sandbox.scratch import mount_workspace_tmpfs, release_scratch
 from ale.sandbox.session import ContainerSession, Route, RoutedSession
-from ale.sandbox.tools import ToolBox
+from ale.sandbox.tools import TASK_OUTPUT_LIMIT, TASK_READ_LIMIT, ToolBox
 from ale.status import InvalidAttribution, RunStatus
 from ale.tasks.card import load_card
 from ale.tasks.environment import EnvironmentBuildError, TaskEnvironment, resolve_environment
@@ -382,7 +382,8 @@ async def run_task_setup(state: RunState) -> None:
         return
     assert state.sandbox is not None
     v = state.variant
-    tools = ToolBox(state.sandbox, workdir=v.output_dir, default_timeout=state.plan.limits.command_timeout_s)
+    tools = ToolBox(state.sandbox, workdir=v.output_dir, default_timeout=state.plan.limits.command_timeout_s,
+                    output_limit=TASK_OUTPUT_LIMIT, read_limit=TASK_READ_LIMIT)
     container = ContainerSession(tools, default_timeout=state.plan.limits.command_timeout_s)
 
     async def factory() -> ContainerSession:
@@ -607,6 +608,7 @@ async def grade(state: RunState) -> list[float]:
             software_host=None if state.software_host is None else state.software_host.resolve(),
             software_dir=f"{v.public_root}/software" if state.software_host is not None else None,
             task_dir=v.task_dir,
+            scratch_host=state.scratch / "grading",
         ),
         command_timeout=plan.limits.grading_timeout_s,  # ALE graders run commands for up to about an hour
     )

@@ -96,10 +96,6 @@ class SandboxSpec:
     workdir: str
     labels: dict[str, str] = field(default_factory=dict)
     environment: dict[str, str] = field(default_factory=dict)
-    #: Empty writable scratch folders (tmpfs, world-writable) the ``mounts`` may
-    #: nest in. Grading sandboxes only: a candidate sandbox's writable places are
-    #: exactly its workspace and the policy's tmpfs, and verification says so.
-    scratch_dirs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mounts", tuple(self.mounts))

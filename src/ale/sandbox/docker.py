@@ -95,7 +95,6 @@ def container_create_kwargs(
     workdir: str,
     environment: dict[str, str] | None = None,
     command: list[str] | None = None,
-    scratch_dirs: Iterable[str] = (),
 ) -> dict[str, Any]:
     """The `containers.create` arguments that implement the policy (one place)."""
     security_opt = ["no-new-privileges"] if policy.no_new_privileges else []
@@ -129,8 +128,7 @@ def container_create_kwargs(
                 propagation="rprivate",
             )
             for m in mounts
-        ]
-        + [DockerMount(target=d, source=None, type="tmpfs", tmpfs_mode=0o1777) for d in scratch_dirs],
+        ],
         runtime=policy.runtime,
         auto_remove=False,
         detach=True,
@@ -162,7 +160,6 @@ class DockerSandbox:
             labels={LABEL_MANAGED: "1", **spec.labels},
             workdir=spec.workdir,
             environment=spec.environment,
-            scratch_dirs=spec.scratch_dirs,
         )
         try:
             container = client.containers.create(**kwargs)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ale.sandbox.tools import ToolBox, ToolRefused
+from ale.sandbox.tools import TRUNCATION_MARKER, ToolBox, ToolRefused
 
 
 class CommandFailed(RuntimeError):
@@ -119,7 +119,12 @@ class ContainerSession:
         out = await self.tools.call("shell", {"command": command, "timeout": timeout or self.default_timeout})
         if out.error and out.exit_code is None:
             raise CommandFailed(out.error)
-        res = _result(out.exit_code if out.exit_code is not None else -1, out.stdout, out.stderr, out.timed_out)
+        marker = TRUNCATION_MARKER.format(limit=self.tools.output_limit)
+        stdout, stderr = out.stdout.removesuffix(marker), out.stderr.removesuffix(marker)
+        res = _result(out.exit_code if out.exit_code is not None else -1, stdout, stderr, out.timed_out)
+        # Task code parses what a command printed: a cut output is said so, never
+        # spliced with a marker.
+        res["truncated"] = out.truncated
         return _check(command, res, check)
 
     async def read_bytes(self, path: str) -> bytes:

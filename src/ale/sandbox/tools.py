@@ -22,6 +22,10 @@ from ale.sandbox.base import DEFAULT_OUTPUT_LIMIT, Sandbox
 ALL_TOOLS = ("shell", "read_file", "write_file", "list_dir")
 TRUNCATION_MARKER = "\n[... output truncated by ale at {limit} bytes ...]\n"
 DEFAULT_READ_LIMIT = 10 * 1024 * 1024
+# Task code on the trusted side (start(), evaluate()) reads and runs far more than
+# an agent's turn: ALE graders read images of tens of MB and print MB-long reports.
+TASK_READ_LIMIT = 1024 * 1024 * 1024
+TASK_OUTPUT_LIMIT = 256 * 1024 * 1024
 DEFAULT_SHELL_TIMEOUT = 600.0
 
 

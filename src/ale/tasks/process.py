@@ -165,7 +165,7 @@ class TaskProcess:
         python = self.environment.python
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                python, "-I", str(SERVE), str(self.path),
+                python, "-I", "-B", str(SERVE), str(self.path),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 cwd=str(self.path), env=task_process_env(python, self._home), start_new_session=True,
                 limit=protocol.MAX_LINE,

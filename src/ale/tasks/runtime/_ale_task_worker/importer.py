@@ -141,11 +141,20 @@ def import_hint(e: ImportError, tree_root: Path | None) -> str:
         return " (the task imports `tasks.*` but sits in no tree: no ancestor folder is named tasks)"
     if isinstance(e, ModuleNotFoundError) and missing and not _is_tasks_module(missing):
         top = missing.split(".")[0]
+        package = PACKAGE_OF.get(top, top)
         return (
-            f" (module {top!r} is not installed in the task environment; declare it in the tree's "
-            f"pyproject.toml, or install it: `ale task env --install {top}`)"
+            f" (module {top!r} is not installed in the task environment: add {package!r} to the dependencies "
+            "in the tree's pyproject.toml (tasks/pyproject.toml), then `ale task env TASK_DIR` builds it)"
         )
     return ""
+
+
+# Import names whose PyPI distribution is called otherwise (what the hint names).
+PACKAGE_OF = {
+    "computer": "cua-computer", "cv2": "opencv-python-headless", "PIL": "pillow", "skimage": "scikit-image",
+    "sklearn": "scikit-learn", "fitz": "PyMuPDF", "pymupdf": "PyMuPDF", "yaml": "pyyaml", "dotenv": "python-dotenv",
+    "bs4": "beautifulsoup4", "Bio": "biopython", "docx": "python-docx", "pptx": "python-pptx",
+}
 
 
 def find_functions(module: ModuleType, main: Path) -> dict[str, Callable[..., Any]]:

@@ -12,7 +12,7 @@ import base64
 import json
 from typing import Any
 
-MAX_LINE = 256 * 1024 * 1024  # a message larger than this is a protocol error
+MAX_LINE = 2 * 1024 * 1024 * 1024  # a message larger than this is a protocol error (a 1 GiB read, base64)
 
 
 def _encode(value: Any) -> Any:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import itertools
+import logging
 import os
 import subprocess
 import sys
@@ -177,6 +178,8 @@ def main() -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)
+    # Graders log their score breakdown at INFO (as ALE's runner configures): keep it.
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(sys.argv[1], Channel(inp, out))
 
 
