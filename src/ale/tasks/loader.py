@@ -32,16 +32,8 @@ from ale.tasks.card import TaskCard, load_card
 from ale.tasks.errors import TaskError
 from ale.tasks.runtime._ale_task_worker import importer
 
-MAIN_FILE = "main.py"
-TD_TYPES = {
-    "tasks_config": "load",
-    "setup_task": "start",
-    "evaluate_task": "evaluate",
-    "solve_task": "solve",
-}
 DEFAULT_REFERENCE_DIR = "/reference"
 
-_module_counter = itertools.count(1)
 _SEGMENT_RE = re.compile(r"^[A-Za-z0-9._+-]+$")
 
 
