@@ -547,3 +547,11 @@ def test_the_grading_sandbox_fits_ale_graders(tmp_path, docker_client) -> None:
     plan = RunPlan(run_id="gamma", task_dir=str(d), agent=AgentSpec(name="nop"), image=TOOLS_IMAGE, runs_dir=str(tmp_path / "runs"))
     result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
     assert result.status is RunStatus.SCORED and result.scores == [1.0, 1.0], (result.scores, result.error)
+
+
+def test_judge_credentials_are_selected_by_name() -> None:
+    from ale.tasks.process import judge_env
+
+    env = {"ALE_JUDGE_OPENAI_API_KEY": "k1", "ALE_JUDGE_ANTHROPIC_API_KEY": "k2", "OPENAI_API_KEY": "operator", "ALE_JUDGE_": "x"}
+    assert judge_env(env) == {"OPENAI_API_KEY": "k1", "ANTHROPIC_API_KEY": "k2"}
+    assert judge_env(env, names=("OPENAI_API_KEY",)) == {"OPENAI_API_KEY": "k1"}

@@ -50,6 +50,9 @@ class RunPlan(BaseModel):
     data_source: str | None = None  # None: the task card's, else none
     image: str = DEFAULT_TOOLS_IMAGE
     provider: str = "docker"  # the SandboxProvider (ale.sandbox.providers)
+    # The judge credentials evaluate() gets: names <NAME> of ALE_JUDGE_<NAME> in the
+    # controller's environment (values never enter the plan). None: every one.
+    judge_env: tuple[str, ...] | None = None
     policy: IsolationPolicy = Field(default_factory=IsolationPolicy)
     limits: Limits = Field(default_factory=Limits)
     runs_dir: str = "runs"

@@ -143,6 +143,7 @@ class EnvironmentSpec(BaseModel):
     data_source: str | None = None
     image: str = DEFAULT_TOOLS_IMAGE
     signing_key: str | None = None
+    judge_env: tuple[str, ...] | None = None  # ALE_JUDGE_<NAME> names evaluate() gets (None: all)
 
 
 class RetrySpec(BaseModel):
@@ -514,6 +515,8 @@ def plan_units(exp: Experiment) -> list[PlannedUnit]:
                         experiment=exp.name,
                         attempt=1,
                         signing_key=env.signing_key,
+                        provider=env.provider,
+                        judge_env=env.judge_env,
                     )
                     units.append(PlannedUnit(unit_id, task.task, variant, agent.display, repeat, plan))
     return units

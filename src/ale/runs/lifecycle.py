@@ -613,7 +613,7 @@ async def grade(state: RunState) -> list[float]:
         command_timeout=plan.limits.grading_timeout_s,  # ALE graders run commands for up to about an hour
     )
     try:
-        process, timeout, env = state.prep.process, plan.limits.grading_timeout_s, judge_env()
+        process, timeout, env = state.prep.process, plan.limits.grading_timeout_s, judge_env(names=plan.judge_env)
 
         async def evaluate(session: Any) -> Any:
             return await process.call("evaluate", v.index, session, timeout=timeout, env=env)

@@ -26,7 +26,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,11 +102,16 @@ class TaskInfo:
         return role in self.functions
 
 
-def judge_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def judge_env(environ: Mapping[str, str] | None = None, names: Iterable[str] | None = None) -> dict[str, str]:
     """``ALE_JUDGE_<NAME>=v`` in the harness's environment becomes ``<NAME>=v``
-    for ``evaluate()`` (e.g. ``ALE_JUDGE_OPENAI_API_KEY`` -> ``OPENAI_API_KEY``)."""
+    for ``evaluate()`` (e.g. ``ALE_JUDGE_OPENAI_API_KEY`` -> ``OPENAI_API_KEY``);
+    ``names`` (an experiment's ``environment.judge_env``) keeps only those."""
     env = os.environ if environ is None else environ
-    return {k[len(JUDGE_ENV_PREFIX):]: v for k, v in env.items() if k.startswith(JUDGE_ENV_PREFIX) and len(k) > len(JUDGE_ENV_PREFIX)}
+    found = {k[len(JUDGE_ENV_PREFIX):]: v for k, v in env.items() if k.startswith(JUDGE_ENV_PREFIX) and len(k) > len(JUDGE_ENV_PREFIX)}
+    if names is None:
+        return found
+    wanted = set(names)
+    return {k: v for k, v in found.items() if k in wanted}
 
 
 def task_process_env(python: str, home: Path) -> dict[str, str]:
