@@ -39,7 +39,15 @@ import httpx2 as httpx
 import uvicorn
 
 from ale.agents.gateway.record import GatewayRecorder, redact_headers, redact_query
-from ale.agents.gateway.tools import ANTHROPIC, APIS, GEMINI, OPENAI, ToolPolicy, is_model_call, offered_tools
+from ale.agents.gateway.tools import (
+    ANTHROPIC,
+    APIS,
+    GEMINI,
+    OPENAI,
+    ToolPolicy,
+    is_model_call,
+    offered_tools,
+)
 from ale.agents.gateway.usage import cost, usage_of
 
 log = logging.getLogger(__name__)
