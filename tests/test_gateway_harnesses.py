@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest

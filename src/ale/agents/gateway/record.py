@@ -22,6 +22,7 @@ whether the first one came before any model answer), the usage.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -36,6 +37,7 @@ from ale.redaction import REDACTED
 GATEWAY_DIR = "agent/gateway"
 RECORDS = "records.jsonl"
 BODIES = "bodies"
+CONFINEMENT = "agent/confinement.json"  # written by the command agent when it confines the harness
 INLINE_LIMIT = 16 * 1024
 GENESIS = "0" * 64
 SECRET_HEADERS = frozenset({"authorization", "x-api-key", "x-goog-api-key", "api-key", "cookie", "proxy-authorization"})
@@ -215,3 +217,15 @@ def summarize(run_dir: Path) -> dict[str, Any] | None:
     summary, more = derive(run_dir, records)
     summary["problems"] = problems + more
     return summary
+
+
+def evidence_record(run_dir: Path) -> dict[str, Any] | None:
+    """What the run's evidence keeps about the controller side (``evidence/controller.json``):
+    the gateway's summary and the harness's confinement; None when no gateway ran."""
+    summary = summarize(run_dir)
+    if summary is None:
+        return None
+    confinement = None
+    with contextlib.suppress(OSError, ValueError):
+        confinement = json.loads((Path(run_dir) / CONFINEMENT).read_text())
+    return {"gateway": summary, "confinement": confinement}
