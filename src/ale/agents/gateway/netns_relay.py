@@ -60,8 +60,13 @@ async def main(argv):
         await asyncio.start_server(_handler(path), "127.0.0.1", port)
     proc = await asyncio.create_subprocess_exec(*cmd)
     loop = asyncio.get_running_loop()
+
+    def forward(sig):
+        if proc.returncode is None:
+            proc.send_signal(sig)
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, lambda s=sig: proc.returncode is None and proc.send_signal(s))
+        loop.add_signal_handler(sig, forward, sig)
     rc = await proc.wait()
     return rc if rc >= 0 else 128 - rc
 

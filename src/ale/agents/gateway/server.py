@@ -282,6 +282,7 @@ async def serve_gateway(gateway: ModelGateway, *, unix_path: Path | None = None)
     Closes the gateway (its client and record) when the block ends."""
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it: no Nagle wait on small writes
     tcp.bind(("127.0.0.1", 0))
     tcp.listen(128)
     tcp.setblocking(False)

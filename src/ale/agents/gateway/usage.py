@@ -48,7 +48,7 @@ def usage_of(api: str, body: bytes, streamed: bool) -> dict[str, Any]:
         if not isinstance(d, dict):
             continue
         if api == OPENAI:
-            r = d.get("response") if isinstance(d.get("response"), dict) else d  # Responses events wrap it
+            r: dict[str, Any] = d["response"] if isinstance(d.get("response"), dict) else d  # Responses events wrap it
             m = r.get("model")
             model = m if isinstance(m, str) else model
             x = r.get("usage")
@@ -58,7 +58,7 @@ def usage_of(api: str, body: bytes, streamed: bool) -> dict[str, Any]:
                 det = x.get("prompt_tokens_details") or x.get("input_tokens_details") or {}
                 u["cached_input_tokens"] = _int(det.get("cached_tokens")) if isinstance(det, dict) else 0
         elif api == ANTHROPIC:
-            msg = d.get("message") if isinstance(d.get("message"), dict) else d  # message_start wraps it
+            msg: dict[str, Any] = d["message"] if isinstance(d.get("message"), dict) else d  # message_start wraps it
             m = msg.get("model")
             model = m if isinstance(m, str) else model
             x = msg.get("usage") if isinstance(msg.get("usage"), dict) else d.get("usage")
@@ -90,5 +90,5 @@ def cost(usage: dict[str, Any], model: str | None, prices: dict[str, Any]) -> fl
     cached = _int(usage.get("cached_input_tokens"))
     fresh = _int(usage.get("input_tokens")) - cached
     total = fresh * float(p.get("input_per_mtok", 0)) + _int(usage.get("output_tokens")) * float(p.get("output_per_mtok", 0))
-    total += cached * float(p.get("cached_input_per_mtok", p.get("input_per_mtok", 0)))
+    total += cached * float(p.get("cached_input_per_mtok", p.get("input_per_mtok", 0)) or 0)
     return round(total / 1e6, 8)
