@@ -74,12 +74,12 @@ class FakeModelAPI:
     async def _keep(self, request: web.Request) -> dict[str, Any]:
         raw = await request.read()
         body = json.loads(raw) if raw else {}
-        self.requests.append({"path": request.path, "headers": dict(request.headers), "body": body, "query": dict(request.query)})
+        self.requests.append({"path": request.path, "headers": {k.lower(): v for k, v in request.headers.items()}, "body": body, "query": dict(request.query)})
         return body
 
     async def other(self, request: web.Request) -> web.Response:
         await request.read()
-        self.requests.append({"path": request.path, "headers": dict(request.headers), "body": None, "query": dict(request.query)})
+        self.requests.append({"path": request.path, "headers": {k.lower(): v for k, v in request.headers.items()}, "body": None, "query": dict(request.query)})
         return web.json_response({"ok": True})
 
     async def _stream(self, request: web.Request, payload: bytes) -> web.StreamResponse:
