@@ -79,6 +79,10 @@ def test_claude_code_through_the_gateway_passes_and_its_tools_are_recorded(box, 
         if f.is_file():
             assert b"sk-ant-operator-secret" not in f.read_bytes(), f
     assert out.usage["input_tokens"] > 0 and out.usage["cost_usd"] > 0
+    # The model side of the trajectory, joined with the bridge's step.
+    turns = json.loads((tmp_path / "agent" / "gateway" / "turns.json").read_text())["turns"]
+    calls = [c for t in turns for c in t["tool_calls"]]
+    assert calls and calls[0]["name"] == "mcp__ale__shell" and calls[0]["step"] == 1 and turns[-1]["text"] == "done"
     conf = json.loads((tmp_path / "agent" / "confinement.json").read_text())
     assert conf["kind"] == "bubblewrap" and conf["network"]["interfaces"] == ["lo"]
 

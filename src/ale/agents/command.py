@@ -125,7 +125,8 @@ class CommandAgent:
         """What the harness is given, for the run's evidence (names, never values)."""
         return {
             "argv_template": self.argv_template,
-            "env_names": sorted({*BASE_ENV, *self.env_pass, *self.env_constants, "ALE_MCP_URL", "ALE_MCP_TOKEN", "ALE_MCP_CONFIG"}),
+            "env_names": sorted({*BASE_ENV, *self.env_pass, *self.env_constants, "ALE_MCP_URL", "ALE_MCP_TOKEN", "ALE_MCP_CONFIG",
+                                 *(harness_env("", "") if self.gateway else {})}),
             "mcp_config_format": self.mcp_format,
             "process_group_killed_at_end": True,
             "gateway": self.gateway,

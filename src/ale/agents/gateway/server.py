@@ -48,6 +48,7 @@ from ale.agents.gateway.tools import (
     is_model_call,
     offered_tools,
 )
+from ale.agents.gateway.turns import write_turns
 from ale.agents.gateway.usage import cost, usage_of
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,10 @@ class ModelGateway:
         await self.client.aclose()
         self.recorder.append("gateway.end", requests=self.requests, unauthorized=self.unauthorized, usage=self.usage)
         self.recorder.close()
+        try:
+            write_turns(self.recorder.run_dir)
+        except Exception as e:  # the model-side trajectory is a view; the record stands without it
+            log.warning("model gateway: cannot write the model turns: %r", e)
 
     # -- ASGI ----------------------------------------------------------------
     def _authorized(self, scope: dict[str, Any], query: list[tuple[str, str]]) -> bool:
