@@ -15,6 +15,7 @@ lint:
 
 bench: setup
 	.venv/bin/python bench/overhead.py
+	.venv/bin/python bench/gateway.py
 
 clean:
 	.venv/bin/ale cleanup || true

@@ -20,7 +20,7 @@ apt_install() {
 # 1. Debian packages: the Docker engine, debootstrap (base images without a
 #    registry), chromium (the HTML report's browser test), python venv.
 if command -v apt-get >/dev/null; then
-  pkgs=(debootstrap python3-venv)
+  pkgs=(debootstrap python3-venv bubblewrap)  # bubblewrap: confined external harnesses
   command -v dockerd >/dev/null || pkgs+=(docker.io)
   [ "${ALE_SKIP_CHROMIUM:-0}" = 1 ] || pkgs+=(chromium)
   apt_install "${pkgs[@]}" || say "could not install ${pkgs[*]} (not root?); continuing"
@@ -47,6 +47,20 @@ if ! .venv/bin/python -c "import ale, pytest" >/dev/null 2>&1 || [ pyproject.tom
   say "installing ale into .venv"
   .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
   touch .venv/.installed
+fi
+
+# 3b. The external harness CLIs the gateway tests drive offline (docs/agents.md names
+#     the checked versions); skipped with ALE_SKIP_HARNESSES=1 or without npm.
+HARNESSES=${ALE_HARNESS_PREFIX:-/opt/ale-harnesses}
+if [ "${ALE_SKIP_HARNESSES:-0}" != 1 ] && command -v npm >/dev/null; then
+  for spec in claude=@anthropic-ai/claude-code@2.1.197 codex=@openai/codex@0.171.0; do
+    name=${spec%%=*}; pkg=${spec#*=}
+    if [ ! -x "$HARNESSES/$name/node_modules/.bin/$name" ]; then
+      say "installing $pkg into $HARNESSES/$name"
+      as_root mkdir -p "$HARNESSES/$name" && as_root npm install -s --prefix "$HARNESSES/$name" "$pkg" >/dev/null \
+        || say "could not install $pkg; the tests that drive it are skipped"
+    fi
+  done
 fi
 
 # 4. The sandbox image (content-cached: quick when nothing changed).

@@ -43,7 +43,11 @@ def test_command_agent_solves_the_file_task_and_keeps_raw_logs(box, tmp_path, mo
     assert (box.workspace / "answer.txt").read_text() == ANSWER
     log = _log(tmp_path)
     env = json.loads(next(line for line in log.splitlines() if line.startswith("ENV "))[4:])
-    assert set(env) <= {"PATH", "HOME", "LANG", "ALE_TEST_PASSED", "MODE", "ALE_MCP_URL", "ALE_MCP_TOKEN", "ALE_MCP_CONFIG"}
+    gateway = {"OPENAI_BASE_URL", "ANTHROPIC_BASE_URL", "GOOGLE_GEMINI_BASE_URL", "OPENAI_API_KEY", "CODEX_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY"}
+    assert set(env) <= {"PATH", "HOME", "LANG", "ALE_TEST_PASSED", "MODE", "ALE_MCP_URL", "ALE_MCP_TOKEN", "ALE_MCP_CONFIG", *gateway}
+    # Every API key the harness holds is the run's token, for the run's gateway.
+    assert len({env[k] for k in gateway if k.endswith("_KEY")}) == 1 and env["OPENAI_API_KEY"].startswith("ale-run-")
+    assert env["ANTHROPIC_BASE_URL"].startswith("http://127.0.0.1:") and env["ANTHROPIC_BASE_URL"].endswith("/anthropic")
     assert env["ALE_TEST_PASSED"] == "visible" and env["MODE"] == "/workspace"
     assert "PROMPT Read /input/numbers.txt" in log and 'TOOLS ["list_dir", "read_file", "shell", "write_file"]' in log
     assert (tmp_path / "agent" / "stderr.log").exists()

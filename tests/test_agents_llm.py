@@ -101,7 +101,14 @@ def test_llm_agent_solves_the_file_task_and_the_trajectory_shows_each_call(box, 
     assert NUMBERS.strip() in json.dumps(fake.requests[2]["body"]["messages"])
     assert doc["usage"] == out.usage == {
         "model": "fake-model", "requests": 4, "prompt_tokens": 40, "completion_tokens": 20, "total_tokens": 60, "tool_calls": 3,
+        "input_tokens": 40, "output_tokens": 20,  # the gateway's count, the same for every harness
     }
+    # Every request went through the run's gateway: recorded, its tools the bridge's alone.
+    from ale.agents.gateway.record import summarize
+
+    summary = summarize(tmp_path)
+    assert summary is not None and not summary["problems"] and len(summary["requests"]) == 4
+    assert all(r["tools"] == ["list_dir", "read_file", "shell", "write_file"] and r["decision"] == "forwarded" for r in summary["requests"])
     first = fake.requests[0]
     assert first["headers"]["Authorization"] == "Bearer test-key" and first["body"]["model"] == "fake-model"
     assert [t["function"]["name"] for t in first["body"]["tools"]] == ["shell", "read_file", "write_file", "list_dir"]

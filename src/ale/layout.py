@@ -52,6 +52,7 @@ class Evidence:
     TASK_PROCESS = "task-process.json"
     CHECKS = "checks.json"
     PHASES = "phases.json"
+    CONTROLLER = "controller.json"  # the model gateway's summary and the harness's confinement
 
     @staticmethod
     def probes(phase: str) -> str:

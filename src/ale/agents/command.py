@@ -17,6 +17,19 @@ Configuration (``AgentSpec.config``):
   it sees no repository around it).
 - ``max_steps``: tool calls allowed (the run's step limit applies too).
 - ``kill_grace_s``: seconds between SIGTERM and SIGKILL at the end (default 2).
+- ``gateway`` (default true): every model request goes through the run's model
+  gateway (``ale.agents.gateway``). The harness gets ``OPENAI_BASE_URL``,
+  ``ANTHROPIC_BASE_URL``, ``GOOGLE_GEMINI_BASE_URL`` pointing at it and the run's
+  token as ``OPENAI_API_KEY``, ``CODEX_API_KEY``, ``ANTHROPIC_API_KEY``,
+  ``GEMINI_API_KEY`` (the operator's keys stay in the gateway; naming them in
+  ``env_pass`` passes the token instead). Placeholder ``{gateway_url}``.
+  ``ALE_GATEWAY_OPENAI_UPSTREAM`` / ``_ANTHROPIC_`` / ``_GEMINI_`` (config keys or
+  the controller's environment) say where it forwards; ``harness_profile`` names
+  harness-internal tools allowed besides the bridge's, each with its reason;
+  ``prices`` is the price table for the run's cost.
+- ``confine``: run the harness in bubblewrap (``ale.agents.gateway.confine``):
+  ``true`` or ``{"install": [folders of the harness's installation], "python":
+  "/usr/bin/python3"}``. The confinement is recorded in ``agent/confinement.json``.
 
 The harness also gets ``ALE_MCP_URL``, ``ALE_MCP_TOKEN`` and ``ALE_MCP_CONFIG``.
 Grader keys and cloud credentials are never passed (see ``secrets.py``). Its
@@ -33,16 +46,29 @@ import json
 import os
 import shlex
 import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
 from ale.agents.errors import AgentConfigError
+from ale.agents.gateway.confine import UnixRelay, bwrap_argv, bwrap_path
+from ale.agents.gateway.server import (
+    KEY_VARS,
+    UPSTREAM_VARS,
+    ModelGateway,
+    harness_env,
+    resolve_upstreams,
+    serve_gateway,
+)
+from ale.agents.gateway.tools import HarnessProfile, ToolPolicy
 from ale.agents.mcp_bridge import ToolBridge, mcp_config, serve_http
 from ale.agents.secrets import BASE_ENV, REDACTED, build_agent_env
 
-_KNOWN_KEYS = {"command", "env_pass", "env", "mcp_config_format", "cwd", "max_steps", "kill_grace_s"}
+_GATEWAY_KEYS = {"gateway", "harness_profile", "prices", "confine", *UPSTREAM_VARS.values()}
+_KNOWN_KEYS = {"command", "env_pass", "env", "mcp_config_format", "cwd", "max_steps", "kill_grace_s", *_GATEWAY_KEYS}
+_OPERATOR_KEYS = frozenset(n for names in KEY_VARS.values() for n in names)
 
 
 def _substitute(template: str, values: dict[str, str]) -> str:
@@ -77,6 +103,21 @@ class CommandAgent:
             raise AgentConfigError(f"command agent: mcp_config_format {self.mcp_format!r} unknown; use 'claude' or 'gemini'")
         self.max_steps = self.config.get("max_steps")
         self.kill_grace_s = float(self.config.get("kill_grace_s", 2.0))
+        self.gateway = bool(self.config.get("gateway", True))
+        self.profile = HarnessProfile.load(self.config.get("harness_profile"))
+        self.prices = dict(self.config.get("prices") or {})
+        confine = self.config.get("confine", False)
+        if confine and not self.gateway:
+            raise AgentConfigError("command agent: confine needs the gateway (the harness reaches nothing else)")
+        if confine is True:
+            confine = {}
+        if confine is not False and not isinstance(confine, dict):
+            raise AgentConfigError("command agent: confine must be true, false or {\"install\": [...], \"python\": ...}")
+        self.confine: dict[str, Any] | None = confine if isinstance(confine, dict) else None
+        if self.confine is not None:
+            bwrap_path()
+        if self.gateway:  # the operator's keys stay in the gateway: the harness gets the run's token
+            self.env_pass = [n for n in self.env_pass if n not in _OPERATOR_KEYS]
         # Validate the environment now, so a forbidden name fails before any run starts.
         build_agent_env(passthrough=self.env_pass, constants=self.env_constants)
 
@@ -84,9 +125,13 @@ class CommandAgent:
         """What the harness is given, for the run's evidence (names, never values)."""
         return {
             "argv_template": self.argv_template,
-            "env_names": sorted({*BASE_ENV, *self.env_pass, *self.env_constants, "ALE_MCP_URL", "ALE_MCP_TOKEN", "ALE_MCP_CONFIG"}),
+            "env_names": sorted({*BASE_ENV, *self.env_pass, *self.env_constants, "ALE_MCP_URL", "ALE_MCP_TOKEN", "ALE_MCP_CONFIG",
+                                 *(harness_env("", "") if self.gateway else {})}),
             "mcp_config_format": self.mcp_format,
             "process_group_killed_at_end": True,
+            "gateway": self.gateway,
+            "harness_profile": self.profile.to_dict(),
+            "confined": self.confine is not None,
         }
 
     async def run(self, ctx: AgentContext) -> AgentOutcome:
@@ -99,11 +144,26 @@ class CommandAgent:
         limits = [n for n in (self.max_steps, ctx.max_steps) if n is not None]
         bridge = ToolBridge(ctx.tools, max_steps=min(limits) if limits else None)
         config_path = agent_dir / ("mcp-settings.json" if self.mcp_format == "gemini" else "mcp-config.json")
-        async with serve_http(bridge) as (url, token):
+        async with contextlib.AsyncExitStack() as stack:
+            sock_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ale-gw-")))  # short: unix paths
+            gw: ModelGateway | None = None
+            if self.gateway:
+                gw = ModelGateway(
+                    Path(ctx.run_dir), ToolPolicy(tuple(ctx.tools.allowlist), self.profile),
+                    upstreams=resolve_upstreams(self.config), prices=self.prices,
+                )
+                self.gateway_url = await stack.enter_async_context(
+                    serve_gateway(gw, unix_path=sock_dir / "gateway.sock" if self.confine is not None else None))
+            url, token = await stack.enter_async_context(serve_http(bridge))
+            sockets: dict[int, Path] = {}
+            if self.confine is not None and gw is not None:
+                sockets[int(self.gateway_url.rsplit(":", 1)[1])] = sock_dir / "gateway.sock"
+                bport = int(url.split(":")[2].split("/")[0])
+                sockets[bport] = await stack.enter_async_context(UnixRelay(sock_dir / "bridge.sock", bport).serve())
             config_path.write_text(json.dumps(mcp_config(url, token, fmt=self.mcp_format, tools=ctx.tools.allowlist), indent=2))
             os.chmod(config_path, 0o600)
             try:
-                return await self._run_harness(ctx, bridge, agent_dir, cwd, url, token, config_path, prompt_file)
+                return await self._run_harness(ctx, bridge, agent_dir, cwd, url, token, config_path, prompt_file, gw, sockets)
             finally:
                 # The token dies with the bridge; the file keeps the shape, not the secret.
                 with contextlib.suppress(OSError):
@@ -120,6 +180,8 @@ class CommandAgent:
         token: str,
         config_path: Path,
         prompt_file: Path,
+        gw: ModelGateway | None = None,
+        sockets: dict[int, Path] | None = None,
     ) -> AgentOutcome:
         values = {
             "prompt": ctx.prompt,
@@ -129,6 +191,7 @@ class CommandAgent:
             "mcp_config": str(config_path),
             "mcp_url": url,
             "agent_dir": str(agent_dir),
+            "gateway_url": getattr(self, "gateway_url", ""),
         }
         argv = [_substitute(a, values) for a in self.argv_template]
         env = build_agent_env(
@@ -136,6 +199,17 @@ class CommandAgent:
             constants={k: _substitute(v, values) for k, v in self.env_constants.items()},
         )
         env.update({"ALE_MCP_URL": url, "ALE_MCP_TOKEN": token, "ALE_MCP_CONFIG": str(config_path)})
+        if gw is not None:
+            env.update(harness_env(values["gateway_url"], gw.token))
+        if self.confine is not None:
+            home = agent_dir / "home"
+            home.mkdir(exist_ok=True)
+            env["HOME"] = str(home)
+            argv, record = bwrap_argv(
+                argv, cwd=cwd, home=home, install=[str(p) for p in self.confine.get("install", [])],
+                files=[prompt_file, config_path], sockets=sockets or {}, python=str(self.confine.get("python", "/usr/bin/python3")),
+            )
+            (agent_dir / "confinement.json").write_text(json.dumps(record, indent=2))
         (agent_dir / "command.json").write_text(
             json.dumps({"argv": argv, "cwd": str(cwd), "env_names": sorted(env)}, indent=2)
         )
@@ -154,22 +228,32 @@ class CommandAgent:
             except OSError as e:
                 return AgentOutcome(AgentEnd.FAILED, detail=f"cannot start the harness {argv[0]!r}: {e}")
             try:
-                return await self._supervise(ctx, bridge, proc, started, agent_dir)
+                return await self._supervise(ctx, bridge, proc, started, agent_dir, gw)
             finally:
                 await _kill_group(proc, self.kill_grace_s)
 
     async def _supervise(
-        self, ctx: AgentContext, bridge: ToolBridge, proc: asyncio.subprocess.Process, started: float, agent_dir: Path
+        self, ctx: AgentContext, bridge: ToolBridge, proc: asyncio.subprocess.Process, started: float, agent_dir: Path,
+        gw: ModelGateway | None = None,
     ) -> AgentOutcome:
         exited = asyncio.ensure_future(proc.wait())
         limited = asyncio.ensure_future(bridge.limit_reached.wait())
+        refused = asyncio.ensure_future(gw.refused.wait() if gw is not None else asyncio.Event().wait())
         try:
-            done, _ = await asyncio.wait({exited, limited}, timeout=ctx.wall_time_s, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({exited, limited, refused}, timeout=ctx.wall_time_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
             limited.cancel()
+            refused.cancel()
             if not exited.done():
                 exited.cancel()
-        usage = {"tool_calls": bridge.executed, "rejected_http_requests": bridge.rejected_requests, "seconds": round(time.monotonic() - started, 3)}
+        usage: dict[str, Any] = {"tool_calls": bridge.executed, "rejected_http_requests": bridge.rejected_requests, "seconds": round(time.monotonic() - started, 3)}
+        if gw is not None:
+            usage.update(gw.usage)
+            usage["gateway_unauthorized"] = gw.unauthorized
+        if refused in done:
+            r = gw.refusals[0] if gw is not None and gw.refusals else {}
+            return AgentOutcome(AgentEnd.FAILED, detail=f"the model gateway refused request {r.get('seq')}: it offered the model "
+                                f"{', '.join(r.get('forbidden', []))}, outside the allowlist; harness stopped", usage=usage)
         if exited in done:
             rc = proc.returncode
             usage["exit_code"] = -1 if rc is None else rc

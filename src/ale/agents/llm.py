@@ -18,11 +18,18 @@ The model sees the allowlisted tools only, as JSON-schema functions. Every call
 goes through the ToolBox (recorded as a trajectory step); each API response is
 also appended to ``agent/llm-transcript.jsonl``. Token usage is returned in
 ``AgentOutcome.usage``.
+
+Every request goes through the run's model gateway (``gateway``, default true):
+the SDK is pointed at it with the run's token, the gateway forwards to
+``base_url`` (or ``ALE_GATEWAY_OPENAI_UPSTREAM``) with the key, records the
+exchange and enforces the allowlist on the tools offered. ``prices`` is the
+price table for the run's cost (see ``ale.agents.gateway.usage``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -31,12 +38,15 @@ from typing import Any
 
 from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
 from ale.agents.errors import AgentConfigError
+from ale.agents.gateway.server import DEFAULT_UPSTREAMS, ModelGateway, serve_gateway
+from ale.agents.gateway.tools import OPENAI, ToolPolicy
 from ale.agents.mcp_bridge import allowed_specs, record_refusal
 from ale.agents.secrets import is_forbidden_env
 
 _KNOWN_KEYS = {
     "base_url", "model", "api_key", "api_key_env", "max_steps", "max_tokens_total", "wall_time_s",
     "max_output_tokens", "temperature", "system_prompt", "max_tool_result_chars", "request_timeout_s",
+    "gateway", "prices", "ALE_GATEWAY_OPENAI_UPSTREAM",
 }
 DEFAULT_MAX_STEPS = 50
 DEFAULT_SYSTEM_PROMPT = (
@@ -113,15 +123,25 @@ class LLMAgent:
             transcript=Path(ctx.run_dir) / "agent" / "llm-transcript.jsonl",
         )
         state.transcript.parent.mkdir(parents=True, exist_ok=True)
-        client = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=2, timeout=float(self.config.get("request_timeout_s", 300)))
         loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout_at(None if wall is None else loop.time() + wall):
-                return await self._loop(ctx, client, state)
-        except TimeoutError:
-            return state.outcome(AgentEnd.TIMEOUT, f"wall time of {wall:.1f}s reached")
-        finally:
-            await client.close()
+        async with contextlib.AsyncExitStack() as stack:
+            if self.config.get("gateway", True):
+                upstream = (self.config.get("ALE_GATEWAY_OPENAI_UPSTREAM") or base_url
+                            or os.environ.get("ALE_GATEWAY_OPENAI_UPSTREAM") or DEFAULT_UPSTREAMS[OPENAI])
+                gw = ModelGateway(Path(ctx.run_dir), ToolPolicy(tuple(ctx.tools.allowlist)), upstreams={
+                    **DEFAULT_UPSTREAMS, OPENAI: str(upstream).rstrip("/")}, keys={OPENAI: key}, prices=dict(self.config.get("prices") or {}))
+                gw_url = await stack.enter_async_context(serve_gateway(gw))
+                base_url, key = f"{gw_url}/openai/v1", gw.token
+                state.gateway = gw
+            client = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=2, timeout=float(self.config.get("request_timeout_s", 300)))
+            try:
+                async with asyncio.timeout_at(None if wall is None else loop.time() + wall):
+                    return await self._loop(ctx, client, state)
+            except TimeoutError:
+                return state.outcome(AgentEnd.TIMEOUT, f"wall time of {wall:.1f}s reached")
+            finally:
+                await client.close()
+        raise AssertionError("unreachable")
 
     async def _loop(self, ctx: AgentContext, client: Any, state: _LoopState) -> AgentOutcome:
         from openai import APIError
@@ -200,12 +220,16 @@ class _LoopState:
     max_steps: int
     transcript: Path
     usage: dict[str, Any] = field(default_factory=dict)
+    gateway: Any = None
 
     def __post_init__(self) -> None:
         self.usage = {"model": self.model, "requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "tool_calls": 0}
 
     def outcome(self, end: AgentEnd, detail: str) -> AgentOutcome:
-        return AgentOutcome(end, detail=detail, usage=dict(self.usage))
+        usage = dict(self.usage)
+        if self.gateway is not None:  # the gateway's count, the same for every agent
+            usage.update({k: v for k, v in self.gateway.usage.items() if k != "requests"})
+        return AgentOutcome(end, detail=detail, usage=usage)
 
 
 def _append_jsonl(path: Path, obj: dict[str, Any]) -> None:

@@ -24,6 +24,7 @@ from typing import Any, TypeGuard
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ale import layout
+from ale.agents.gateway import record as gateway_record
 from ale.grading.deliverables import DeliverablesManifest, listing_digest
 from ale.isolation.checks import check_inspect, diff_captures, failures
 from ale.isolation.probes import parse_probes, workspace_empty_checks
@@ -232,6 +233,7 @@ class _Verifier:
         self.guarded("reference", self.verify_reference)
         self.guarded("times", self.verify_times)
         self.guarded("records", self.verify_records, result)
+        self.guarded("gateway", self.verify_model_gateway, result)
         self.guarded("status", self.verify_status, result)
 
     def guarded(self, step: str, fn: Any, *args: Any) -> Any:
@@ -687,6 +689,47 @@ class _Verifier:
         leaks = unredacted_secrets(agent)
         self.check("agent.redacted", not leaks, "no secret-looking values", leaks,
                    f"evidence/agent.json holds unredacted secrets at {leaks}" if leaks else "", area="agent")
+
+    def verify_model_gateway(self, result: Any) -> None:
+        """The model gateway's record: its chain intact, the tools offered on every
+        request re-derived from the recorded request bodies, the evidence and the
+        event log naming the same record, and the status and attribution following
+        from its refusals."""
+        rel = layout.evidence_path(Evidence.CONTROLLER)
+        stored = self.load(rel)
+        present = (self.run_dir / gateway_record.GATEWAY_DIR / gateway_record.RECORDS).is_file()
+        if stored is None and not present:
+            return
+        area = "gateway"
+        if not self.check("gateway.record_present", present and isinstance(stored, dict), "the gateway's record and its evidence",
+                          {"records": present, "evidence": stored is not None},
+                          "" if present and isinstance(stored, dict) else "the gateway's records or evidence/controller.json is missing", area=area):
+            return
+        records, chain = gateway_record.read_records(self.run_dir)
+        self.check("gateway.chain", not chain, "an intact hash chain", chain[:5], "; ".join(chain[:3]), area=area)
+        derived, problems = gateway_record.derive(self.run_dir, records)
+        self.check("gateway.tools_rederived", not problems, "each request's tools as its recorded body offers them", problems[:5],
+                   "; ".join(problems[:3]), area=area)
+        claimed = _as_dict(_as_dict(stored).get("gateway"))
+        keys = ("head", "records", "requests", "tools_offered", "refusals")
+        diff = [k for k in keys if claimed.get(k) != derived.get(k)]
+        self.check("gateway.evidence_matches", not diff, "evidence/controller.json as the records derive it", diff,
+                   f"evidence/controller.json differs from the gateway's records in {diff}" if diff else "", area=area)
+        events, _ = ev.read_chain(self.run_dir / layout.EVENTS)
+        heads = [e.get("data", {}).get("head") for e in events if e.get("type") == "gateway.recorded"]
+        self.check("gateway.event", heads == [derived.get("head")], [derived.get("head")], heads,
+                   "" if heads == [derived.get("head")] else "the event log does not name the gateway record's head", area=area)
+        refusals = derived.get("refusals") or []
+        if result is None:
+            return
+        want = None
+        if refusals:
+            want = InvalidAttribution.CONTROLLER_CONFIGURATION if refusals[0].get("before_any_answer") else InvalidAttribution.AFTER_AGENT_START
+        ok = (result.status is RunStatus.INVALID_EVALUATION_ENVIRONMENT and result.invalid_attribution == want) if refusals else (
+            result.invalid_attribution != InvalidAttribution.CONTROLLER_CONFIGURATION)
+        self.check("gateway.status", ok, {"status": "invalid_evaluation_environment" if refusals else "any", "attribution": want},
+                   {"status": result.status.value, "attribution": result.invalid_attribution},
+                   "" if ok else "the run's status or attribution does not follow from the gateway's refusals", area=area)
 
     def _attribution_problems(self, result: Any) -> list[str]:
         """An invalid run's attribution must follow from the evidence: the agent's

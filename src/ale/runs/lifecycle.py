@@ -31,6 +31,7 @@ import ale
 from ale import layout
 from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
 from ale.agents.errors import AgentConfigError
+from ale.agents.gateway.record import evidence_record as gateway_evidence
 from ale.agents.registry import agent_evidence, make_agent
 from ale.agents.trajectory import TrajectoryWriter
 from ale.data.base import DataError, ReferenceCommitment
@@ -132,6 +133,7 @@ class RunState:
     input_after_start: dict | None = None  # the input's tree hash once start() has run
     reference_commit: dict | None = None  # what was committed before the agent started
     agent_started: bool = False  # from here on, a failure may be the candidate's doing
+    invalid_attribution: InvalidAttribution | None = None  # set by a phase that knows better than agent_started
 
     @contextlib.contextmanager
     def cost(self, what: str) -> Iterator[None]:
@@ -496,6 +498,26 @@ async def run_agent(state: RunState) -> None:
     state.events.append("agent.ended", end=outcome.end.value, detail=(outcome.detail or "")[:2000])
 
 
+def record_model_gateway(state: RunState) -> None:
+    """The model gateway's record (agents that reach a model through it): its summary
+    and the harness's confinement as evidence, its chain head in the event log. A
+    request that offered the model a forbidden tool makes the run invalid, charged to
+    the controller's configuration when no model answer came before it."""
+    doc = gateway_evidence(state.run_dir)
+    if doc is None:
+        return
+    gw = doc["gateway"]
+    state.store.write_json(Evidence.CONTROLLER, doc)
+    state.events.append("gateway.recorded", head=gw.get("head"), records=gw.get("records"),
+                        tools_offered=gw.get("tools_offered", []), refusals=gw.get("refusals", []))
+    state.violations += [f"[agent] gateway.record: {p}" for p in gw.get("problems", [])]
+    for r in gw.get("refusals", []):
+        state.violations.append(f"[agent] gateway.tools_allowed: request {r['seq']} offered the model "
+                                f"{', '.join(r['forbidden'])}, outside the run's allowlist; refused")
+    if gw.get("refusals") and gw["refusals"][0].get("before_any_answer"):
+        state.invalid_attribution = InvalidAttribution.CONTROLLER_CONFIGURATION
+
+
 def _oracle(state: RunState) -> Any:
     """The task's solve(), run in the task process with the agent's session."""
     if not state.prep.task.has("solve"):
@@ -711,6 +733,7 @@ async def execute_run(
         async with state.phase(Phase.AGENT):
             state.agent_started = True
             await run_agent(state)
+            record_model_gateway(state)
         async with state.phase(Phase.STOP):
             probe = await kill_agent_processes(state)
             await verify_running(state, "after", probe, ran=True)
@@ -736,7 +759,8 @@ async def execute_run(
     attribution = None
     if state.violations:
         status, scores = RunStatus.INVALID_EVALUATION_ENVIRONMENT, None
-        attribution = InvalidAttribution.AFTER_AGENT_START if state.agent_started else InvalidAttribution.BEFORE_AGENT
+        attribution = state.invalid_attribution or (
+            InvalidAttribution.AFTER_AGENT_START if state.agent_started else InvalidAttribution.BEFORE_AGENT)
     if state.agent_outcome and state.agent_outcome.usage:
         extra["usage"] = state.agent_outcome.usage
     extra["costs"] = {k: round(v, 4) for k, v in state.costs.items()}

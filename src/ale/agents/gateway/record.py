@@ -1,0 +1,231 @@
+"""The gateway's record: every request and response of a run, hash-chained.
+
+``RUN/agent/gateway/records.jsonl`` holds one JSON line per record; each names
+its predecessor's hash (``prev``) and its own (``hash``: sha256 of the canonical
+JSON of the record without ``hash``), so a removed, reordered or edited line
+breaks the chain. The first record (``gateway.start``) holds the tool policy
+(the allowlist, the names each harness gives the bridge's tools, the harness
+profile) and the upstreams. Then, per exchange:
+
+- ``request``: api, method, path, headers and query with keys redacted, the
+  body (inline as ``body_json`` when it is JSON of at most ``INLINE_LIMIT``
+  bytes, else a file under ``bodies/`` named with its sha256 and size), the
+  tools the request offered, the ones outside the policy and the decision
+  (``forwarded`` / ``refused``);
+- ``response``: the upstream status, headers, body (same rule), whether it was
+  streamed, first-byte and total seconds, and the usage read from it.
+
+``summarize(run_dir)`` re-reads the file and derives what the run's evidence
+keeps: the chain head, the tools offered on every request, the refusals (and
+whether the first one came before any model answer), the usage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ale.agents.gateway.tools import ToolPolicy, is_model_call, offered_tools
+from ale.redaction import REDACTED
+
+GATEWAY_DIR = "agent/gateway"
+RECORDS = "records.jsonl"
+BODIES = "bodies"
+CONFINEMENT = "agent/confinement.json"  # written by the command agent when it confines the harness
+INLINE_LIMIT = 16 * 1024
+GENESIS = "0" * 64
+SECRET_HEADERS = frozenset({"authorization", "x-api-key", "x-goog-api-key", "api-key", "cookie", "proxy-authorization"})
+SECRET_QUERY = frozenset({"key", "api_key", "apikey", "token"})
+
+
+def canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def record_hash(rec: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical({k: v for k, v in rec.items() if k != "hash"})).hexdigest()
+
+
+def redact_headers(headers: list[tuple[str, str]]) -> list[list[str]]:
+    return [[k, REDACTED if k.lower() in SECRET_HEADERS else v] for k, v in headers]
+
+
+def redact_query(pairs: list[tuple[str, str]]) -> list[list[str]]:
+    return [[k, REDACTED if k.lower() in SECRET_QUERY else v] for k, v in pairs]
+
+
+class GatewayRecorder:
+    """Appends chained records; bodies past the inline limit go to files."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.dir = self.run_dir / GATEWAY_DIR
+        (self.dir / BODIES).mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / RECORDS
+        self._lock = threading.Lock()
+        self.seq = 0
+        self.head = GENESIS
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+
+    def body(self, seq: int, kind: str, data: bytes) -> dict[str, Any]:
+        """The record's view of a body: inline JSON when small, else a file reference."""
+        if not data:
+            return {"bytes": 0}
+        if len(data) <= INLINE_LIMIT:
+            try:
+                return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "json": json.loads(data)}
+            except ValueError:
+                pass
+        rel = f"{BODIES}/{seq:06d}-{kind}"
+        with open(self.dir / rel, "wb") as f:
+            f.write(data)
+        return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "file": f"{GATEWAY_DIR}/{rel}"}
+
+    def append(self, type: str, **data: Any) -> dict[str, Any]:
+        with self._lock:
+            rec = {"seq": self.seq + 1, "time": datetime.now(UTC).isoformat(), "type": type, **data, "prev": self.head}
+            rec["hash"] = record_hash(rec)
+            os.write(self._fd, canonical(rec) + b"\n")
+            self.seq, self.head = rec["seq"], rec["hash"]
+            return rec
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.fsync(self._fd)
+                os.close(self._fd)
+                self._fd = -1
+
+
+# -- reading it back (the lifecycle's summary and `ale verify`) --------------------
+def read_body(run_dir: Path, ref: dict[str, Any]) -> tuple[Any, list[str]]:
+    """A recorded body as parsed JSON (None when empty or not JSON), and the problems found."""
+    if not ref or not ref.get("bytes"):
+        return None, []
+    if "json" in ref:
+        return ref["json"], []
+    rel = ref.get("file")
+    if not isinstance(rel, str) or ".." in Path(rel).parts or not rel.startswith(GATEWAY_DIR + "/"):
+        return None, [f"body reference {rel!r} is not a file of the gateway's record"]
+    try:
+        data = (Path(run_dir) / rel).read_bytes()
+    except OSError as e:
+        return None, [f"body file {rel} cannot be read: {e}"]
+    if hashlib.sha256(data).hexdigest() != ref.get("sha256") or len(data) != ref.get("bytes"):
+        return None, [f"body file {rel} does not match the sha256 and size its record names"]
+    try:
+        return json.loads(data), []
+    except ValueError:
+        return None, []
+
+
+def read_records(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    path = Path(run_dir) / GATEWAY_DIR / RECORDS
+    problems: list[str] = []
+    records: list[dict[str, Any]] = []
+    prev, seq = GENESIS, 0
+    try:
+        lines = path.read_bytes().decode().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        return [], [f"{GATEWAY_DIR}/{RECORDS} cannot be read: {e}"]
+    for n, line in enumerate(lines, 1):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            problems.append(f"records.jsonl:{n}: not JSON")
+            continue
+        if not isinstance(rec, dict):
+            problems.append(f"records.jsonl:{n}: not an object")
+            continue
+        if rec.get("seq") != seq + 1 or rec.get("prev") != prev:
+            problems.append(f"records.jsonl:{n}: does not follow record {seq} (a record was removed, reordered or inserted)")
+        if rec.get("hash") != record_hash(rec):
+            problems.append(f"records.jsonl:{n}: does not match its hash (the record was edited)")
+        records.append(rec)
+        prev, seq = rec.get("hash", ""), rec.get("seq", seq + 1) if isinstance(rec.get("seq"), int) else seq + 1
+    return records, problems
+
+
+def derive(run_dir: Path, records: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """What the records prove, re-derived from the recorded request bodies (never
+    from the recorded tool lists): per request the tools offered and the ones
+    outside the policy; the refusals; the usage the responses report."""
+    problems: list[str] = []
+    start = next((r for r in records if r.get("type") == "gateway.start"), None)
+    if start is None:
+        return {}, ["the gateway's record has no gateway.start record (its policy)"]
+    policy = ToolPolicy.from_dict(start.get("policy") or {})
+    requests: list[dict[str, Any]] = []
+    refusals: list[dict[str, Any]] = []
+    answered = False
+    usage: dict[str, Any] = {}
+    for rec in records:
+        if rec.get("type") == "response":
+            if isinstance(rec.get("status"), int) and 200 <= rec["status"] < 300 and rec.get("model_call"):
+                answered = True
+            _add_usage(usage, rec.get("usage") or {})
+            continue
+        if rec.get("type") != "request":
+            continue
+        body, probs = read_body(run_dir, rec.get("body") or {})
+        problems += [f"request {rec.get('seq')}: {p}" for p in probs]
+        api, path = str(rec.get("api")), str(rec.get("path"))
+        model_call = is_model_call(api, path)
+        tools = offered_tools(api, path, body) if model_call else []
+        forbidden = policy.forbidden(tools)
+        if tools != rec.get("tools") or forbidden != rec.get("forbidden"):
+            problems.append(
+                f"request {rec.get('seq')}: its record names tools {rec.get('tools')} (forbidden {rec.get('forbidden')}), "
+                f"but its body offers {tools} (forbidden {forbidden})"
+            )
+        if forbidden and rec.get("decision") != "refused":
+            problems.append(f"request {rec.get('seq')} offered {forbidden}, outside the policy, yet was {rec.get('decision')}")
+        entry = {"seq": rec.get("seq"), "api": api, "path": path, "model": rec.get("model"), "tools": tools, "decision": rec.get("decision")}
+        requests.append(entry)
+        if forbidden:
+            refusals.append({"seq": rec.get("seq"), "forbidden": forbidden, "before_any_answer": not answered})
+    summary = {
+        "policy": start.get("policy"),
+        "upstreams": start.get("upstreams"),
+        "records": len(records),
+        "head": records[-1].get("hash") if records else GENESIS,
+        "requests": requests,
+        "tools_offered": sorted({t for r in requests for t in r["tools"]}),
+        "refusals": refusals,
+        "usage": usage,
+    }
+    return summary, problems
+
+
+def _add_usage(total: dict[str, Any], u: dict[str, Any]) -> None:
+    for k, v in u.items():
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            total[k] = round(total.get(k, 0) + v, 8)
+
+
+def summarize(run_dir: Path) -> dict[str, Any] | None:
+    """The summary the run's evidence keeps, or None when no gateway ran."""
+    if not (Path(run_dir) / GATEWAY_DIR / RECORDS).exists():
+        return None
+    records, problems = read_records(run_dir)
+    summary, more = derive(run_dir, records)
+    summary["problems"] = problems + more
+    return summary
+
+
+def evidence_record(run_dir: Path) -> dict[str, Any] | None:
+    """What the run's evidence keeps about the controller side (``evidence/controller.json``):
+    the gateway's summary and the harness's confinement; None when no gateway ran."""
+    summary = summarize(run_dir)
+    if summary is None:
+        return None
+    confinement = None
+    with contextlib.suppress(OSError, ValueError):
+        confinement = json.loads((Path(run_dir) / CONFINEMENT).read_text())
+    return {"gateway": summary, "confinement": confinement}

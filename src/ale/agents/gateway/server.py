@@ -1,0 +1,339 @@
+"""The model gateway: every model request of a run, through the trusted side.
+
+``async with serve_gateway(gw) as url`` serves ``gw`` on ``127.0.0.1`` (a free
+port; optionally also a unix socket, which a confined harness reaches through its
+relay). Harnesses are pointed at ``{url}/openai/v1``, ``{url}/anthropic`` and
+``{url}/gemini`` and hold only the run's token (as ``Authorization: Bearer``,
+``x-api-key``, ``x-goog-api-key`` or ``?key=``); a request without it gets 401.
+The gateway forwards to the upstream with the operator's key, which never
+leaves this process, and passes the response (SSE included) through chunk by
+chunk as it arrives.
+
+Before a model request is forwarded, its tool declarations are extracted
+(``tools.offered_tools``) and compared with the run's ``ToolPolicy``: a request
+offering anything else is refused with 403 and an error naming the tools, in the
+API's own error shape, and ``refused`` is set so the owner can end the turn.
+Every request and response is recorded (``record.GatewayRecorder``).
+
+The HTTP client is ``httpx2`` (what the ``openai`` SDK, already a dependency,
+uses), the server uvicorn (as the MCP bridge): no new dependency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+import httpx2 as httpx
+import uvicorn
+
+from ale.agents.gateway.record import GatewayRecorder, redact_headers, redact_query
+from ale.agents.gateway.tools import (
+    ANTHROPIC,
+    APIS,
+    GEMINI,
+    OPENAI,
+    ToolPolicy,
+    is_model_call,
+    offered_tools,
+)
+from ale.agents.gateway.turns import write_turns
+from ale.agents.gateway.usage import cost, usage_of
+
+log = logging.getLogger(__name__)
+
+DEFAULT_UPSTREAMS = {
+    OPENAI: "https://api.openai.com/v1",
+    ANTHROPIC: "https://api.anthropic.com",
+    GEMINI: "https://generativelanguage.googleapis.com",
+}
+UPSTREAM_VARS = {OPENAI: "ALE_GATEWAY_OPENAI_UPSTREAM", ANTHROPIC: "ALE_GATEWAY_ANTHROPIC_UPSTREAM", GEMINI: "ALE_GATEWAY_GEMINI_UPSTREAM"}
+# The operator's keys, read from the controller's own environment (first set wins).
+KEY_VARS = {OPENAI: ("OPENAI_API_KEY", "CODEX_API_KEY"), ANTHROPIC: ("ANTHROPIC_API_KEY",), GEMINI: ("GEMINI_API_KEY",)}
+# Each API's path prefix on the gateway (what the harness's base URL ends with).
+PREFIXES = {OPENAI: "/openai/v1", ANTHROPIC: "/anthropic", GEMINI: "/gemini"}
+_HOP = frozenset({"host", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization",
+                  "proxy-connection", "content-length", "accept-encoding", "authorization", "x-api-key", "x-goog-api-key"})
+_HOP_RESPONSE = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "content-encoding"})
+
+
+def resolve_upstreams(config: dict[str, Any] | None = None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Config key, then the controller's environment variable, then the public endpoint."""
+    env = os.environ if environ is None else environ
+    c = config or {}
+    return {api: str(c.get(var) or env.get(var) or DEFAULT_UPSTREAMS[api]).rstrip("/") for api, var in UPSTREAM_VARS.items()}
+
+
+def resolve_keys(environ: dict[str, str] | None = None) -> dict[str, str]:
+    env = os.environ if environ is None else environ
+    return {api: next((env[v] for v in names if env.get(v)), "") for api, names in KEY_VARS.items()}
+
+
+def _error(api: str, status: int, message: str) -> bytes:
+    if api == ANTHROPIC:
+        kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}.get(status, "api_error")
+        return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
+    if api == GEMINI:
+        st = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}.get(status, "UNAVAILABLE")
+        return json.dumps({"error": {"code": status, "message": message, "status": st}}).encode()
+    code = "ale_tool_not_allowed" if status == 403 else None
+    return json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": code}}).encode()
+
+
+class ModelGateway:
+    """One run's gateway (an ASGI app). ``refused`` is set at the first refusal."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        policy: ToolPolicy,
+        *,
+        upstreams: dict[str, str] | None = None,
+        keys: dict[str, str] | None = None,
+        prices: dict[str, Any] | None = None,
+        token: str | None = None,
+        transport: Any = None,
+    ):
+        self.policy = policy
+        self.upstreams = upstreams or resolve_upstreams()
+        self._keys = keys if keys is not None else resolve_keys()
+        self.prices = dict(prices or {})
+        self.token = token or "ale-run-" + secrets.token_urlsafe(32)
+        self._auth_values = {self.token.encode(), f"Bearer {self.token}".encode()}
+        self.recorder = GatewayRecorder(run_dir)
+        self.refused = asyncio.Event()
+        self.refusals: list[dict[str, Any]] = []
+        self.answered = False  # a model response reached the harness
+        self.requests = 0
+        self.unauthorized = 0
+        self.usage: dict[str, Any] = {"requests": 0, "input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=30.0, read=None, write=60.0, pool=60.0),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+            transport=transport,
+            trust_env=False,
+        )
+        self.recorder.append(
+            "gateway.start",
+            policy=policy.to_dict(),
+            upstreams=self.upstreams,
+            keys_configured=sorted(api for api, k in self._keys.items() if k),
+            prices=self.prices,
+        )
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        self.recorder.append("gateway.end", requests=self.requests, unauthorized=self.unauthorized, usage=self.usage)
+        self.recorder.close()
+        try:
+            write_turns(self.recorder.run_dir)
+        except Exception as e:  # the model-side trajectory is a view; the record stands without it
+            log.warning("model gateway: cannot write the model turns: %r", e)
+
+    # -- ASGI ----------------------------------------------------------------
+    def _authorized(self, scope: dict[str, Any], query: list[tuple[str, str]]) -> bool:
+        for k, v in scope.get("headers", []):
+            if k.lower() in (b"authorization", b"x-api-key", b"x-goog-api-key") and any(hmac.compare_digest(v, a) for a in self._auth_values):
+                return True
+        return any(k == "key" and hmac.compare_digest(v.encode(), self.token.encode()) for k, v in query)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        api = next((a for a in APIS if path == PREFIXES[a] or path.startswith(PREFIXES[a] + "/")), None)
+        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        if not self._authorized(scope, query):
+            self.unauthorized += 1
+            await _respond(send, 401, _error(api or OPENAI, 401, "ale gateway: this run's token is required"))
+            return
+        if api is None:
+            await _respond(send, 404, _error(OPENAI, 404, f"ale gateway: no API under {path!r}; use /openai/v1, /anthropic or /gemini"))
+            return
+        chunks = []
+        while True:
+            msg = await receive()
+            chunks.append(msg.get("body", b""))
+            if not msg.get("more_body"):
+                break
+        body = b"".join(chunks)
+        await self._exchange(api, scope, path[len(PREFIXES[api]):] or "/", query, body, send)
+
+    async def _exchange(self, api: str, scope: dict[str, Any], rest: str, query: list[tuple[str, str]], body: bytes, send: Any) -> None:
+        t0 = time.perf_counter()
+        self.requests += 1
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", [])]
+        method = scope["method"]
+        model_call = method == "POST" and is_model_call(api, rest)
+        parsed: Any = None
+        if body:
+            with contextlib.suppress(ValueError):
+                parsed = json.loads(body)
+        tools = offered_tools(api, rest, parsed) if model_call else []
+        forbidden = self.policy.forbidden(tools)
+        model = parsed.get("model") if isinstance(parsed, dict) else None
+        if api == GEMINI and "/models/" in rest:
+            model = rest.split("/models/", 1)[1].split(":", 1)[0]
+        seq = self.recorder.seq + 1
+        decision = "refused" if forbidden else "forwarded"
+        self.recorder.append(
+            "request", api=api, method=method, path=rest, query=redact_query(query), headers=redact_headers(headers),
+            body=self.recorder.body(seq, "request", body), model_call=model_call, model=model if isinstance(model, str) else None,
+            tools=tools, forbidden=forbidden, decision=decision,
+        )
+        if forbidden:
+            first = not self.answered
+            self.refusals.append({"seq": seq, "forbidden": forbidden, "before_any_answer": first})
+            msg = (f"ale gateway: this request offers the model tool(s) outside the run's allowlist: {', '.join(forbidden)}. "
+                   f"Allowed: the bridge's tools {list(self.policy.allowlist)} (as mcp__ale__<tool>, mcp_ale_<tool> or <tool>)"
+                   + (f" and the harness profile {self.policy.profile.name!r}'s {sorted(self.policy.profile.allow)}" if self.policy.profile.allow else "")
+                   + ". Switch the harness's own tools off; the request did not reach the model.")
+            data = _error(api, 403, msg)
+            await _respond(send, 403, data)
+            self.recorder.append("response", request=seq, status=403, headers=[], body=self.recorder.body(seq + 1, "response", data),
+                                 streamed=False, model_call=model_call, by="gateway", seconds=round(time.perf_counter() - t0, 6))
+            self.refused.set()
+            return
+        await self._forward(api, method, rest, query, headers, body, send, seq, model_call, t0)
+
+    async def _forward(self, api: str, method: str, rest: str, query: list[tuple[str, str]], headers: list[tuple[str, str]],
+                       body: bytes, send: Any, seq: int, model_call: bool, t0: float) -> None:
+        out_headers = [(k, v) for k, v in headers if k.lower() not in _HOP]
+        out_headers.append(("accept-encoding", "identity"))  # the record reads the bytes the harness gets
+        key = self._keys.get(api, "")
+        if key:
+            out_headers.append({OPENAI: ("authorization", f"Bearer {key}"), ANTHROPIC: ("x-api-key", key), GEMINI: ("x-goog-api-key", key)}[api])
+        q = [(k, v) for k, v in query if k != "key"]
+        url = self.upstreams[api] + rest + (("?" + urlencode(q)) if q else "")
+        collected = bytearray()
+        status, resp_headers, streamed, first_byte = 502, [], False, None
+        try:
+            req = self.client.build_request(method, url, headers=out_headers, content=body or None)
+            resp = await self.client.send(req, stream=True)
+        except httpx.HTTPError as e:
+            data = _error(api, 502, f"ale gateway: the upstream {self.upstreams[api]} cannot be reached: {type(e).__name__}: {e}")
+            await _respond(send, 502, data)
+            collected += data
+        else:
+            try:
+                status = resp.status_code
+                resp_headers = [(k, v) for k, v in resp.headers.items() if k.lower() not in _HOP_RESPONSE]
+                streamed = resp.headers.get("content-type", "").startswith("text/event-stream")
+                await send({"type": "http.response.start", "status": status,
+                            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp_headers]})
+                async for chunk in resp.aiter_raw():
+                    if first_byte is None:
+                        first_byte = time.perf_counter() - t0
+                    collected += chunk
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            finally:
+                await resp.aclose()
+        data = bytes(collected)
+        usage: dict[str, Any] = {}
+        if model_call and 200 <= status < 300:
+            self.answered = True
+            usage = {"requests": 1, **usage_of(api, data, streamed)}
+            price = cost(usage, usage.get("model"), self.prices)
+            if price is not None:
+                usage["cost_usd"] = price
+            self._add_usage(usage)
+        self.recorder.append(
+            "response", request=seq, status=status, headers=redact_headers(resp_headers),
+            body=self.recorder.body(seq + 1, "response", data), streamed=streamed, model_call=model_call, by="upstream",
+            usage={k: v for k, v in usage.items() if k != "model"}, model=usage.get("model"),
+            first_byte_s=None if first_byte is None else round(first_byte, 6), seconds=round(time.perf_counter() - t0, 6),
+        )
+
+    def _add_usage(self, u: dict[str, Any]) -> None:
+        for k in ("requests", "input_tokens", "output_tokens", "total_tokens", "cached_input_tokens"):
+            if u.get(k):
+                self.usage[k] = self.usage.get(k, 0) + u[k]
+        if "cost_usd" in u:
+            self.usage["cost_usd"] = round(self.usage.get("cost_usd", 0.0) + u["cost_usd"], 8)
+
+    def summary(self) -> dict[str, Any]:
+        return {"requests": self.requests, "unauthorized": self.unauthorized, "refusals": list(self.refusals), "usage": dict(self.usage)}
+
+
+async def _respond(send: Any, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its signal handlers: Ctrl-C belongs to the run."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@contextlib.asynccontextmanager
+async def serve_gateway(gateway: ModelGateway, *, unix_path: Path | None = None) -> AsyncIterator[str]:
+    """Serve on 127.0.0.1 (and ``unix_path`` when given); yields ``http://127.0.0.1:PORT``.
+    Closes the gateway (its client and record) when the block ends."""
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it: no Nagle wait on small writes
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(128)
+    tcp.setblocking(False)
+    socks = [tcp]
+    if unix_path is not None:
+        us = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        us.bind(str(unix_path))
+        os.chmod(unix_path, 0o600)
+        us.listen(128)
+        us.setblocking(False)
+        socks.append(us)
+    port = tcp.getsockname()[1]
+    server = _QuietServer(uvicorn.Config(gateway, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=2))
+    task = asyncio.create_task(server.serve(sockets=socks), name=f"ale-model-gateway-{port}")
+    try:
+        while not server.started:
+            if task.done():
+                raise RuntimeError(f"the model gateway on 127.0.0.1:{port} failed to start: {task.exception() if not task.cancelled() else None!r}")
+            await asyncio.sleep(0.005)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout=5)
+        except (TimeoutError, asyncio.CancelledError):
+            server.force_exit = True
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        except BaseException as e:
+            log.warning("model gateway shutdown: %r", e)
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.close()
+        await gateway.aclose()
+
+
+def harness_env(url: str, token: str) -> dict[str, str]:
+    """What an external harness is given: base URLs pointing at the gateway and the
+    run's token in place of every API key (never the operator's keys)."""
+    return {
+        "OPENAI_BASE_URL": f"{url}{PREFIXES[OPENAI]}",
+        "ANTHROPIC_BASE_URL": f"{url}{PREFIXES[ANTHROPIC]}",
+        "GOOGLE_GEMINI_BASE_URL": f"{url}{PREFIXES[GEMINI]}",
+        "OPENAI_API_KEY": token,
+        "CODEX_API_KEY": token,
+        "ANTHROPIC_API_KEY": token,
+        "GEMINI_API_KEY": token,
+    }

@@ -1,0 +1,223 @@
+"""What a model request offers the model, and whether the run allows it.
+
+``offered_tools(api, body)`` extracts every tool declaration of one request, in
+the shapes the harnesses send:
+
+- OpenAI Chat Completions: ``tools[].function.name`` (and the legacy
+  ``functions[]``); ``web_search_options`` is the server-side web search.
+- OpenAI Responses: ``tools[]`` of type ``function``/``custom`` by name; every
+  other type (``web_search``, ``file_search``, ``code_interpreter``,
+  ``computer_use_preview``, ``image_generation``, ``local_shell``, ``mcp`` hosted
+  connectors, ...) is a server-side tool; ``namespace`` entries are opened.
+- Anthropic Messages: ``tools[]`` without a ``type`` (or ``custom``) by name;
+  typed tools (``web_search_*``, ``web_fetch_*``, ``code_execution_*``,
+  ``bash_*``, ``computer_*``, ``text_editor_*``, ...) are server-side;
+  ``mcp_servers[]`` are hosted connectors.
+- Gemini ``generateContent``: ``tools[].functionDeclarations[].name``; every other
+  key of a Tool (``googleSearch``, ``codeExecution``, ``urlContext``,
+  ``computerUse``, ``fileSearch``, ...) is server-side.
+
+A client-side (function) tool is named as the harness names it; a server-side
+tool is ``server:<type>`` and a hosted connector ``mcp:<label>``, so they can
+never collide with a function's name. Anything the extractor cannot read (a tool
+entry that is not an object, an unknown shape) is reported as
+``unreadable:<where>`` and is never allowed: the check fails closed.
+
+``ToolPolicy`` is the run's allowlist mapped to the names each harness gives the
+bridge's tools, plus a harness profile: harness-internal tools, each with the
+reason it reaches nothing outside. The default profile allows the bridge's tools
+alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ale.agents.errors import AgentConfigError
+
+# The API families the gateway speaks (path prefixes of the gateway's URL).
+OPENAI, ANTHROPIC, GEMINI = "openai", "anthropic", "gemini"
+APIS = (OPENAI, ANTHROPIC, GEMINI)
+
+# How each harness names the bridge's (MCP server "ale") tools.
+BRIDGE_NAME_FORMS = ("{t}", "mcp__ale__{t}", "mcp_ale_{t}", "ale__{t}")
+
+
+def is_model_call(api: str, path: str) -> bool:
+    """Requests that carry a conversation (and so tool declarations) to a model."""
+    if api == OPENAI:
+        return path.endswith("/chat/completions") or path.endswith("/responses") or path.endswith("/completions")
+    if api == ANTHROPIC:
+        return path.endswith("/messages") or path.endswith("/messages/count_tokens")
+    if api == GEMINI:
+        tail = path.rsplit(":", 1)[-1] if ":" in path else ""
+        return tail in ("generateContent", "streamGenerateContent", "countTokens")
+    return False
+
+
+def offered_tools(api: str, path: str, body: Any) -> list[str]:
+    """Every tool the request offers, sorted, each once (see the module doc)."""
+    out: set[str] = set()
+    if not isinstance(body, dict):
+        return ["unreadable:body"] if body is not None else []
+    if api == OPENAI:
+        if path.endswith("/responses"):
+            _responses_tools(body.get("tools"), out, "tools")
+        else:
+            _chat_tools(body, out)
+    elif api == ANTHROPIC:
+        _anthropic_tools(body, out)
+    elif api == GEMINI:
+        _gemini_tools(body, out)
+    return sorted(out)
+
+
+def _name(entry: dict[str, Any], out: set[str], where: str) -> None:
+    name = entry.get("name")
+    out.add(name if isinstance(name, str) and name else f"unreadable:{where}")
+
+
+def _chat_tools(body: dict[str, Any], out: set[str]) -> None:
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        out.add("unreadable:tools")
+        tools = []
+    for i, t in enumerate(tools or []):
+        if not isinstance(t, dict):
+            out.add(f"unreadable:tools[{i}]")
+        elif t.get("type", "function") == "function" and isinstance(t.get("function"), dict):
+            _name(t["function"], out, f"tools[{i}].function")
+        elif t.get("type") == "custom" and isinstance(t.get("custom"), dict):
+            _name(t["custom"], out, f"tools[{i}].custom")
+        else:
+            out.add(f"server:{t.get('type')}")
+    for i, f in enumerate(body.get("functions") or []):
+        if isinstance(f, dict):
+            _name(f, out, f"functions[{i}]")
+        else:
+            out.add(f"unreadable:functions[{i}]")
+    if body.get("web_search_options") is not None:
+        out.add("server:web_search")
+
+
+def _responses_tools(tools: Any, out: set[str], where: str) -> None:
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        out.add(f"unreadable:{where}")
+        return
+    for i, t in enumerate(tools):
+        here = f"{where}[{i}]"
+        if not isinstance(t, dict):
+            out.add(f"unreadable:{here}")
+            continue
+        kind = t.get("type")
+        if kind in ("function", "custom"):
+            _name(t, out, here)
+        elif kind == "namespace":  # a group of function tools under one name
+            _responses_tools(t.get("tools"), out, f"{here}.tools")
+        elif kind == "mcp":
+            out.add(f"mcp:{t.get('server_label') or t.get('server_url') or '?'}")
+        else:
+            out.add(f"server:{kind}")
+
+
+def _anthropic_tools(body: dict[str, Any], out: set[str]) -> None:
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        out.add("unreadable:tools")
+        tools = []
+    for i, t in enumerate(tools or []):
+        if not isinstance(t, dict):
+            out.add(f"unreadable:tools[{i}]")
+        elif t.get("type") in (None, "custom"):
+            _name(t, out, f"tools[{i}]")
+        else:
+            out.add(f"server:{t.get('type')}")
+    for s in body.get("mcp_servers") or []:
+        out.add(f"mcp:{s.get('name') or s.get('url') or '?'}" if isinstance(s, dict) else "unreadable:mcp_servers")
+
+
+def _gemini_tools(body: dict[str, Any], out: set[str]) -> None:
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        out.add("unreadable:tools")
+        tools = []
+    for i, t in enumerate(tools or []):
+        if not isinstance(t, dict):
+            out.add(f"unreadable:tools[{i}]")
+            continue
+        for key, value in t.items():
+            if key in ("functionDeclarations", "function_declarations"):
+                for j, f in enumerate(value or []):
+                    if isinstance(f, dict):
+                        _name(f, out, f"tools[{i}].{key}[{j}]")
+                    else:
+                        out.add(f"unreadable:tools[{i}].{key}[{j}]")
+            else:
+                out.add(f"server:{key}")
+
+
+@dataclass(frozen=True)
+class HarnessProfile:
+    """Harness-internal tools a run allows, each with why it reaches nothing outside."""
+
+    name: str = "bridge-only"
+    allow: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "allow": dict(sorted(self.allow.items()))}
+
+    @classmethod
+    def load(cls, value: Any) -> HarnessProfile:
+        """From config: None (the default), a dict ``{"name", "allow": {tool: reason}}``
+        or the path of a JSON file holding one."""
+        if value is None:
+            return cls()
+        if isinstance(value, str):
+            try:
+                value = json.loads(Path(value).read_text())
+            except (OSError, ValueError) as e:
+                raise AgentConfigError(f"harness_profile: cannot read {value!r}: {e}") from e
+        if not isinstance(value, dict) or not isinstance(value.get("allow", {}), dict):
+            raise AgentConfigError("harness_profile must be {\"name\": ..., \"allow\": {tool: reason}} or a JSON file of one")
+        allow = {str(k): str(v) for k, v in value.get("allow", {}).items()}
+        empty = sorted(k for k, v in allow.items() if not v.strip())
+        if empty:
+            raise AgentConfigError(f"harness_profile: every allowed tool needs its reason; none given for {empty}")
+        bad = sorted(k for k in allow if k.startswith(("server:", "mcp:", "unreadable:")))
+        if bad:
+            raise AgentConfigError(f"harness_profile: server-side tools and hosted connectors reach outside and are never allowed: {bad}")
+        return cls(name=str(value.get("name") or "custom"), allow=allow)
+
+
+@dataclass(frozen=True)
+class ToolPolicy:
+    allowlist: tuple[str, ...]
+    profile: HarnessProfile = field(default_factory=HarnessProfile)
+
+    @property
+    def allowed(self) -> frozenset[str]:
+        names = {form.format(t=t) for t in self.allowlist for form in BRIDGE_NAME_FORMS}
+        return frozenset(names | set(self.profile.allow))
+
+    def forbidden(self, offered: Iterable[str]) -> list[str]:
+        allowed = self.allowed
+        return sorted(t for t in offered if t not in allowed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "allowlist": list(self.allowlist),
+            "bridge_name_forms": list(BRIDGE_NAME_FORMS),
+            "profile": self.profile.to_dict(),
+            "allowed": sorted(self.allowed),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> ToolPolicy:
+        prof = doc.get("profile") or {}
+        return cls(tuple(doc.get("allowlist") or ()), HarnessProfile(str(prof.get("name", "")), dict(prof.get("allow") or {})))

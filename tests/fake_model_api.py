@@ -1,0 +1,195 @@
+"""A fake model API on 127.0.0.1 for the gateway tests: Anthropic Messages, OpenAI
+Chat Completions and Responses, Gemini generateContent, each with streaming.
+
+The model is scripted: while the request offers a tool named like the bridge's
+``shell`` (``mcp__ale__shell``, ``mcp_ale_shell``, ``shell``) and the conversation
+holds no tool result yet, it calls that tool with ``COMMAND``; otherwise it answers
+``done``. Every request (path, headers, JSON body) is kept in ``requests``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any
+
+from aiohttp import web
+
+COMMAND = "echo 42 > /workspace/answer.txt && cat /workspace/answer.txt"
+SHELL_NAMES = ("mcp__ale__shell", "mcp_ale_shell", "shell")
+
+
+def _tool_names(body: dict[str, Any]) -> list[str]:
+    out = []
+    for t in body.get("tools") or []:
+        if isinstance(t.get("function"), dict):
+            out.append(t["function"].get("name"))
+        elif "functionDeclarations" in t:
+            out += [f.get("name") for f in t["functionDeclarations"]]
+        else:
+            out.append(t.get("name"))
+    return [n for n in out if n]
+
+
+def _has_tool_result(body: dict[str, Any]) -> bool:
+    text = json.dumps(body.get("messages") or body.get("input") or body.get("contents") or [])
+    return any(m in text for m in ('"tool_result"', '"role": "tool"', '"function_call_output"', '"functionResponse"'))
+
+
+def _decide(body: dict[str, Any]) -> str | None:
+    """The shell tool's name to call, or None to answer with text."""
+    if _has_tool_result(body):
+        return None
+    return next((n for n in _tool_names(body) if n in SHELL_NAMES), None)
+
+
+def _sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
+    out = b""
+    for name, data in events:
+        if name:
+            out += f"event: {name}\n".encode()
+        out += b"data: " + json.dumps(data).encode() + b"\n\n"
+    return out
+
+
+class FakeModelAPI:
+    def __init__(self, *, chunk_delay_s: float = 0.0):
+        self.requests: list[dict[str, Any]] = []
+        self.chunk_delay_s = chunk_delay_s
+        self.url = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/messages", self.anthropic)
+        app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/responses", self.responses)
+        app.router.add_post(r"/v1beta/models/{model}:{method}", self.gemini)
+        app.router.add_route("*", "/{tail:.*}", self.other)
+        return app
+
+    async def _keep(self, request: web.Request) -> dict[str, Any]:
+        raw = await request.read()
+        body = json.loads(raw) if raw else {}
+        self.requests.append({"path": request.path, "headers": {k.lower(): v for k, v in request.headers.items()}, "body": body, "query": dict(request.query)})
+        return body
+
+    async def other(self, request: web.Request) -> web.Response:
+        await request.read()
+        self.requests.append({"path": request.path, "headers": {k.lower(): v for k, v in request.headers.items()}, "body": None, "query": dict(request.query)})
+        return web.json_response({"ok": True})
+
+    async def _stream(self, request: web.Request, payload: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
+        await resp.prepare(request)
+        for block in payload.split(b"\n\n"):
+            if block:
+                await resp.write(block + b"\n\n")
+                if self.chunk_delay_s:
+                    await asyncio.sleep(self.chunk_delay_s)
+        await resp.write_eof()
+        return resp
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        await self._keep(request)
+        return web.json_response({"input_tokens": 10})
+
+    async def anthropic(self, request: web.Request) -> web.StreamResponse:
+        body = await self._keep(request)
+        tool, model = _decide(body), body.get("model", "claude-fake")
+        usage_in = {"input_tokens": 100, "output_tokens": 1}
+        if tool:
+            block = {"type": "tool_use", "id": "toolu_01", "name": tool, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps({"command": COMMAND})}
+            content = [{"type": "tool_use", "id": "toolu_01", "name": tool, "input": {"command": COMMAND}}]
+            stop = "tool_use"
+        else:
+            block, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": "done"}
+            content, stop = [{"type": "text", "text": "done"}], "end_turn"
+        if not body.get("stream"):
+            return web.json_response({"id": "msg_01", "type": "message", "role": "assistant", "model": model, "content": content,
+                                      "stop_reason": stop, "stop_sequence": None, "usage": {"input_tokens": 100, "output_tokens": 20}})
+        return await self._stream(request, _sse([
+            ("message_start", {"type": "message_start", "message": {"id": "msg_01", "type": "message", "role": "assistant", "model": model,
+                                "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage_in}}),
+            ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}),
+            ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
+            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            ("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": 20}}),
+            ("message_stop", {"type": "message_stop"}),
+        ]))
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._keep(request)
+        tool, model = _decide(body), body.get("model", "gpt-fake")
+        msg: dict[str, Any] = {"role": "assistant", "content": None if tool else "done"}
+        if tool:
+            msg["tool_calls"] = [{"id": "call_1", "type": "function", "function": {"name": tool, "arguments": json.dumps({"command": COMMAND})}}]
+        usage = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
+        if not body.get("stream"):
+            return web.json_response({"id": "c1", "object": "chat.completion", "created": 0, "model": model, "usage": usage,
+                                      "choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls" if tool else "stop"}]})
+        delta = dict(msg)
+        if tool:
+            delta["tool_calls"] = [{"index": 0, **msg["tool_calls"][0]}]
+        chunks = [(None, {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": model,
+                          "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}),
+                  (None, {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": model,
+                          "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls" if tool else "stop"}]}),
+                  (None, {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [], "usage": usage})]
+        return await self._stream(request, _sse(chunks) + b"data: [DONE]\n\n")
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        body = await self._keep(request)
+        model = body.get("model", "gpt-fake")
+        resp = {"id": "resp_1", "object": "response", "model": model, "status": "completed", "output": [
+            {"type": "message", "id": "m1", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": "done", "annotations": []}]}],
+            "usage": {"input_tokens": 100, "output_tokens": 20, "total_tokens": 120}}
+        if not body.get("stream"):
+            return web.json_response(resp)
+        return await self._stream(request, _sse([
+            ("response.created", {"type": "response.created", "response": {**resp, "status": "in_progress", "output": []}}),
+            ("response.completed", {"type": "response.completed", "response": resp}),
+        ]))
+
+    async def gemini(self, request: web.Request) -> web.StreamResponse:
+        body = await self._keep(request)
+        tool = _decide(body)
+        part = {"functionCall": {"name": tool, "args": {"command": COMMAND}}} if tool else {"text": "done"}
+        doc = {"candidates": [{"content": {"role": "model", "parts": [part]}, "finishReason": "STOP", "index": 0}],
+               "usageMetadata": {"promptTokenCount": 100, "candidatesTokenCount": 20, "totalTokenCount": 120}, "modelVersion": request.match_info["model"]}
+        if request.match_info["method"] != "streamGenerateContent":
+            return web.json_response(doc)
+        return await self._stream(request, _sse([(None, doc)]))
+
+    # -- running it in a thread, for tests that drive harnesses synchronously --
+    def start(self) -> FakeModelAPI:
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            runner = web.AppRunner(self.app(), access_log=None)
+            loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            loop.run_until_complete(site.start())
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.url = f"http://127.0.0.1:{port}"
+            self._runner = runner
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)

@@ -1,0 +1,100 @@
+"""The real harness CLIs from npm, offline, confined, against a fake model API
+behind the run's model gateway.
+
+Harnesses are found under ``ALE_HARNESS_PREFIX`` (default ``/opt/ale-harnesses``;
+``scripts/setup.sh`` installs them there with npm, at the versions docs/agents.md
+names); a harness that is not installed is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ale.agents.base import AgentEnd
+from ale.agents.command import CommandAgent
+from ale.agents.gateway.record import summarize
+from tests.fake_model_api import FakeModelAPI
+from tests.test_agents_support import box, make_ctx  # noqa: F401 - box is a fixture
+
+pytestmark = [pytest.mark.docker, pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")]
+
+PREFIX = Path(os.environ.get("ALE_HARNESS_PREFIX", "/opt/ale-harnesses"))
+CLAUDE = PREFIX / "claude" / "node_modules" / ".bin" / "claude"
+CODEX = PREFIX / "codex" / "node_modules" / ".bin" / "codex"
+BRIDGE_TOOLS = "mcp__ale__shell,mcp__ale__read_file,mcp__ale__write_file,mcp__ale__list_dir"
+
+
+@pytest.fixture
+def fake_api():
+    api = FakeModelAPI().start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+def _upstreams(api: FakeModelAPI) -> dict[str, str]:
+    return {"ALE_GATEWAY_ANTHROPIC_UPSTREAM": api.url, "ALE_GATEWAY_OPENAI_UPSTREAM": api.url + "/v1",
+            "ALE_GATEWAY_GEMINI_UPSTREAM": api.url}
+
+
+def _claude(api: FakeModelAPI, *, builtins_off: bool = True) -> dict:
+    tools = ["--tools", ""] if builtins_off else []
+    return {
+        "command": [str(CLAUDE), "-p", "--mcp-config", "{mcp_config}", "--strict-mcp-config", *tools,
+                    "--allowedTools", BRIDGE_TOOLS, "--output-format", "stream-json", "--verbose", "--model", "claude-fake-1",
+                    "--", "{prompt}"],
+        "env": {"DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
+        "confine": {"install": [str(PREFIX / "claude")]},
+        "prices": {"claude-fake-1": {"input_per_mtok": 3.0, "output_per_mtok": 15.0}},
+        **_upstreams(api),
+    }
+
+
+needs_claude = pytest.mark.skipif(not CLAUDE.exists(), reason=f"Claude Code is not installed under {PREFIX}")
+
+
+@needs_claude
+def test_claude_code_through_the_gateway_passes_and_its_tools_are_recorded(box, tmp_path, fake_api, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-operator-secret-0123456789")
+    ctx, writer = make_ctx(box, tmp_path)
+    out = asyncio.run(CommandAgent(_claude(fake_api)).run(ctx))
+    writer.close(usage=out.usage, end=out.end.value)
+    assert out.end == AgentEnd.FINISHED, (out.detail, (tmp_path / "agent" / "stderr.log").read_text()[-3000:])
+    assert (box.workspace / "answer.txt").read_text() == "42\n"
+    summary = summarize(tmp_path)
+    assert summary is not None and not summary["problems"] and not summary["refusals"]
+    offered = [r["tools"] for r in summary["requests"] if r["tools"]]
+    assert offered and all(set(t) == set(BRIDGE_TOOLS.split(",")) for t in offered), offered
+    # The fake model saw the operator's key, never the run's token; the harness never saw the key.
+    model_calls = [r for r in fake_api.requests if r["path"] == "/v1/messages"]
+    assert model_calls and all(r["headers"].get("x-api-key") == "sk-ant-operator-secret-0123456789" for r in model_calls)
+    for f in tmp_path.rglob("*"):
+        if f.is_file():
+            assert b"sk-ant-operator-secret" not in f.read_bytes(), f
+    assert out.usage["input_tokens"] > 0 and out.usage["cost_usd"] > 0
+    # The model side of the trajectory, joined with the bridge's step.
+    turns = json.loads((tmp_path / "agent" / "gateway" / "turns.json").read_text())["turns"]
+    calls = [c for t in turns for c in t["tool_calls"]]
+    assert calls and calls[0]["name"] == "mcp__ale__shell" and calls[0]["step"] == 1 and turns[-1]["text"] == "done"
+    conf = json.loads((tmp_path / "agent" / "confinement.json").read_text())
+    assert conf["kind"] == "bubblewrap" and conf["network"]["interfaces"] == ["lo"]
+
+
+@needs_claude
+def test_claude_code_with_its_builtin_shell_is_refused_by_the_gateway(box, tmp_path, fake_api):  # noqa: F811
+    ctx, writer = make_ctx(box, tmp_path)
+    out = asyncio.run(CommandAgent(_claude(fake_api, builtins_off=False)).run(ctx))
+    writer.close(usage=out.usage, end=out.end.value)
+    assert out.end == AgentEnd.FAILED and "Bash" in (out.detail or ""), out.detail
+    summary = summarize(tmp_path)
+    assert summary is not None and summary["refusals"] and "Bash" in summary["refusals"][0]["forbidden"]
+    assert summary["refusals"][0]["before_any_answer"] is True
+    assert not [r for r in fake_api.requests if r["path"] == "/v1/messages" and "Bash" in json.dumps(r["body"].get("tools"))]
+    assert not (box.workspace / "answer.txt").exists()
