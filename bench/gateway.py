@@ -28,10 +28,10 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE.parent))
 
 import httpx2 as httpx  # noqa: E402
+from tests.fake_model_api import FakeModelAPI  # noqa: E402
 
 from ale.agents.gateway.server import ModelGateway, serve_gateway  # noqa: E402
 from ale.agents.gateway.tools import ToolPolicy  # noqa: E402
-from tests.fake_model_api import FakeModelAPI  # noqa: E402
 
 TOOLS = [{"name": f"mcp__ale__{t}", "description": "x" * 200, "input_schema": {"type": "object", "properties": {}}}
          for t in ("shell", "read_file", "write_file", "list_dir")]

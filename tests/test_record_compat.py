@@ -40,12 +40,13 @@ def test_a_new_run_folder_has_the_shape_of_an_old_one(docker_client, tmp_path) -
     result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
     assert result.status is RunStatus.SCORED, result.error
     new, old = _shape(tmp_path / "shape"), _shape(OLD_RUN)
-    # Since 0.1: plan.json names the sandbox provider, and the evidence records
+    # Since 0.1: plan.json names the sandbox provider and the judge credentials
+    # evaluate() gets (by name), and the evidence records
     # how the task code ran (its own process). Everything else is as it was.
     # The staged-input record names the data layout it found; result.json says
     # who an invalid run is charged to.
     added = "evidence/task-process.json"
-    assert new.pop("plan.json") == sorted([*old.pop("plan.json"), "provider"])
+    assert new.pop("plan.json") == sorted([*old.pop("plan.json"), "provider", "judge_env"])
     assert new.pop("result.json") == sorted([*old.pop("result.json"), "invalid_attribution"])
     assert new.pop("evidence/input-staged.json") == sorted([*old.pop("evidence/input-staged.json"), "layout", "location"])
     assert new.pop(added) and added in new["files"] and added in new["manifest.json"]
