@@ -27,6 +27,7 @@ from ale import layout
 from ale.data.hashing import make_tree_hash, tree_digest
 from ale.data.hashing import sha256_file as _sha256_and_size
 from ale.layout import Evidence
+from ale.lossless import json_safe
 from ale.record.signing import (
     STATEMENT_TYPE,
     canonical_json,
@@ -130,11 +131,20 @@ def _json_default(obj: Any) -> Any:
 
 
 def to_json_text(obj: Any) -> str:
+    """One line of JSON that encodes as UTF-8 whatever strings `obj` holds: a str
+    with lone surrogates (or bytes) is kept as ``ale.lossless.json_safe`` says;
+    anything else is written exactly as ``json.dumps`` writes it."""
     if isinstance(obj, BaseModel):
         obj = obj.model_dump(mode="json")
     # One line, no indent: only then does json use its C encoder, and evidence is
     # written on every run's hot path (`jq .` or `python -m json.tool` to read it).
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n"
+    try:
+        text = json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n"
+        text.encode("utf-8")
+        return text
+    except (UnicodeEncodeError, TypeError):
+        # The slow path: only records holding what UTF-8 cannot (or bytes) take it.
+        return json.dumps(json_safe(obj, default=_json_default), ensure_ascii=False, allow_nan=False) + "\n"
 
 
 def write_new(path: Path, data: bytes, *, mode: int = 0o644) -> Path:
@@ -205,12 +215,15 @@ class EventLog:
             self.seq, self.head = last["seq"], last["hash"]
 
     def append(self, type: str, **data: Any) -> dict:
+        """Append one event. ``data`` may hold any strings and bytes: they are kept
+        as ``ale.lossless.json_safe`` says, so every line is UTF-8 JSON whose hash
+        ``ale verify`` re-derives from the line alone."""
         with self._lock:
             record: dict[str, Any] = {
                 "seq": self.seq + 1,
                 "time": utc_now_iso(),
-                "type": type,
-                "data": json.loads(json.dumps(data, default=_json_default, allow_nan=False)),
+                "type": json_safe(type),
+                "data": json.loads(json.dumps(json_safe(data, default=_json_default), allow_nan=False)),
                 "prev": self.head,
             }
             record["hash"] = event_hash(record)
