@@ -40,7 +40,27 @@ def mounts_under(root: Path) -> list[str]:
 
 def release_scratch(root: Path) -> None:
     """Unmount whatever a run mounted below `root` (lazily, so a busy mount never
-    blocks), then remove the folder. Safe on a folder a killed run left behind."""
+    blocks), then remove the folder. Safe on a folder a killed run left behind, and
+    on whatever the candidate left in the workspace (any depth, any path length);
+    never raises."""
     for target in mounts_under(root):
         subprocess.run(["umount", "-l", target], capture_output=True)
-    shutil.rmtree(root, ignore_errors=True)
+    remove_tree(root)
+
+
+def remove_tree(root: Path) -> None:
+    """``rm -rf root``, never following links. coreutils' rm walks with openat, so
+    neither depth nor PATH_MAX stops it (shutil.rmtree recurses once per level and
+    raises RecursionError on a tree ~1000 levels deep); shutil.rmtree is only the
+    fallback where rm is missing. Never raises: what cannot be removed stays."""
+    if not os.path.lexists(root):
+        return
+    try:
+        subprocess.run(["rm", "-rf", "--", os.fspath(root)], capture_output=True, check=False)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    if os.path.lexists(root):
+        try:
+            shutil.rmtree(root, ignore_errors=True)
+        except Exception:  # RecursionError on a deep tree: leave it to the operator
+            pass
