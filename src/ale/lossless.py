@@ -15,8 +15,11 @@ it as they are, and this module is the one place that says how they are kept:
   B64}``, B64 being the base64 of ``s.encode("utf-8", "surrogatepass")``, from
   which ``s`` is decoded back exactly (``restore``); a dict key of that kind
   becomes the string ``"$utf8_surrogatepass_base64:" + B64``. Bytes become
-  ``{"$base64": B64}``. Everything else is left as it is, so a record without
-  such values is byte-for-byte what it was before.
+  ``{"$base64": B64}``. So that no value is mistaken for a marker, a dict key
+  that is a marker key, starts with the marker prefix, or starts with ``$$`` is
+  written with one more ``$`` in front (``restore`` removes it). Everything else
+  is left as it is, so a record without such values is byte-for-byte what it
+  was before (``needs_json_safe`` tells, from the JSON text, when one may not be).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from typing import Any
 
 SURROGATES_KEY = "$utf8_surrogatepass_base64"
 BYTES_KEY = "$base64"
+_KEY_PREFIX = SURROGATES_KEY + ":"
+_MARKERS = frozenset({SURROGATES_KEY, BYTES_KEY})
 
 
 def is_unicode(s: str) -> bool:
@@ -90,9 +95,19 @@ def json_safe(obj: Any, default: Callable[[Any], Any] | None = None) -> Any:
 
 def safe_key(key: Any) -> Any:
     """A dict key as ``json_safe`` writes it."""
-    if isinstance(key, str) and not is_unicode(key):
-        return f"{SURROGATES_KEY}:{b64(exact_bytes(key))}"
+    if not isinstance(key, str):
+        return key
+    if not is_unicode(key):
+        return _KEY_PREFIX + b64(exact_bytes(key))
+    if key.startswith("$$") or key in _MARKERS or key.startswith(_KEY_PREFIX):
+        return "$" + key
     return key
+
+
+def needs_json_safe(json_text: str) -> bool:
+    """Whether JSON text written without ``json_safe`` may hold a key that
+    ``json_safe`` would escape (a cheap, conservative test on the text)."""
+    return '"$$' in json_text or '"' + BYTES_KEY + '"' in json_text or '"' + SURROGATES_KEY in json_text
 
 
 def restore(obj: Any) -> Any:
@@ -109,7 +124,8 @@ def restore(obj: Any) -> Any:
 
 
 def _restore_key(key: str) -> str:
-    prefix = SURROGATES_KEY + ":"
-    if key.startswith(prefix):
-        return base64.b64decode(key[len(prefix):]).decode("utf-8", "surrogatepass")
+    if key.startswith("$$"):
+        return key[1:]
+    if key.startswith(_KEY_PREFIX):
+        return base64.b64decode(key[len(_KEY_PREFIX):]).decode("utf-8", "surrogatepass")
     return key

@@ -27,7 +27,7 @@ from ale import layout
 from ale.data.hashing import make_tree_hash, tree_digest
 from ale.data.hashing import sha256_file as _sha256_and_size
 from ale.layout import Evidence
-from ale.lossless import json_safe
+from ale.lossless import json_safe, needs_json_safe
 from ale.record.signing import (
     STATEMENT_TYPE,
     canonical_json,
@@ -141,10 +141,12 @@ def to_json_text(obj: Any) -> str:
     try:
         text = json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n"
         text.encode("utf-8")
-        return text
+        if not needs_json_safe(text):
+            return text
     except (UnicodeEncodeError, TypeError):
-        # The slow path: only records holding what UTF-8 cannot (or bytes) take it.
-        return json.dumps(json_safe(obj, default=_json_default), ensure_ascii=False, allow_nan=False) + "\n"
+        pass
+    # The slow path: only records holding what UTF-8 cannot, bytes, or marker-like keys.
+    return json.dumps(json_safe(obj, default=_json_default), ensure_ascii=False, allow_nan=False) + "\n"
 
 
 def write_new(path: Path, data: bytes, *, mode: int = 0o644) -> Path:
@@ -211,7 +213,7 @@ class EventLog:
             problems = verify_chain(self.path)
             if problems:
                 raise EvidenceError(f"cannot resume event log {self.path}: {problems[0]}")
-            last = json.loads(self.path.read_text().splitlines()[-1])
+            last = json.loads(_lines(self.path.read_bytes().decode("utf-8"))[-1])
             self.seq, self.head = last["seq"], last["hash"]
 
     def append(self, type: str, **data: Any) -> dict:
@@ -238,6 +240,16 @@ class EventLog:
             return record
 
 
+def _lines(text: str) -> list[str]:
+    """The lines of a JSON-lines text: split on "\n" only. (str.splitlines also
+    splits on U+0085, U+2028, U+2029 and other separators, which JSON written with
+    ensure_ascii=False holds raw inside strings.)"""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
 def read_chain(path: Path) -> tuple[list[dict], list[str]]:
     """The events of a log and the problems found in its chain (empty: intact)."""
     problems: list[str] = []
@@ -249,7 +261,7 @@ def read_chain(path: Path) -> tuple[list[dict], list[str]]:
     if text and not text.endswith("\n"):
         problems.append(f"{path}: the last line is incomplete (the log was cut)")
     prev_hash, prev_seq = GENESIS, 0
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for lineno, line in enumerate(_lines(text), 1):
         where = f"{path}:{lineno}"
         try:
             rec = json.loads(line)
