@@ -5,6 +5,7 @@ agent cannot fill the host's disk through its one writable mount.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -55,12 +56,8 @@ def remove_tree(root: Path) -> None:
     fallback where rm is missing. Never raises: what cannot be removed stays."""
     if not os.path.lexists(root):
         return
-    try:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run(["rm", "-rf", "--", os.fspath(root)], capture_output=True, check=False)
-    except (OSError, subprocess.SubprocessError):
-        pass
     if os.path.lexists(root):
-        try:
+        with contextlib.suppress(Exception):  # RecursionError on a deep tree: left to the operator
             shutil.rmtree(root, ignore_errors=True)
-        except Exception:  # RecursionError on a deep tree: leave it to the operator
-            pass
