@@ -14,7 +14,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("ale", "ale.status", "ale.paths", "ale.documents", "ale.redaction", "ale.layout", "ale.defaults"),
+    ("ale", "ale.status", "ale.paths", "ale.documents", "ale.redaction", "ale.layout", "ale.defaults", "ale.lossless"),
     ("ale.data",),
     ("ale.sandbox",),
     ("ale.plan", "ale.result"),

@@ -49,6 +49,9 @@ def test_a_new_run_folder_has_the_shape_of_an_old_one(docker_client, tmp_path) -
     assert new.pop("plan.json") == sorted([*old.pop("plan.json"), "provider", "judge_env"])
     assert new.pop("result.json") == sorted([*old.pop("result.json"), "invalid_attribution"])
     assert new.pop("evidence/input-staged.json") == sorted([*old.pop("evidence/input-staged.json"), "layout", "location"])
+    # The deliverables manifest records its folders, limits and how the walk ended.
+    assert new.pop("deliverables.json") == sorted([*old.pop("deliverables.json"), "directories", "entries_visited",
+                                                   "limits", "seconds", "stopped"])
     assert new.pop(added) and added in new["files"] and added in new["manifest.json"]
     new["files"].remove(added)
     new["manifest.json"].remove(added)

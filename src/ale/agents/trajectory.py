@@ -6,11 +6,24 @@ dies mid-way still has its steps on disk. Texts larger than ``INLINE_LIMIT``
 bytes (tool output, or write_file content) are stored under
 ``run_dir/trajectory-files/`` and the step keeps a short preview plus a
 ``FileRef`` (path, size, sha256). ``close()`` writes ``trajectory.json``.
+
+Any bytes an agent sends or receives are recorded exactly, and every file stays
+UTF-8 JSON: ``files[field]`` holds the field's exact value whenever the inline
+text is not it, either because it is too large (the inline text is a preview)
+or because it is not exact text (the inline text is a display form):
+
+- raw tool output that is not valid UTF-8 (the agent was given it with U+FFFD
+  replacements): the exact bytes, ``kind="bytes"``;
+- a str holding lone surrogates (``"\\ud800"`` from an agent's JSON): the inline
+  text writes each as ``\\udXXX`` and the file holds
+  ``s.encode("utf-8", "surrogatepass")``, ``kind="text-surrogatepass"``;
+- bytes arguments (``write_file`` binary content): the bytes, ``kind="bytes"``.
+
+Nested argument values and ``extra`` are kept as ``ale.lossless.json_safe`` says.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -22,6 +35,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ale import layout
+from ale.lossless import display, exact_bytes, is_unicode, json_safe, safe_key
 
 INLINE_LIMIT = 64 * 1024
 PREVIEW_CHARS = 2048
@@ -30,12 +44,17 @@ SCHEMA_VERSION = 1
 
 
 class FileRef(BaseModel):
-    """A large value kept beside the trajectory instead of inside it."""
+    """A value kept beside the trajectory instead of inside it: too large to
+    inline, or not exact as text (raw bytes, lone surrogates)."""
 
     model_config = ConfigDict(extra="forbid")
     path: str  # relative to the run folder
     bytes: int
     sha256: str
+    # What the bytes are: "text" (UTF-8), "bytes" (exact, as sent or received) or
+    # "text-surrogatepass" (a str with lone surrogates); None in older records,
+    # where the extension says it (.txt text, .bin bytes).
+    kind: str | None = None
 
 
 class TrajectoryStep(BaseModel):
@@ -129,10 +148,12 @@ class TrajectoryWriter:
 
     def _to_step(self, raw: dict[str, Any]) -> TrajectoryStep:
         known = set(TrajectoryStep.model_fields) - {"files", "extra"}
+        exact = {name: raw.get(f"{name}_bytes") for name in ("stdout", "stderr", "output")}
+        hidden = {"files", "extra", *(f"{name}_bytes" for name in exact)}
         data = {k: v for k, v in raw.items() if k in known}
-        extra = {k: _jsonable(v) for k, v in raw.items() if k not in known and k != "files"}
+        extra = {_key(k): _jsonable(v) for k, v in raw.items() if k not in known and k not in hidden}
         if isinstance(raw.get("extra"), dict):
-            extra.update({k: _jsonable(v) for k, v in raw["extra"].items()})
+            extra.update({_key(k): _jsonable(v) for k, v in raw["extra"].items()})
         index = int(data.get("index") or len(self.steps) + 1)
         data["index"] = index
         files: dict[str, FileRef] = {}
@@ -141,46 +162,75 @@ class TrajectoryWriter:
             if value is None:
                 data[name] = ""
             elif isinstance(value, str | bytes):
-                data[name] = self._maybe_store(index, name, value, files)
+                raw_bytes = exact[name]
+                data[name] = self._maybe_store(index, name, value, files,
+                                               exact=raw_bytes if isinstance(raw_bytes, bytes) else None)
             else:
-                data[name] = str(value)
+                data[name] = self._maybe_store(index, name, str(value), files)
+        for name in ("tool", "error"):
+            value = data.get(name)
+            if value is not None:
+                data[name] = self._maybe_store(index, name, str(value), files)
         args = raw.get("args") or {}
-        data["args"] = {k: self._arg(index, k, v, files) for k, v in dict(args).items()}
+        data["args"] = {_key(k): self._arg(index, str(k), v, files) for k, v in dict(args).items()}
         data.setdefault("started_at", _now())
         data.setdefault("ended_at", data["started_at"])
         data.setdefault("seconds", 0.0)
         return TrajectoryStep(**data, files=files, extra=extra)
 
     def _arg(self, index: int, key: str, value: Any, files: dict[str, FileRef]) -> Any:
-        if isinstance(value, bytes):
+        name = f"args.{display(key)}"
+        if isinstance(value, bytes | bytearray):
             # Binary content is never inlined: JSON cannot hold it faithfully.
-            ref = self._store(index, f"args.{key}", value, binary=True)
-            files[f"args.{key}"] = ref
+            ref = self._store(index, name, bytes(value), kind="bytes")
+            files[name] = ref
             return f"<{len(value)} bytes, stored in {ref.path}>"
         if isinstance(value, str):
-            return self._maybe_store(index, f"args.{key}", value, files)
+            return self._maybe_store(index, name, value, files)
         return _jsonable(value)
 
-    def _maybe_store(self, index: int, name: str, value: str | bytes, files: dict[str, FileRef]) -> str:
-        data = value if isinstance(value, bytes) else value.encode("utf-8", errors="surrogatepass")
-        text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
-        if len(data) <= self.inline_limit:
-            return text
-        ref = self._store(index, name, data, binary=isinstance(value, bytes))
+    def _maybe_store(self, index: int, name: str, value: str | bytes, files: dict[str, FileRef],
+                     exact: bytes | None = None) -> str:
+        """The inline text of a field; its exact value goes to a file when the text
+        is not it (too large, not valid UTF-8, lone surrogates)."""
+        if isinstance(value, bytes):
+            exact = value if exact is None else exact
+            text = value.decode("utf-8", errors="replace")
+        else:
+            text = value
+        if not is_unicode(text):
+            data, kind, text = exact_bytes(text), "text-surrogatepass", display(text)
+        elif exact is not None and not _is_utf8(exact):
+            data, kind = exact, "bytes"
+        else:
+            data, kind = text.encode("utf-8"), "text"
+            if len(data) <= self.inline_limit:
+                return text
+        ref = self._store(index, name, data, kind=kind)
         files[name] = ref
+        if len(text.encode("utf-8")) <= self.inline_limit:
+            return text  # complete, but not exact: the file holds the exact value
         return text[:PREVIEW_CHARS] + f"\n[... {len(data)} bytes in total; full value in {ref.path} (sha256 {ref.sha256[:16]}...)]"
 
-    def _store(self, index: int, name: str, data: bytes, *, binary: bool) -> FileRef:
+    def _store(self, index: int, name: str, data: bytes, *, kind: str) -> FileRef:
         folder = self.run_dir / FILES_DIR
         folder.mkdir(exist_ok=True)
-        safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
-        rel = f"{FILES_DIR}/{index:05d}-{safe}.{'bin' if binary else 'txt'}"
-        target = self.run_dir / rel
-        with open(target, "wb") as f:
+        safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "-" for c in name)[:80]
+        ext = "txt" if kind == "text" else "bin"
+        rel = f"{FILES_DIR}/{index:05d}-{safe}.{ext}"
+        n = 1
+        while True:
+            try:
+                fd = os.open(self.run_dir / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+                break
+            except FileExistsError:  # two fields with the same safe name
+                n += 1
+                rel = f"{FILES_DIR}/{index:05d}-{safe}-{n}.{ext}"
+        with open(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        return FileRef(path=rel, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+        return FileRef(path=rel, bytes=len(data), sha256=hashlib.sha256(data).hexdigest(), kind=kind)
 
     # -- ending ------------------------------------------------------------
     def trajectory(self, *, usage: dict[str, Any] | None = None, end: str | None = None) -> Trajectory:
@@ -210,17 +260,31 @@ class TrajectoryWriter:
             return self.json_path
 
 
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _key(key: Any) -> str:
+    return str(safe_key(str(key)))
+
+
 def _jsonable(value: Any) -> Any:
-    """A JSON-safe copy (bytes become base64 under a marker key)."""
-    if isinstance(value, bytes):
-        return {"$base64": base64.b64encode(value).decode()}
+    """A JSON-safe copy, losing nothing (``ale.lossless.json_safe``: bytes become
+    ``{"$base64": ...}``, strings with lone surrogates their own marker); keys
+    become strings and objects JSON does not know their ``str()``."""
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {_key(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, str | int | float | bool):
+    if value is None or isinstance(value, bool | int | float):
         return value
-    return str(value)
+    if isinstance(value, str | bytes | bytearray):
+        return json_safe(value)
+    return json_safe(str(value))
 
 
 def load_trajectory(path: str | Path) -> Trajectory:

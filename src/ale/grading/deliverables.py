@@ -1,8 +1,41 @@
 """Copy what the agent left in the workspace out, on the host, never following links.
 
-Regular files only; symlinks, hard links, FIFOs, sockets, devices and
-setuid/setgid files are skipped and recorded; total size and file count are
-capped; every copied file is hashed while it is copied.
+Whatever the candidate left there, ``extract_deliverables`` returns a manifest
+and never raises because of it: every entry it meets is either copied
+(``files``, ``directories``) or recorded in ``skipped`` with the reason. Only a
+failure to *write* the copy (the host's disk, not the workspace) raises
+``DeliverablesWriteError``.
+
+What is copied: regular files with one link, neither setuid nor setgid, within
+the caps; each is hashed while it is copied and keeps the permission bits (and,
+as root, the owner) the candidate gave it. Folders are recreated (mode 0755).
+What is skipped, and why: symlinks (never followed), hard links, FIFOs, sockets,
+devices, setuid/setgid files, unreadable entries (each OSError is the entry's),
+and everything past a limit.
+
+Limits (all recorded in the manifest's ``limits``):
+
+- ``max_files`` copied files and ``max_bytes`` copied bytes. A file is refused
+  *before it is read* when its apparent size (``st_size``) exceeds what is left
+  of ``max_bytes``: a sparse 100 GB file costs nothing.
+- ``max_depth`` folder levels (a folder deeper than that is skipped, unvisited).
+- ``max_entries`` entries looked at (lstat'ed), whatever they are: ten million
+  empty folders cannot keep the harness busy. A folder whose listing goes past
+  the budget is recorded in ``skipped`` too, its remaining entries unvisited.
+- ``time_limit_s`` of wall-clock time (default 120 s), checked per entry and per
+  MiB copied; what is left when it passes is skipped with "time limit".
+- Paths: the walk holds one directory descriptor per level (openat), so depth
+  and PATH_MAX never matter on the workspace side; a copy whose path under the
+  destination would not fit PATH_MAX is skipped ("path too long").
+
+Names are recorded losslessly (``ale.lossless``): ``path`` is the exact
+relative path when it is valid UTF-8; otherwise it is the display form (each
+undecodable byte written ``\\xNN``) and ``path_b64`` holds the exact bytes. A
+name that is not valid UTF-8 or holds a backslash cannot be kept as a file name
+in the signed run folder; such an entry is stored under a safe name
+(``_ale-name-<sha256 of the name, 16 hex>``, unique in its folder) and
+``stored_as`` says where, relative to the deliverables folder. The listing
+``digest`` is over the stored paths, i.e. over the tree the grader reads.
 """
 
 from __future__ import annotations
@@ -10,143 +43,447 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from ale.data.hashing import tree_digest
+from ale.lossless import name_fields
+
+DEFAULT_MAX_DEPTH = 256
+DEFAULT_MAX_ENTRIES = 100_000
+DEFAULT_TIME_LIMIT_S = 120.0
+PATH_MAX = 4096  # Linux: bytes of a path including its terminating NUL
+SAFE_NAME_PREFIX = "_ale-name-"
+_CHUNK = 1 << 20
+
+
+class DeliverablesWriteError(OSError):
+    """The copy could not be written on the host (disk full, permissions of the
+    run folder): the harness's failure, not the candidate's."""
 
 
 class DeliverableFile(BaseModel):
+    """A copied file. ``path`` (and ``path_b64``) name it in the workspace;
+    ``stored_as`` is where the copy is, when not at ``path``."""
+
     model_config = ConfigDict(extra="forbid")
     path: str
     size: int
     sha256: str
     mode: int | None = None  # the permission bits the candidate gave it (kept on the copy)
+    path_b64: str | None = None  # the exact bytes of the path, when it is not valid UTF-8
+    stored_as: str | None = None  # relative to deliverables/, when the copy is not at `path`
+
+    @property
+    def stored_path(self) -> str:
+        return self.stored_as or self.path
+
+
+class DeliverableDir(BaseModel):
+    """A folder recreated in the copy (its mode is the candidate's; the copy's is 0755)."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    mode: int | None = None
+    path_b64: str | None = None
+    stored_as: str | None = None
 
 
 class SkippedEntry(BaseModel):
+    """An entry that was not copied, and why. ``kind`` is what lstat said it is
+    (file, dir, symlink, fifo, socket, char-device, block-device, other) or None
+    when it could not be looked at."""
+
     model_config = ConfigDict(extra="forbid")
     path: str
     reason: str
+    path_b64: str | None = None
+    kind: str | None = None
+    size: int | None = None  # st_size, for files refused by size
+
+
+class DeliverableLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_files: int
+    max_bytes: int
+    max_depth: int
+    max_entries: int
+    time_limit_s: float
+    max_path_bytes: int  # the longest relative path a copy may have under the destination
 
 
 class DeliverablesManifest(BaseModel):
+    """``deliverables.json``. The fields after ``digest`` were added later and
+    default to what a run folder of an earlier version implies."""
+
     model_config = ConfigDict(extra="forbid")
     files: list[DeliverableFile]
     skipped: list[SkippedEntry]
     total_bytes: int
-    digest: str  # sha256 over the sorted (path, sha256, size) listing
+    digest: str  # sha256 over the sorted (stored path, sha256, size) listing
+    directories: list[DeliverableDir] = []
+    limits: DeliverableLimits | None = None
+    entries_visited: int | None = None
+    stopped: str | None = None  # why the walk ended early ("time limit", "entry limit"), None if it did not
+    seconds: float | None = None
 
 
 def listing_digest(files: list[DeliverableFile]) -> str:
-    """The tree digest every hashed listing in ale uses (input, reference, deliverables)."""
-    return tree_digest({f.path: {"sha256": f.sha256, "size": f.size} for f in files})
+    """The tree digest every hashed listing in ale uses (input, reference, deliverables),
+    over the paths the copies are stored at."""
+    return tree_digest({f.stored_path: {"sha256": f.sha256, "size": f.size} for f in files})
 
 
-def _copy_hashing(src_fd: int, dest: Path, limit: int) -> tuple[str, int]:
-    h = hashlib.sha256()
-    n = 0
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISREG, "file"), (stat.S_ISDIR, "dir"), (stat.S_ISLNK, "symlink"), (stat.S_ISFIFO, "fifo"),
+        (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "char-device"), (stat.S_ISBLK, "block-device"),
+    ):
+        if test(mode):
+            return name
+    return "other"
+
+
+def _needs_safe_name(raw: bytes) -> bool:
+    if b"\\" in raw:
+        return True
     try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def _safe_name(raw: bytes, taken: set[bytes]) -> bytes:
+    base = SAFE_NAME_PREFIX + hashlib.sha256(raw).hexdigest()[:16]
+    name, n = base.encode(), 1
+    while name in taken:
+        n += 1
+        name = f"{base}-{n}".encode()
+    return name
+
+
+def _strerror(e: BaseException) -> str:
+    if isinstance(e, OSError):
+        return e.strerror or type(e).__name__
+    return f"{type(e).__name__}: {e}"
+
+
+@dataclass
+class _Frame:
+    """One folder being walked: its descriptor and the entries still to handle."""
+
+    fd: int
+    rel: bytes  # relative path in the workspace ("" for the root)
+    stored: bytes  # relative path of its copy
+    depth: int  # the root is 0; its entries are at depth 1
+    entries: list[tuple[bytes, bytes]] = field(default_factory=list)  # (name, stored name), in order
+
+
+class _Extractor:
+    def __init__(self, dest_fd: int, limits: DeliverableLimits, owner: tuple[int, int] | None, deadline: float):
+        self.dest_fd = dest_fd
+        self.limits = limits
+        self.owner = owner
+        self.deadline = deadline
+        self.files: list[DeliverableFile] = []
+        self.dirs: list[DeliverableDir] = []
+        self.skipped: list[SkippedEntry] = []
+        self.total = 0
+        self.visited = 0
+        self.timed_out = False
+        self.entry_limited = False
+
+    # -- recording ------------------------------------------------------------
+    def skip(self, rel: bytes, reason: str, kind: str | None = None, size: int | None = None) -> None:
+        path, b64 = name_fields(rel or b".")
+        self.skipped.append(SkippedEntry(path=path, path_b64=b64, reason=reason, kind=kind, size=size))
+
+    def out_of_time(self) -> bool:
+        if not self.timed_out and time.monotonic() > self.deadline:
+            self.timed_out = True
+        return self.timed_out
+
+    @property
+    def stopped(self) -> str | None:
+        return "time limit" if self.timed_out else "entry limit" if self.entry_limited else None
+
+    @property
+    def time_reason(self) -> str:
+        return f"time limit of {self.limits.time_limit_s:g} s reached: not visited"
+
+    # -- listing ----------------------------------------------------------------
+    def list_dir(self, frame: _Frame) -> None:
+        """Read the folder's names (within the entry budget), choose each one's stored name."""
+        budget = self.limits.max_entries - self.visited
+        names: list[bytes] = []
+        more = False
+        with os.scandir(frame.fd) as it:
+            for i, entry in enumerate(it):
+                if len(names) >= budget:
+                    more = True
+                    break
+                if i % 1024 == 1023 and self.out_of_time():
+                    more = True
+                    break
+                names.append(os.fsencode(entry.name))
+        self.visited += len(names)
+        names.sort()
+        taken = {n for n in names if not _needs_safe_name(n)}
+        for n in names:
+            if _needs_safe_name(n):
+                s = _safe_name(n, taken)
+                taken.add(s)
+                frame.entries.append((n, s))
+            else:
+                frame.entries.append((n, n))
+        frame.entries.reverse()  # popped from the end, so handled in sorted order
+        if more:
+            if self.timed_out:
+                why = self.time_reason.replace("not visited", "the rest of this folder was not visited")
+            else:
+                self.entry_limited = True
+                why = f"entry limit of {self.limits.max_entries} reached: the rest of this folder was not visited"
+            self.skip(frame.rel, why, kind="dir")
+
+    # -- one entry ------------------------------------------------------------------
+    def handle(self, frame: _Frame, name: bytes, stored_name: bytes) -> _Frame | None:
+        """Copy or skip one entry; a folder to descend into is returned as a new frame."""
+        rel = frame.rel + b"/" + name if frame.rel else name
+        stored = frame.stored + b"/" + stored_name if frame.stored else stored_name
+        try:
+            st = os.stat(name, dir_fd=frame.fd, follow_symlinks=False)
+        except OSError as e:
+            self.skip(rel, f"cannot stat: {_strerror(e)}")
+            return None
+        kind = _kind(st.st_mode)
+        if len(stored) > self.limits.max_path_bytes:
+            self.skip(rel, f"path too long: its copy would need {len(stored)} bytes under the deliverables "
+                           f"folder, the limit is {self.limits.max_path_bytes}", kind=kind)
+            return None
+        if kind == "dir":
+            return self.enter(frame, name, rel, stored, st)
+        reason = None
+        if kind == "symlink":
+            reason = "symlink"
+        elif kind != "file":
+            reason = f"not a regular file ({kind})"
+        elif st.st_nlink > 1:
+            reason = "hard link"
+        elif st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+            reason = "setuid/setgid"
+        elif len(self.files) >= self.limits.max_files:
+            reason = f"file count cap of {self.limits.max_files} reached"
+        elif self.total + st.st_size > self.limits.max_bytes:
+            reason = f"total size cap of {self.limits.max_bytes} bytes reached"
+        if reason:
+            self.skip(rel, reason, kind=kind, size=st.st_size if kind == "file" else None)
+            return None
+        self.copy(frame, name, rel, stored, st)
+        return None
+
+    def enter(self, frame: _Frame, name: bytes, rel: bytes, stored: bytes, st: os.stat_result) -> _Frame | None:
+        if frame.depth + 1 > self.limits.max_depth:
+            self.skip(rel, f"depth limit of {self.limits.max_depth} reached: not visited", kind="dir")
+            return None
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NOCTTY, dir_fd=frame.fd)
+        except OSError as e:
+            self.skip(rel, f"unreadable directory: {_strerror(e)}", kind="dir")
+            return None
+        try:
+            if not stat.S_ISDIR(os.fstat(fd).st_mode) or os.fstat(fd).st_ino != st.st_ino:
+                raise _Changed
+            self._mkdir(stored)
+            sub = _Frame(fd=fd, rel=rel, stored=stored, depth=frame.depth + 1)
+            self.list_dir(sub)
+        except _Changed:
+            os.close(fd)
+            self.skip(rel, "changed while copying", kind="dir")
+            return None
+        except DeliverablesWriteError:
+            os.close(fd)
+            raise
+        except Exception as e:  # reading the listing failed: the folder's own problem
+            os.close(fd)
+            self.skip(rel, f"unreadable directory: {_strerror(e)}", kind="dir")
+            return None
+        path, b64 = name_fields(rel)
+        self.dirs.append(DeliverableDir(path=path, path_b64=b64, mode=stat.S_IMODE(st.st_mode),
+                                        stored_as=None if stored == rel else stored.decode()))
+        return sub
+
+    def copy(self, frame: _Frame, name: bytes, rel: bytes, stored: bytes, st: os.stat_result) -> None:
+        try:
+            src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=frame.fd)
+        except OSError as e:
+            self.skip(rel, f"unreadable: {_strerror(e)}", kind="file", size=st.st_size)
+            return
+        try:
+            fst = os.fstat(src)
+            if not stat.S_ISREG(fst.st_mode) or fst.st_ino != st.st_ino or fst.st_dev != st.st_dev:
+                self.skip(rel, "changed while copying", kind="file")
+                return
+            mode = stat.S_IMODE(st.st_mode)
+            dst = self._create(stored)
+            try:
+                outcome = self._copy_hashing(src, dst, self.limits.max_bytes - self.total)
+                if not isinstance(outcome, str):
+                    self._keep_mode(dst, mode)
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+        if isinstance(outcome, str):
+            self._unlink(stored)
+            self.skip(rel, outcome, kind="file", size=st.st_size)
+            return
+        digest, size = outcome
+        self.total += size
+        path, b64 = name_fields(rel)
+        self.files.append(DeliverableFile(path=path, path_b64=b64, size=size, sha256=digest, mode=mode,
+                                          stored_as=None if stored == rel else stored.decode()))
+
+    def _copy_hashing(self, src: int, dst: int, limit: int) -> tuple[str, int] | str:
+        """(sha256, size) of what was copied, or the reason the copy was abandoned."""
+        h = hashlib.sha256()
+        n = 0
         while True:
-            chunk = os.read(src_fd, 1 << 20)
+            if self.out_of_time():
+                return f"time limit of {self.limits.time_limit_s:g} s reached while copying"
+            try:
+                chunk = os.read(src, _CHUNK)
+            except OSError as e:
+                return f"read error: {_strerror(e)}"
             if not chunk:
-                break
+                return h.hexdigest(), n
             n += len(chunk)
             if n > limit:
-                raise OverflowError
+                return f"total size cap of {self.limits.max_bytes} bytes reached"
             h.update(chunk)
-            os.write(fd, chunk)
-    finally:
-        os.close(fd)
-    return h.hexdigest(), n
+            view = memoryview(chunk)
+            try:
+                while view:
+                    view = view[os.write(dst, view):]
+            except OSError as e:
+                raise DeliverablesWriteError(e.errno, f"cannot write the deliverables copy: {e.strerror}") from e
 
-
-def _keep_mode(path: Path, mode: int, owner: tuple[int, int] | None) -> None:
-    if owner is not None:
+    # -- the destination (ours: written only here, so paths are safe) -------------------
+    def _mkdir(self, stored: bytes) -> None:
         try:
-            os.chown(path, *owner, follow_symlinks=False)
-        except PermissionError:
-            mode |= 0o444  # not ours to give away: keep it readable by the grader instead
-    os.chmod(path, mode & 0o777, follow_symlinks=False)
+            os.mkdir(stored, 0o755, dir_fd=self.dest_fd)
+        except OSError as e:
+            raise DeliverablesWriteError(e.errno, f"cannot create {stored!r} in the deliverables copy: {e.strerror}") from e
+
+    def _create(self, stored: bytes) -> int:
+        try:
+            return os.open(stored, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=self.dest_fd)
+        except OSError as e:
+            raise DeliverablesWriteError(e.errno, f"cannot create {stored!r} in the deliverables copy: {e.strerror}") from e
+
+    def _unlink(self, stored: bytes) -> None:
+        try:
+            os.unlink(stored, dir_fd=self.dest_fd)
+        except OSError as e:
+            raise DeliverablesWriteError(e.errno, f"cannot remove {stored!r} from the deliverables copy: {e.strerror}") from e
+
+    def _keep_mode(self, fd: int, mode: int) -> None:
+        if self.owner is not None:
+            try:
+                os.fchown(fd, *self.owner)
+            except OSError:
+                mode |= 0o444  # not ours to give away: keep it readable by the grader instead
+        else:
+            mode |= 0o400  # the harness's own file: it must stay readable to hash, sign and verify
+        try:
+            os.fchmod(fd, mode & 0o777)
+        except OSError as e:
+            raise DeliverablesWriteError(e.errno, f"cannot set the mode of a deliverables copy: {e.strerror}") from e
+
+    # -- the walk ---------------------------------------------------------------------
+    def walk(self, root: _Frame) -> None:
+        stack = [root]
+        try:
+            while stack:
+                frame = stack[-1]
+                if not frame.entries:
+                    stack.pop()
+                    if frame is not root:
+                        os.close(frame.fd)
+                    continue
+                name, stored_name = frame.entries.pop()
+                if self.out_of_time():
+                    rel = frame.rel + b"/" + name if frame.rel else name
+                    self.skip(rel, self.time_reason)
+                    continue
+                try:
+                    sub = self.handle(frame, name, stored_name)
+                except DeliverablesWriteError:
+                    raise
+                except Exception as e:  # whatever the entry did, it is the entry's
+                    rel = frame.rel + b"/" + name if frame.rel else name
+                    self.skip(rel, f"not copied: {_strerror(e)}")
+                    continue
+                if sub is not None:
+                    stack.append(sub)
+        finally:
+            for frame in stack:
+                if frame is not root:
+                    os.close(frame.fd)
+
+
+class _Changed(Exception):
+    pass
 
 
 def extract_deliverables(
-    workspace: Path, dest: Path, *, max_files: int, max_bytes: int, owner: tuple[int, int] | None = None
+    workspace: Path, dest: Path, *, max_files: int, max_bytes: int, owner: tuple[int, int] | None = None,
+    max_depth: int = DEFAULT_MAX_DEPTH, max_entries: int = DEFAULT_MAX_ENTRIES,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
 ) -> DeliverablesManifest:
-    """Copy regular files from `workspace` into `dest` (which must not exist).
+    """Copy regular files from `workspace` into `dest` (which must not exist; its
+    parent must) and return the manifest of what was copied and skipped.
 
-    Each copy keeps the permission bits the candidate gave the file (setuid and
-    setgid files are never copied) and, with ``owner`` (the candidate's uid:gid,
-    when the harness may chown), its owner too: a grader running as the candidate
-    user sees the files as the candidate left them (ALE graders check outputs
-    made read-only, for one)."""
+    Never raises because of what the workspace holds (see the module doc); raises
+    ``FileExistsError`` when `dest` exists and ``DeliverablesWriteError`` when the
+    copy cannot be written. Each copy keeps the permission bits the candidate gave
+    the file (setuid and setgid files are never copied) and, with ``owner`` (the
+    candidate's uid:gid, when the harness may chown), its owner too: a grader
+    running as the candidate user sees the files as the candidate left them (ALE
+    graders check outputs made read-only, for one). Without ``owner`` the copy
+    stays readable by the harness (owner-read is added)."""
+    started = time.monotonic()
+    dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=False, mode=0o755)
-    files: list[DeliverableFile] = []
-    skipped: list[SkippedEntry] = []
-    total = 0
-    root_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-
-    def walk(dir_fd: int, rel: str) -> None:
-        nonlocal total
-        for name in sorted(os.listdir(dir_fd)):
-            relpath = f"{rel}/{name}" if rel else name
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            mode = st.st_mode
-            if stat.S_ISDIR(mode):
-                try:
-                    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
-                except OSError as e:
-                    skipped.append(SkippedEntry(path=relpath, reason=f"unreadable directory: {e.strerror}"))
-                    continue
-                try:
-                    (dest / relpath).mkdir(mode=0o755)
-                    walk(sub, relpath)
-                finally:
-                    os.close(sub)
-                continue
-            reason = None
-            if stat.S_ISLNK(mode):
-                reason = "symlink"
-            elif not stat.S_ISREG(mode):
-                reason = "not a regular file (fifo, socket or device)"
-            elif st.st_nlink > 1:
-                reason = "hard link"
-            elif mode & (stat.S_ISUID | stat.S_ISGID):
-                reason = "setuid/setgid"
-            elif len(files) >= max_files:
-                reason = f"file count cap of {max_files} reached"
-            elif total + st.st_size > max_bytes:
-                reason = f"total size cap of {max_bytes} bytes reached"
-            if reason:
-                skipped.append(SkippedEntry(path=relpath, reason=reason))
-                continue
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
-            except OSError as e:
-                skipped.append(SkippedEntry(path=relpath, reason=f"unreadable: {e.strerror}"))
-                continue
-            try:
-                # Re-check on the open descriptor: the entry may have been swapped.
-                fst = os.fstat(fd)
-                if not stat.S_ISREG(fst.st_mode) or fst.st_ino != st.st_ino:
-                    skipped.append(SkippedEntry(path=relpath, reason="changed while copying"))
-                    continue
-                try:
-                    digest, size = _copy_hashing(fd, dest / relpath, max_bytes - total)
-                except OverflowError:
-                    (dest / relpath).unlink(missing_ok=True)
-                    skipped.append(SkippedEntry(path=relpath, reason=f"total size cap of {max_bytes} bytes reached"))
-                    continue
-            finally:
-                os.close(fd)
-            total += size
-            _keep_mode(dest / relpath, stat.S_IMODE(st.st_mode), owner)
-            files.append(DeliverableFile(path=relpath, size=size, sha256=digest, mode=stat.S_IMODE(st.st_mode)))
-
+    max_path = PATH_MAX - 1 - len(os.fsencode(os.path.abspath(dest))) - 1
+    limits = DeliverableLimits(max_files=max_files, max_bytes=max_bytes, max_depth=max_depth,
+                               max_entries=max_entries, time_limit_s=time_limit_s, max_path_bytes=max(0, max_path))
+    dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    x = _Extractor(dest_fd, limits, owner, started + time_limit_s)
     try:
-        walk(root_fd, "")
+        try:
+            root_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as e:
+            x.skip(b"", f"the workspace cannot be opened: {_strerror(e)}")
+            root_fd = -1
+        if root_fd >= 0:
+            root = _Frame(fd=root_fd, rel=b"", stored=b"", depth=0)
+            try:
+                x.list_dir(root)
+                x.walk(root)
+            except DeliverablesWriteError:
+                raise
+            except Exception as e:
+                x.skip(b"", f"the workspace cannot be listed: {_strerror(e)}", kind="dir")
+            finally:
+                os.close(root_fd)
     finally:
-        os.close(root_fd)
-    return DeliverablesManifest(files=files, skipped=skipped, total_bytes=total, digest=listing_digest(files))
+        os.close(dest_fd)
+    return DeliverablesManifest(
+        files=x.files, skipped=x.skipped, total_bytes=x.total, digest=listing_digest(x.files),
+        directories=x.dirs, limits=limits, entries_visited=x.visited, stopped=x.stopped,
+        seconds=round(time.monotonic() - started, 4),
+    )

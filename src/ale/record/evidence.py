@@ -27,6 +27,7 @@ from ale import layout
 from ale.data.hashing import make_tree_hash, tree_digest
 from ale.data.hashing import sha256_file as _sha256_and_size
 from ale.layout import Evidence
+from ale.lossless import json_safe, needs_json_safe
 from ale.record.signing import (
     STATEMENT_TYPE,
     canonical_json,
@@ -130,11 +131,22 @@ def _json_default(obj: Any) -> Any:
 
 
 def to_json_text(obj: Any) -> str:
+    """One line of JSON that encodes as UTF-8 whatever strings `obj` holds: a str
+    with lone surrogates (or bytes) is kept as ``ale.lossless.json_safe`` says;
+    anything else is written exactly as ``json.dumps`` writes it."""
     if isinstance(obj, BaseModel):
         obj = obj.model_dump(mode="json")
     # One line, no indent: only then does json use its C encoder, and evidence is
     # written on every run's hot path (`jq .` or `python -m json.tool` to read it).
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n"
+    try:
+        text = json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n"
+        text.encode("utf-8")
+        if not needs_json_safe(text):
+            return text
+    except (UnicodeEncodeError, TypeError):
+        pass
+    # The slow path: only records holding what UTF-8 cannot, bytes, or marker-like keys.
+    return json.dumps(json_safe(obj, default=_json_default), ensure_ascii=False, allow_nan=False) + "\n"
 
 
 def write_new(path: Path, data: bytes, *, mode: int = 0o644) -> Path:
@@ -201,16 +213,19 @@ class EventLog:
             problems = verify_chain(self.path)
             if problems:
                 raise EvidenceError(f"cannot resume event log {self.path}: {problems[0]}")
-            last = json.loads(self.path.read_text().splitlines()[-1])
+            last = json.loads(_lines(self.path.read_bytes().decode("utf-8"))[-1])
             self.seq, self.head = last["seq"], last["hash"]
 
     def append(self, type: str, **data: Any) -> dict:
+        """Append one event. ``data`` may hold any strings and bytes: they are kept
+        as ``ale.lossless.json_safe`` says, so every line is UTF-8 JSON whose hash
+        ``ale verify`` re-derives from the line alone."""
         with self._lock:
             record: dict[str, Any] = {
                 "seq": self.seq + 1,
                 "time": utc_now_iso(),
-                "type": type,
-                "data": json.loads(json.dumps(data, default=_json_default, allow_nan=False)),
+                "type": json_safe(type),
+                "data": json.loads(json.dumps(json_safe(data, default=_json_default), allow_nan=False)),
                 "prev": self.head,
             }
             record["hash"] = event_hash(record)
@@ -225,6 +240,16 @@ class EventLog:
             return record
 
 
+def _lines(text: str) -> list[str]:
+    """The lines of a JSON-lines text: split on "\n" only. (str.splitlines also
+    splits on U+0085, U+2028, U+2029 and other separators, which JSON written with
+    ensure_ascii=False holds raw inside strings.)"""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
 def read_chain(path: Path) -> tuple[list[dict], list[str]]:
     """The events of a log and the problems found in its chain (empty: intact)."""
     problems: list[str] = []
@@ -236,7 +261,7 @@ def read_chain(path: Path) -> tuple[list[dict], list[str]]:
     if text and not text.endswith("\n"):
         problems.append(f"{path}: the last line is incomplete (the log was cut)")
     prev_hash, prev_seq = GENESIS, 0
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for lineno, line in enumerate(_lines(text), 1):
         where = f"{path}:{lineno}"
         try:
             rec = json.loads(line)

@@ -23,9 +23,10 @@ from typing import Any, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ale import layout
+from ale import layout, lossless
 from ale.agents.gateway import record as gateway_record
-from ale.grading.deliverables import DeliverablesManifest, listing_digest
+from ale.agents.trajectory import Trajectory
+from ale.grading.deliverables import DeliverablesManifest, SkippedEntry, listing_digest
 from ale.isolation.checks import check_inspect, diff_captures, failures
 from ale.isolation.probes import parse_probes, workspace_empty_checks
 from ale.layout import Evidence
@@ -143,6 +144,31 @@ def _safe_relpath(name: Any) -> TypeGuard[str]:
     return not p.is_absolute() and ".." not in p.parts and "." not in p.parts and str(p) == name
 
 
+def _name_problems(manifest: DeliverablesManifest) -> list[str]:
+    """Names that are not recorded as ``ale.lossless`` says: a base64 that does not
+    decode to the display form shown, a plain path that cannot be a file name, or
+    the same workspace entry copied twice."""
+    bad: list[str] = []
+    seen: set[bytes] = set()
+    entries: list[Any] = [*manifest.files, *manifest.directories, *manifest.skipped]
+    for e in entries:
+        try:
+            raw = lossless.name_bytes(e.path, e.path_b64)
+        except (ValueError, TypeError):
+            bad.append(f"{e.path!r}: path_b64 is not base64")
+            continue
+        if e.path_b64 is not None and lossless.name_fields(raw) != (e.path, e.path_b64):
+            bad.append(f"{e.path!r}: path_b64 holds another name, or one that is valid UTF-8 and needs none")
+        if not raw or b"\0" in raw or raw.startswith(b"/") or (raw != b"." and b"." in raw.split(b"/")) \
+                or b".." in raw.split(b"/") or b"" in raw.split(b"/"):
+            bad.append(f"{e.path!r} is not a relative path in the workspace")
+        if not isinstance(e, SkippedEntry):
+            if raw in seen:
+                bad.append(f"{e.path!r} is recorded twice")
+            seen.add(raw)
+    return bad
+
+
 def _load_policy(data: Any) -> Any:
     """The stored policy, validated without the host-CPU rule: that rule is about the
     machine that ran the run, and the verifying machine may have fewer CPUs."""
@@ -228,6 +254,7 @@ class _Verifier:
         self.guarded("shapes", self.verify_shapes)
         self.guarded("events", self.verify_events, statement, result)
         self.guarded("deliverables", self.verify_deliverables)
+        self.guarded("trajectory", self.verify_trajectory)
         self.guarded("isolation", self.verify_isolation)
         self.guarded("input", self.verify_input_and_workspace)
         self.guarded("reference", self.verify_reference)
@@ -430,7 +457,8 @@ class _Verifier:
                        "" if ok else "the run.end event records another status or score than result.json")
 
     def verify_deliverables(self) -> None:
-
+        """deliverables/ holds exactly the listed copies, each name is recorded
+        losslessly (``ale.lossless``), and the listing digest and caps add up."""
         data = self.load(layout.DELIVERABLES)
         if data is None:
             return
@@ -441,8 +469,17 @@ class _Verifier:
             return
         prefix = "deliverables/"
         present = {rel[len(prefix):] for rel in self._present if rel.startswith(prefix)}
-        listed = {f.path: f for f in manifest.files}
         bad: list[str] = []
+        listed: dict[str, Any] = {}
+        for f in manifest.files:
+            where = f.stored_path
+            if not _safe_relpath(where):
+                bad.append(f"{where!r} is not a relative path inside deliverables/")
+                continue
+            if where in listed:
+                bad.append(f"{where} is listed twice")
+            listed[where] = f
+        bad += _name_problems(manifest)
         for path, f in sorted(listed.items()):
             if path not in present:
                 bad.append(f"{path} is listed but missing from deliverables/")
@@ -455,8 +492,46 @@ class _Verifier:
             bad.append("the listing digest does not match the listed files")
         if sum(f.size for f in manifest.files) != manifest.total_bytes:
             bad.append("total_bytes does not match the listed sizes")
-        self.check("deliverables.hashes", not bad, "deliverables/ = deliverables.json", bad or f"{len(listed)} files",
-                   "; ".join(bad), area="deliverables")
+        lim = manifest.limits
+        if lim is not None:
+            if len(manifest.files) > lim.max_files:
+                bad.append(f"{len(manifest.files)} files copied, past the cap of {lim.max_files}")
+            if manifest.total_bytes > lim.max_bytes:
+                bad.append(f"{manifest.total_bytes} bytes copied, past the cap of {lim.max_bytes}")
+        self.check("deliverables.hashes", not bad, "deliverables/ = deliverables.json", bad[:50] or f"{len(listed)} files",
+                   "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20 else ""), area="deliverables")
+
+    def verify_trajectory(self) -> None:
+        """trajectory.json is a Trajectory (UTF-8 JSON), and every value it keeps
+        beside itself (a FileRef: too large, or not exact text) is in the folder
+        with the size and sha256 the step names."""
+        if layout.TRAJECTORY not in self._present:
+            return
+        data = self.load(layout.TRAJECTORY)
+        if layout.TRAJECTORY in self._unreadable:
+            return
+        try:
+            traj = Trajectory.model_validate(data)
+        except ValidationError as e:
+            self.check("trajectory.schema", False, "a Trajectory", None, f"{layout.TRAJECTORY}: {e}", area="trajectory")
+            return
+        bad: list[str] = []
+        refs = 0
+        for step in traj.steps:
+            for name, ref in step.files.items():
+                refs += 1
+                where = f"step {step.index} {name}"
+                if not _safe_relpath(ref.path) or not ref.path.startswith(layout.TRAJECTORY_FILES + "/"):
+                    bad.append(f"{where}: {ref.path!r} is not in {layout.TRAJECTORY_FILES}/")
+                elif ref.path not in self._present:
+                    bad.append(f"{where}: {ref.path} is missing")
+                else:
+                    got, size = self.digest(ref.path), (self.run_dir / ref.path).stat().st_size
+                    if got != ref.sha256 or size != ref.bytes:
+                        bad.append(f"{where}: {ref.path} differs from the step (sha256 {got[:12]}…, size {size})")
+        self.check("trajectory.files", not bad, "every FileRef of trajectory.json present and unchanged",
+                   bad[:50] or f"{len(traj.steps)} steps, {refs} stored values",
+                   "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20 else ""), area="trajectory")
 
     # -- isolation -----------------------------------------------------------------
     def _mounts(self) -> list[Any] | None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import ale
-from ale import layout
+from ale import layout, lossless
 from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
 from ale.agents.errors import AgentConfigError
 from ale.agents.gateway.record import evidence_record as gateway_evidence
@@ -553,9 +553,12 @@ async def stop_and_verify_exited(state: RunState) -> None:
         state.add_checks("inspect-after", checks)
 
 
-def collect_deliverables(state: RunState) -> None:
+async def collect_deliverables(state: RunState) -> None:
+    """Copy the workspace out, off the event loop (the walk may take up to its time
+    limit, and other runs share the loop)."""
     lim = state.plan.limits
-    manifest = extract_deliverables(
+    manifest = await asyncio.to_thread(
+        extract_deliverables,
         state.workspace_host, state.run_dir / layout.DELIVERABLES_DIR, max_files=lim.deliverable_max_files,
         max_bytes=lim.deliverable_max_bytes, owner=(state.plan.policy.uid, state.plan.policy.gid) if os.geteuid() == 0 else None,
     )
@@ -739,7 +742,7 @@ async def execute_run(
             await verify_running(state, "after", probe, ran=True)
             await stop_and_verify_exited(state)
         async with state.phase(Phase.DELIVERABLES):
-            collect_deliverables(state)
+            await collect_deliverables(state)
             await remove_sandbox(state)
             check_input_unchanged(state)
         if state.violations:
@@ -773,7 +776,7 @@ async def execute_run(
         status=status,
         scores=scores,
         score=(sum(scores) / len(scores)) if scores else None,
-        error=error,
+        error=None if error is None else lossless.display(error),  # an agent may put any text in its end
         violations=state.violations,
         invalid_attribution=attribution,
         phases=state.phases,

@@ -5,6 +5,7 @@ agent cannot fill the host's disk through its one writable mount.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -40,7 +41,23 @@ def mounts_under(root: Path) -> list[str]:
 
 def release_scratch(root: Path) -> None:
     """Unmount whatever a run mounted below `root` (lazily, so a busy mount never
-    blocks), then remove the folder. Safe on a folder a killed run left behind."""
+    blocks), then remove the folder. Safe on a folder a killed run left behind, and
+    on whatever the candidate left in the workspace (any depth, any path length);
+    never raises."""
     for target in mounts_under(root):
         subprocess.run(["umount", "-l", target], capture_output=True)
-    shutil.rmtree(root, ignore_errors=True)
+    remove_tree(root)
+
+
+def remove_tree(root: Path) -> None:
+    """``rm -rf root``, never following links. coreutils' rm walks with openat, so
+    neither depth nor PATH_MAX stops it (shutil.rmtree recurses once per level and
+    raises RecursionError on a tree ~1000 levels deep); shutil.rmtree is only the
+    fallback where rm is missing. Never raises: what cannot be removed stays."""
+    if not os.path.lexists(root):
+        return
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(["rm", "-rf", "--", os.fspath(root)], capture_output=True, check=False)
+    if os.path.lexists(root):
+        with contextlib.suppress(Exception):  # RecursionError on a deep tree: left to the operator
+            shutil.rmtree(root, ignore_errors=True)

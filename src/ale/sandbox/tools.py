@@ -6,17 +6,25 @@ candidate user, is checked against the allowlist and is recorded as a
 trajectory step. Limits: stdout and stderr of ``shell`` are each capped at
 ``output_limit`` bytes (cut with a marker); ``read_file`` refuses files past
 ``read_limit``; ``shell`` kills the command's process group on timeout.
+
+Bytes: outputs are handed to agents as text (invalid UTF-8 replaced), and the
+exact bytes the container produced travel with the outcome (``stdout_bytes``,
+``stderr_bytes``, ``output_bytes``) to the recorder, which keeps them when the
+text is not exact. A command, path or text content holding lone surrogates (not
+valid Unicode, so it cannot reach the container as sent) is refused with an error.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from ale.lossless import is_unicode
 from ale.sandbox.base import DEFAULT_OUTPUT_LIMIT, Sandbox
 
 ALL_TOOLS = ("shell", "read_file", "write_file", "list_dir")
@@ -46,6 +54,10 @@ class ToolOutcome:
     timed_out: bool = False
     data: bytes | None = None
     error: str | None = None
+    # The exact bytes behind stdout, stderr and output (before decoding and markers).
+    stdout_bytes: bytes | None = None
+    stderr_bytes: bytes | None = None
+    output_bytes: bytes | None = None
 
     def for_model(self) -> str:
         """A plain-text rendering for language models and MCP clients."""
@@ -66,6 +78,15 @@ StepRecorder = Callable[[dict[str, Any]], None]
 
 def _now() -> str:
     return datetime.now(UTC).isoformat()
+
+
+def _text(tool: str, arg: str, value: Any) -> str:
+    """An argument as text the container can receive exactly: lone surrogates refused."""
+    text = str(value)
+    if not is_unicode(text):
+        bad = next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
+        raise ToolRefused(f"{tool}: {arg} is not valid Unicode (a lone surrogate at index {bad}); send UTF-8 text")
+    return text
 
 
 def _decode(data: bytes, truncated: bool, limit: int) -> str:
@@ -128,16 +149,21 @@ class ToolBox:
     async def _dispatch(self, tool: str, args: dict[str, Any]) -> ToolOutcome:
         try:
             if tool == "shell":
-                return await self.shell(str(args["command"]), args.get("timeout"))
+                return await self.shell(_text(tool, "command", args["command"]), args.get("timeout"))
             if tool == "read_file":
-                return await self.read_file(str(args["path"]))
+                return await self.read_file(_text(tool, "path", args["path"]))
             if tool == "write_file":
                 content = args.get("content", "")
                 if "content_b64" in args:
-                    content = base64.b64decode(args["content_b64"])
-                return await self.write_file(str(args["path"]), content)
+                    try:
+                        content = base64.b64decode(args["content_b64"])
+                    except (binascii.Error, ValueError, TypeError) as e:
+                        raise ToolRefused(f"write_file: content_b64 is not base64: {e}") from e
+                elif isinstance(content, str):
+                    content = _text(tool, "content", content)
+                return await self.write_file(_text(tool, "path", args["path"]), content)
             if tool == "list_dir":
-                return await self.list_dir(str(args.get("path", self.workdir)))
+                return await self.list_dir(_text(tool, "path", args.get("path", self.workdir)))
         except KeyError as e:
             raise ToolRefused(f"{tool}: missing argument {e.args[0]!r}") from e
         raise ToolRefused(f"unknown tool {tool!r}")
@@ -146,8 +172,11 @@ class ToolBox:
         self.steps += 1
         if self.recorder is None:
             return
+        raw = {f"{k}_bytes": v for k, v in (("stdout", outcome.stdout_bytes), ("stderr", outcome.stderr_bytes),
+                                            ("output", outcome.output_bytes)) if v is not None}
         self.recorder(
             {
+                **raw,
                 "index": self.steps,
                 "tool": tool,
                 "args": {k: v for k, v in args.items()},
@@ -189,6 +218,8 @@ class ToolBox:
             stderr=err,
             truncated=r.stdout_truncated or r.stderr_truncated,
             timed_out=r.timed_out,
+            stdout_bytes=r.stdout,
+            stderr_bytes=r.stderr,
         )
 
     async def read_bytes(self, path: str) -> bytes:
@@ -205,7 +236,7 @@ class ToolBox:
 
     async def read_file(self, path: str) -> ToolOutcome:
         data = await self.read_bytes(path)
-        return ToolOutcome(ok=True, output=data.decode("utf-8", errors="replace"), data=data)
+        return ToolOutcome(ok=True, output=data.decode("utf-8", errors="replace"), data=data, output_bytes=data)
 
     async def write_file(self, path: str, content: str | bytes) -> ToolOutcome:
         data = content.encode() if isinstance(content, str) else content
@@ -224,7 +255,7 @@ class ToolBox:
         )
         if r.exit_code != 0:
             raise ToolRefused(r.stderr.decode(errors="replace").strip() or f"cannot list {path}")
-        return ToolOutcome(ok=True, output=_decode(r.stdout, r.stdout_truncated, self.output_limit))
+        return ToolOutcome(ok=True, output=_decode(r.stdout, r.stdout_truncated, self.output_limit), output_bytes=r.stdout)
 
     async def exists(self, path: str, kind: str) -> bool:
         r = await self.sandbox.exec(["test", "-" + kind, path], workdir=self.workdir, timeout=self._time_left(30))
