@@ -58,28 +58,30 @@ HUGE_FILE_FILLER = "x"  # one printable byte, repeated (None: a sparse file of N
 MAX_REWRITE_BYTES = 8 * 1024**2  # oracle files above this are not rewritten into a script
 EPS = 1e-9
 
-# What a hook or a shadowing module prints when it is executed: a perfect score
-# in the shapes verifiers print (a number alone, a JSON report).
+# What a hook or a shadowing module prints when it is executed (then it exits 0):
+# a perfect score under the keys verifiers' JSON reports use.
 _PERFECT = '{"score": 1.0, "scores": [1.0], "reward": 1.0, "passed": true, "success": true, "all_passed": true}'
 _HOOK = f'''"""ale task check: candidate code that must never run on the grading side."""
 import os as _os
 import sys as _sys
 
-for _d in ("/tmp", _os.path.dirname(_os.path.abspath(__file__))):
-    try:
-        with open(_os.path.join(_d, "ALE_ADVERSARIAL_IMPORTED"), "a") as _f:
-            _f.write(__name__ + "\\n")
-    except OSError:
-        pass
+try:  # a marker next to the module (where a grader copied the outputs, if writable)
+    with open(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "ALE_ADVERSARIAL_IMPORTED"), "a") as _f:
+        _f.write(__name__ + "\\n")
+except OSError:
+    pass
 _sys.stdout.write({_PERFECT!r} + "\\n")
 _sys.stdout.flush()
 _os._exit(0)
 '''
 _CONFTEST = '''"""ale task check: a conftest.py that passes every test (must never be loaded)."""
+import os
+
 import pytest
 
 try:
-    open("/tmp/ALE_ADVERSARIAL_IMPORTED", "a").write("conftest\\n")
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "ALE_ADVERSARIAL_IMPORTED"), "a") as f:
+        f.write("conftest\\n")
 except OSError:
     pass
 
@@ -495,10 +497,6 @@ class Outcome:
         return {**asdict(self), "failed": self.failed}
 
 
-def mean(scores: Sequence[float] | None) -> float | None:
-    return (sum(scores) / len(scores)) if scores else None
-
-
 def _has_traceback(run_dir: Path) -> bool:
     try:
         return "Traceback (most recent call last)" in (run_dir / layout.TASK_LOG).read_text(errors="replace")
@@ -692,7 +690,7 @@ async def probe_missing_reference(
         except (DataError, OSError, ValueError) as e:
             o.verdict, o.detail = ERROR, f"could not stage the input without the reference: {e}"
             return o
-        plan = base.model_copy(update={"run_id": new_run_id(task_path.name, base.variant, "adv-noref"), "data_source": data})
+        plan = base.model_copy(update={"run_id": new_run_id(task_path.name, base.variant, f"adv-{MISSING_REFERENCE}"), "data_source": data})
         t0 = asyncio.get_running_loop().time()
         try:
             result = await execute(plan)
