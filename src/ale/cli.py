@@ -122,18 +122,33 @@ def task_check(
     runs_dir: RunsDir = Path("runs"),
     image: ImageOpt = DEFAULT_TOOLS_IMAGE,
     policy: PolicyOpt = None,
+    adversarial: Annotated[bool, typer.Option("--adversarial/--no-adversarial", help="Also run the adversarial outputs (and the missing-reference probe) against the grader.")] = True,
+    strategy: Annotated[list[str] | None, typer.Option("--strategy", "-s", help="Run only this adversarial strategy (repeatable; default: all).")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Adversarial runs at once.")] = 2,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the whole check as JSON on stdout.")] = False,
 ) -> None:
-    """Oracle must score 1.0 on every component, nop must score 0, on every variant."""
+    """Oracle must score 1.0 on every component, nop must score 0, on every variant;
+    then no adversarial output may score above nop and the grader must raise
+    without its reference. Exit 1 on any failure."""
+    from ale.grading.adversarial import select_strategies
     from ale.runs.lifecycle import PreflightError
     from ale.tasks.errors import TaskError
     from ale.tasks.process import TaskProcessError, inspect_task_sync
 
     try:
-        n = len(inspect_task_sync(task_dir).variants)
+        chosen = select_strategies(strategy)
+    except ValueError as e:
+        _fail(str(e))
+    try:
+        info = inspect_task_sync(task_dir)
     except (TaskError, PreflightError, TaskProcessError) as e:
         _fail(str(e))
-    problems = []
-    for v in range(n):
+    problems: list[str] = []
+    variants: list[dict] = []
+    tried = 0
+    for v, variant in enumerate(info.variants):
+        record: dict = {"variant": v, "task_id": variant.task_id}
+        runs = {}
         for agent in ("oracle", "nop"):
             plan = _plan(task_dir, agent, v, data, runs_dir, None, image, policy, None, None)
             result = _execute(plan)
@@ -146,11 +161,78 @@ def task_check(
             err.print(f"{mark} variant {v} {agent}: {result.status.value} scores={result.scores}  {plan.run_dir}")
             if not ok:
                 problems.append(f"variant {v} {agent}: {result.status.value} {result.scores} {result.error or ''}".strip())
+            runs[agent] = (plan, result, ok)
+            record[agent] = {"status": result.status.value, "scores": result.scores, "ok": ok, "run_dir": str(plan.run_dir)}
+        if adversarial:
+            (oracle_plan, _, oracle_ok), (_, nop_result, nop_ok) = runs["oracle"], runs["nop"]
+            if not (oracle_ok and nop_ok):
+                err.print(f"[yellow]variant {v}: adversarial outputs skipped until the oracle scores 1.0 and nop 0[/]")
+                record["adversarial"] = None
+            else:
+                report = _check_adversarial(task_dir, variant, oracle_plan, runs["oracle"][1], nop_result, chosen, jobs)
+                record["adversarial"] = report.to_dict()
+                tried += sum(1 for o in report.outcomes if o.verdict != "skipped")
+                if not json_out:
+                    _print_adversarial(report)
+                for o in report.failed:
+                    problems.append(f"variant {v} {o.strategy}: {o.verdict}: {o.detail}")
+        variants.append(record)
+    if json_out:
+        print(json.dumps({"task_dir": str(task_dir), "ok": not problems, "variants": variants, "problems": problems}, indent=1))
     if problems:
         for p in problems:
-            err.print(f"[red]- {p}[/]")
+            err.print(f"[red]- {p}[/]", highlight=False)
         raise typer.Exit(1)
-    err.print(f"[green]{task_dir}: {n} variant(s) pass (oracle 1.0, nop 0)[/]")
+    n = len(info.variants)
+    tail = f"; no adversarial output beats nop ({tried} run(s))" if adversarial else ""
+    err.print(f"[green]{task_dir}: {n} variant(s) pass (oracle 1.0, nop 0){tail}[/]")
+
+
+def _check_adversarial(task_dir: Path, variant, oracle_plan, oracle_result, nop_result, strategies, jobs: int):
+    """Every strategy of the catalogue against one variant's grader, then the
+    missing-reference probe; through the real lifecycle, with the oracle's plan."""
+    from ale.grading import adversarial as adv
+    from ale.runs.lifecycle import execute_run
+    from ale.sandbox.base import SandboxError
+    from ale.sandbox.providers import make_provider
+
+    facts = adv.facts_from_oracle_run(variant, oracle_plan.run_dir)
+    nop_score = nop_result.score if nop_result.score is not None else 0.0
+    report = adv.VariantReport(variant=oracle_plan.variant, nop_score=nop_score)
+
+    def say(o) -> None:
+        colour = "red" if o.failed else ("yellow" if o.verdict in ("skipped", "solution", "note") else "green")
+        err.print(f"  [{colour}]{o.verdict}[/] variant {oracle_plan.variant} {o.strategy}: {o.status or '-'} scores={o.scores}",
+                  highlight=False)
+
+    async def go():
+        outcomes = await adv.run_strategies(oracle_plan, facts, nop_score, execute_run, strategies=strategies, jobs=jobs, say=say)
+        try:
+            store = make_provider(oracle_plan.provider).image_store()
+        except SandboxError:
+            store = None
+        probe = await adv.probe_missing_reference(oracle_plan, variant, oracle_plan.run_dir, Path(task_dir).resolve(), execute_run,
+                                           oracle_scores=oracle_result.scores, image_store=store)
+        say(probe)
+        return [*outcomes, probe]
+
+    try:
+        report.outcomes = asyncio.run(go())
+    except KeyboardInterrupt:
+        err.print("interrupted: the run's containers were removed")
+        raise typer.Exit(130) from None
+    return report
+
+
+def _print_adversarial(report) -> None:
+    from ale.grading.adversarial import render_rows
+
+    rows = render_rows(report)
+    print(f"variant {report.variant}: adversarial outputs (nop scored {report.nop_score:g})")
+    widths = [max(len(r[i]) for r in [*rows, ("strategy", "status", "score [scores]", "verdict", "")]) for i in range(4)]
+    header = ("strategy", "status", "score [scores]", "verdict", "detail")
+    for r in [header, *rows]:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + ("  " + r[4] if r[4] else ""))
 
 
 @task_app.command("list")

@@ -4,6 +4,12 @@ The session serves the task's input, output (the deliverables copy) and
 reference paths from host folders, read-only; any command the grader runs goes
 to a fresh grading container (no network, the same three folders read-only),
 never the candidate's, which is gone by now.
+
+Python in the grading container never imports from the folder of the script it
+runs nor from the current directory (``PYTHONSAFEPATH``), nor from a user site
+(``PYTHONNOUSERSITE``), and writes no bytecode: a verifier run next to candidate
+files (``json.py``, ``sitecustomize.py``, ...) does not execute them. Commands
+start in ``/tmp``, never in the output folder.
 """
 
 from __future__ import annotations
@@ -29,6 +35,18 @@ from ale.sandbox.session import ContainerSession, Route, RoutedSession
 from ale.sandbox.tools import TASK_OUTPUT_LIMIT, TASK_READ_LIMIT, ToolBox
 from ale.tasks.errors import TaskError
 from ale.tasks.process import TaskCallFailed, TaskProcessError
+
+# What the grading container's environment adds to the image's.
+GRADING_ENVIRONMENT: dict[str, str] = {
+    "PYTHONSAFEPATH": "1",  # no script folder, no current directory on sys.path (Python >= 3.11)
+    "PYTHONNOUSERSITE": "1",  # no ~/.local site-packages
+    "PYTHONDONTWRITEBYTECODE": "1",  # no __pycache__ next to what a verifier imports
+}
+GRADING_WORKDIR = "/tmp"  # where grader commands start: never the output, input or reference folder
+
+# How the error of a run whose evaluate() returned no valid score list begins
+# (NaN, a value outside [0, 1], ...): `ale task check` reports these as grader bugs.
+INVALID_SCORES = "evaluate() returned an invalid score list"
 
 
 class GradingError(RuntimeError):
@@ -56,24 +74,31 @@ class GradingInputs:
 # Where ALE graders write: /tmp (verifier copies, large intermediates), the data
 # root above the task folder (eval_data/, .tmp_eval/), and the VM user's home.
 GRADER_HOME = "/home/user"
-# The grading sandbox's environment: Python never imports from the current folder
-# or a user site, so a verifier run next to candidate files does not execute them.
-GRADER_ENV = {"PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "HOME": GRADER_HOME}
+
+
+class InvalidScores(GradingError):
+    """evaluate() returned, but not a non-empty list of numbers in [0, 1]."""
 
 
 def validate_scores(value: Any) -> list[float]:
-    """A non-empty list of floats in [0, 1], or GradingError saying what came back."""
+    """A non-empty list of floats in [0, 1], or InvalidScores saying what came back
+    (NaN, infinities, values outside [0, 1], booleans, non-numbers, an empty list)."""
     if not isinstance(value, list | tuple) or len(value) == 0:
-        raise GradingError(f"evaluate() must return a non-empty list of floats in [0, 1], got {value!r:.200}")
+        raise InvalidScores(f"{INVALID_SCORES}: expected a non-empty list of floats in [0, 1], got {value!r:.200}")
     out = []
     for i, v in enumerate(value):
         if isinstance(v, bool) or not isinstance(v, int | float):
-            raise GradingError(f"evaluate() returned a non-number at index {i}: {v!r:.100}")
+            raise InvalidScores(f"{INVALID_SCORES}: a non-number at index {i}: {v!r:.100}")
         f = float(v)
         if math.isnan(f) or not 0.0 <= f <= 1.0:
-            raise GradingError(f"evaluate() returned {f} at index {i}; scores must lie in [0, 1]")
+            raise InvalidScores(f"{INVALID_SCORES}: {f} at index {i}; scores must lie in [0, 1]")
         out.append(f)
     return out
+
+
+def is_invalid_scores(error: str | None) -> bool:
+    """Whether a run's error says its grader returned an invalid score list."""
+    return bool(error) and INVALID_SCORES in str(error)
 
 
 class Grader:
@@ -99,6 +124,13 @@ class Grader:
         self.command_timeout = command_timeout
         self.container: Sandbox | None = None
 
+    def workdir(self) -> str:
+        """Where grader commands start: ``/tmp``, or ``/`` should a task put one of
+        its folders there (commands never start inside the candidate's output)."""
+        i = self.inputs
+        inside = [d for d in (i.output_dir, i.input_dir, i.reference_dir) if d.rstrip("/") == GRADING_WORKDIR]
+        return "/" if inside else GRADING_WORKDIR
+
     async def _container_session(self) -> ContainerSession:
         i = self.inputs
         labels = {LABEL_RUN: self.run_id, LABEL_ROLE: "grader"}
@@ -121,12 +153,12 @@ class Grader:
                 policy=self.policy.model_copy(update={"tmpfs": ()}) if self.inputs.scratch_host else self.policy,
                 mounts=tuple(mounts),
                 labels=labels,
-                workdir="/tmp",
-                environment=GRADER_ENV,
+                workdir=self.workdir(),
+                environment={**GRADING_ENVIRONMENT, "HOME": GRADER_HOME},
             )
         )
         await self.container.start()
-        tools = ToolBox(self.container, workdir="/tmp", default_timeout=self.command_timeout,
+        tools = ToolBox(self.container, workdir=self.workdir(), default_timeout=self.command_timeout,
                         output_limit=TASK_OUTPUT_LIMIT, read_limit=TASK_READ_LIMIT)
         return ContainerSession(tools, default_timeout=self.command_timeout)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -297,7 +298,14 @@ class TaskProcess:
                 )
             if op == "session":
                 answer = await serve_session_call(session, reply)
-                proc.stdin.write(protocol.dumps(answer))
+                data = protocol.dumps(answer)
+                if len(data) > protocol.MAX_LINE:
+                    # Too large for the channel (a candidate's huge file read whole): the
+                    # task gets an OSError it can score as a 0; its process stays alive.
+                    data = protocol.dumps(_error(answer.get("sid"), OSError(
+                        errno.EFBIG, f"the answer to session call {reply.get('method')!r} is {len(data)} bytes "
+                        f"encoded, above the task channel's limit of {protocol.MAX_LINE}")))
+                proc.stdin.write(data)
                 await proc.stdin.drain()
                 continue
             self._kill(proc)

@@ -1,0 +1,732 @@
+"""Adversarial outputs a task's grader must not reward (``ale task check``).
+
+A catalogue of strategies, each a replay script (tool calls the ``replay`` agent
+makes in the candidate sandbox) built from what the harness knows about one
+variant on the trusted side: the container paths of its input, output and
+reference folders, the files the oracle wrote (its deliverables, content
+included), the input's file names and the reference's file names. The reference
+is used for names only, never for content: no strategy writes anything the
+candidate could not have written without it, apart from the name.
+
+Each strategy runs through the real lifecycle (`run_strategies`, given the
+lifecycle's ``execute_run``), like any candidate. A strategy *beats nop* when its
+mean score is above the nop agent's (or above its control's: NaN is compared
+with the same output holding finite wrong numbers); a grader that returns an invalid score list
+(NaN, outside [0, 1]) or fails on a candidate's output is a grader bug: such a
+run is ``grading_failed``, which no aggregate counts, so the candidate would have
+voided its own failure. One more probe runs the oracle with the data source's
+reference removed: the grader must raise then, never return a score.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import base64
+import json
+import math
+import posixpath
+import random
+import re
+import shlex
+import shutil
+import struct
+import tempfile
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ale import layout
+from ale.data.base import DataError
+from ale.data.sources import open_source
+from ale.grading.grader import is_invalid_scores
+from ale.layout import Evidence
+from ale.plan import AgentSpec, RunPlan, new_run_id
+from ale.result import RunResult
+from ale.status import RunStatus
+from ale.tasks.loader import TaskVariant
+
+Step = dict[str, Any]
+Execute = Callable[[RunPlan], Awaitable[RunResult]]
+
+# The huge-file strategy's size and filler. The task channel carries a session
+# answer of at most 256 MiB encoded: a bigger read breaks the task process today
+# (see docs/task-check.md), so the default stays below it in every encoding.
+HUGE_FILE_BYTES = 200 * 1024**2
+HUGE_FILE_FILLER: str | None = None  # None: a sparse file of NUL bytes; else one printable byte, repeated
+MAX_REWRITE_BYTES = 8 * 1024**2  # oracle files above this are not rewritten into a script
+EPS = 1e-9
+
+# What a hook or a shadowing module prints when it is executed (then it exits 0):
+# a perfect score under the keys verifiers' JSON reports use.
+_PERFECT = '{"score": 1.0, "scores": [1.0], "reward": 1.0, "passed": true, "success": true, "all_passed": true}'
+_HOOK = f'''"""ale task check: candidate code that must never run on the grading side."""
+import os as _os
+import sys as _sys
+
+try:  # a marker next to the module (where a grader copied the outputs, if writable)
+    with open(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "ALE_ADVERSARIAL_IMPORTED"), "a") as _f:
+        _f.write(__name__ + "\\n")
+except OSError:
+    pass
+_sys.stdout.write({_PERFECT!r} + "\\n")
+_sys.stdout.flush()
+_os._exit(0)
+'''
+_CONFTEST = '''"""ale task check: a conftest.py that passes every test (must never be loaded)."""
+import os
+
+import pytest
+
+try:
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "ALE_ADVERSARIAL_IMPORTED"), "a") as f:
+        f.write("conftest\\n")
+except OSError:
+    pass
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    report.outcome = "passed"
+    report.longrepr = None
+'''
+# Modules a verifier may import, shadowed next to the outputs.
+SHADOW_MODULES = ("sitecustomize", "usercustomize", "json", "csv", "numpy")
+REFERENCE_PLACEHOLDER = "ale task check: named like a reference file, not its content\n"
+
+
+# -- what a strategy is built from ---------------------------------------------
+@dataclass(frozen=True)
+class OutputFile:
+    path: str  # relative to the output folder
+    content: bytes  # empty when the file is above MAX_REWRITE_BYTES
+    sha256: str = ""
+
+
+@dataclass(frozen=True)
+class VariantFacts:
+    """One variant as the trusted side knows it once the oracle has run."""
+
+    input_dir: str
+    output_dir: str
+    reference_dir: str
+    oracle_files: tuple[OutputFile, ...] = ()
+    input_files: tuple[str, ...] = ()  # relative to input_dir
+    reference_files: tuple[str, ...] = ()  # relative to reference_dir: names only
+    oracle_copies_input: bool = False  # every file the oracle wrote is byte for byte an input file
+
+    def out(self, rel: str) -> str:
+        return posixpath.join(self.output_dir, rel)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    description: str
+    build: Callable[[VariantFacts], list[Step] | None]  # None: nothing to try on this variant
+    copies_input: bool = False  # delivers input files: the answer itself when the oracle's output is one
+    # The strategy whose score this one is compared with (else nop's): the same
+    # output with finite wrong numbers for NaN/inf, the empty files for the hooks.
+    baseline: str | None = None
+    control: bool = False  # a baseline only: above nop is a note, not a failure
+
+
+# -- the tool calls -------------------------------------------------------------
+def _write(path: str, content: bytes | str) -> Step:
+    if isinstance(content, str):
+        return {"tool": "write_file", "args": {"path": path, "content": content}}
+    try:
+        return {"tool": "write_file", "args": {"path": path, "content": content.decode("utf-8")}}
+    except UnicodeDecodeError:
+        return {"tool": "write_file", "args": {"path": path, "content_b64": base64.b64encode(content).decode()}}
+
+
+def _shell(command: str) -> Step:
+    return {"tool": "shell", "args": {"command": command}}
+
+
+def _q(path: str) -> str:
+    return shlex.quote(path)
+
+
+def _mkparent(path: str) -> str:
+    return f"mkdir -p -- {_q(posixpath.dirname(path) or '/')}"
+
+
+def _each_oracle_file(facts: VariantFacts, content: Callable[[OutputFile], bytes | str | None]) -> list[Step] | None:
+    steps = []
+    for f in facts.oracle_files:
+        c = content(f)
+        if c is not None:
+            steps.append(_write(facts.out(f.path), c))
+    return steps or None
+
+
+# -- rewriting the oracle's numbers ---------------------------------------------
+_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])")
+
+
+def _is_text(data: bytes) -> bool:
+    if b"\0" in data:
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _json_numbers(value: Any, sub: float) -> tuple[Any, int]:
+    if isinstance(value, bool):
+        return value, 0
+    if isinstance(value, int | float):
+        return sub, 1
+    if isinstance(value, list):
+        items = [_json_numbers(v, sub) for v in value]
+        return [v for v, _ in items], sum(n for _, n in items)
+    if isinstance(value, dict):
+        pairs = {k: _json_numbers(v, sub) for k, v in value.items()}
+        return {k: v for k, (v, _) in pairs.items()}, sum(n for _, n in pairs.values())
+    return value, 0
+
+
+def _npy_filled(data: bytes, sub: float) -> bytes | None:
+    """A float64 ``.npy`` of the same shape, every element ``sub``; None when `data`
+    is no numeric ``.npy``."""
+    if not data.startswith(b"\x93NUMPY") or len(data) < 10:
+        return None
+    major = data[6]
+    if major == 1:
+        (hlen,), start = struct.unpack("<H", data[8:10]), 10
+    elif major in (2, 3) and len(data) >= 12:
+        (hlen,), start = struct.unpack("<I", data[8:12]), 12
+    else:
+        return None
+    try:
+        header = ast.literal_eval(data[start : start + hlen].decode("latin1"))
+        descr, shape = header["descr"], tuple(int(n) for n in header["shape"])
+    except (ValueError, SyntaxError, KeyError, TypeError):
+        return None
+    if not isinstance(descr, str) or descr.lstrip("<>|=")[:1] not in ("f", "i", "u"):
+        return None
+    count = math.prod(shape)
+    if count * 8 > MAX_REWRITE_BYTES:
+        return None
+    text = repr({"descr": "<f8", "fortran_order": False, "shape": shape})
+    pad = 64 - (10 + len(text) + 1) % 64
+    head = (text + " " * (pad % 64) + "\n").encode("latin1")
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head + struct.pack("<d", sub) * count
+
+
+def substitute_numbers(f: OutputFile, sub: float) -> bytes | None:
+    """The oracle's file with every number replaced by `sub` (NaN, inf, ...):
+    JSON by structure, other text by pattern, ``.npy`` arrays element-wise. None
+    when the file holds no number this can find."""
+    data = f.content
+    if not data or len(data) > MAX_REWRITE_BYTES:
+        return None
+    npy = _npy_filled(data, sub)
+    if npy is not None:
+        return npy
+    if not _is_text(data):
+        return None
+    text = data.decode("utf-8")
+    try:
+        value, n = _json_numbers(json.loads(text), sub)
+    except ValueError:
+        pass
+    else:
+        return json.dumps(value).encode() + b"\n" if n else None
+    spelled = {math.inf: "inf", -math.inf: "-inf"}.get(sub, "nan" if math.isnan(sub) else repr(sub))
+    new, n = _NUMBER.subn(spelled, text)
+    return new.encode() if n else None
+
+
+WRONG_NUMBER = 987654321.0  # the control's finite wrong value
+
+
+def _numbers(sub: float) -> Callable[[VariantFacts], list[Step] | None]:
+    return lambda facts: _each_oracle_file(facts, lambda f: substitute_numbers(f, sub))
+
+
+# -- the strategies -------------------------------------------------------------
+def _nothing(facts: VariantFacts) -> list[Step]:
+    return []
+
+
+def _garbage(f: OutputFile) -> bytes:
+    rng = random.Random(f"ale-adversarial:{f.path}")
+    return bytes(rng.getrandbits(8) for _ in range(4096))
+
+
+def _input_copy(facts: VariantFacts) -> list[Step] | None:
+    if not facts.input_files:
+        return None
+    return [_shell(f"cp -R -- {_q(facts.input_dir.rstrip('/') + '/.')} {_q(facts.output_dir.rstrip('/') + '/')}")]
+
+
+def _best_input(facts: VariantFacts, target: str) -> str:
+    """The input file most like `target`: the same name, else the same suffix, else the first."""
+    base, ext = posixpath.basename(target), posixpath.splitext(target)[1]
+    for pick in (
+        [p for p in facts.input_files if posixpath.basename(p) == base],
+        [p for p in facts.input_files if ext and posixpath.splitext(p)[1] == ext],
+        list(facts.input_files),
+    ):
+        if pick:
+            return pick[0]
+    raise ValueError("no input files")
+
+
+def _input_as_output(facts: VariantFacts) -> list[Step] | None:
+    if not facts.input_files or not facts.oracle_files:
+        return None
+    steps = []
+    for f in facts.oracle_files:
+        src, dst = posixpath.join(facts.input_dir, _best_input(facts, f.path)), facts.out(f.path)
+        steps.append(_shell(f"{_mkparent(dst)} && cp -- {_q(src)} {_q(dst)}"))
+    return steps
+
+
+def huge_file_strategy(size: int = HUGE_FILE_BYTES, filler: str | None = HUGE_FILE_FILLER) -> Strategy:
+    """The first oracle file as a file of `size` bytes: `filler` repeated, or (None)
+    a sparse file of NUL bytes."""
+
+    def build(facts: VariantFacts) -> list[Step] | None:
+        if not facts.oracle_files:
+            return None
+        dst = facts.out(facts.oracle_files[0].path)
+        if filler is None:
+            make = f"truncate -s {size} -- {_q(dst)}"
+        else:
+            make = f"head -c {size} /dev/zero | tr '\\0' {_q(filler[:1])} > {_q(dst)}"
+        return [_shell(f"{_mkparent(dst)} && {make}")]
+
+    what = "NUL bytes (sparse)" if filler is None else f"{filler[:1]!r} bytes"
+    return Strategy("huge-file", f"the first oracle file as {size / 1024**2:g} MiB of {what}", build)
+
+
+def _directories(facts: VariantFacts) -> list[Step] | None:
+    if not facts.oracle_files:
+        return None
+    return [_shell(" && ".join(f"mkdir -p -- {_q(facts.out(f.path))}" for f in facts.oracle_files))]
+
+
+def _reference_names(facts: VariantFacts) -> list[Step] | None:
+    if not facts.reference_files:
+        return None
+    steps = []
+    for rel in facts.reference_files:
+        steps.append(_write(facts.out(rel), REFERENCE_PLACEHOLDER))
+        steps.append(_write(facts.out(posixpath.join("reference", rel)), REFERENCE_PLACEHOLDER))
+    return steps
+
+
+def _links(facts: VariantFacts, target: Callable[[OutputFile], str], folder: tuple[str, str] | None) -> list[Step] | None:
+    if not facts.oracle_files:
+        return None
+    cmds = []
+    for f in facts.oracle_files:
+        dst = facts.out(f.path)
+        cmds.append(f"{_mkparent(dst)} && ln -sfn -- {_q(target(f))} {_q(dst)}")
+    if folder is not None:
+        cmds.append(f"ln -sfn -- {_q(folder[1])} {_q(facts.out(folder[0]))}")
+    return [_shell(" ; ".join(cmds))]
+
+
+def _symlink_reference(facts: VariantFacts) -> list[Step] | None:
+    refs = facts.reference_files
+
+    def target(f: OutputFile) -> str:
+        same = [r for r in refs if posixpath.basename(r) == posixpath.basename(f.path)]
+        rel = (same or list(refs) or [f.path])[0]
+        return posixpath.join(facts.reference_dir, rel)
+
+    return _links(facts, target, ("reference", facts.reference_dir))
+
+
+def _symlink_input(facts: VariantFacts) -> list[Step] | None:
+    if not facts.input_files:
+        return None
+    return _links(facts, lambda f: posixpath.join(facts.input_dir, _best_input(facts, f.path)), ("input", facts.input_dir))
+
+
+def _symlink_absolute(facts: VariantFacts) -> list[Step] | None:
+    return _links(facts, lambda f: "/etc/passwd", ("root", "/"))
+
+
+def _import_hooks(facts: VariantFacts) -> list[Step]:
+    """Hooks in the output folder and in every folder holding an oracle file, with
+    empty files under the oracle's names so that a verifier gets as far as running."""
+    folders = sorted({""} | {posixpath.dirname(f.path) for f in facts.oracle_files})
+    steps = [_write(facts.out(f.path), "") for f in facts.oracle_files]
+    for d in folders:
+        steps.append(_write(facts.out(posixpath.join(d, "conftest.py")), _CONFTEST))
+        for mod in SHADOW_MODULES:
+            steps.append(_write(facts.out(posixpath.join(d, f"{mod}.py")), _HOOK))
+    return steps
+
+
+CATALOGUE: tuple[Strategy, ...] = (
+    Strategy("nothing", "writes nothing at all (a replay of no calls)", _nothing),
+    Strategy("empty-files", "an empty file under each name the oracle wrote", lambda f: _each_oracle_file(f, lambda _: b"")),
+    Strategy("input-copy", "the input folder copied into the output folder", _input_copy, copies_input=True),
+    Strategy("input-as-output", "an input file (same name, else same suffix) under each oracle name", _input_as_output,
+             copies_input=True),
+    Strategy("garbage-bytes", "4 KiB of random bytes in each oracle file", lambda f: _each_oracle_file(f, _garbage)),
+    Strategy("json-null", "the text null in each oracle file", lambda f: _each_oracle_file(f, lambda _: "null\n")),
+    Strategy("json-object", "the text {} in each oracle file", lambda f: _each_oracle_file(f, lambda _: "{}\n")),
+    Strategy("json-list", "the text [] in each oracle file", lambda f: _each_oracle_file(f, lambda _: "[]\n")),
+    Strategy("wrong-numbers", f"every number of the oracle's outputs replaced by {WRONG_NUMBER:.0f} (the control "
+             "NaN and inf are compared with: the same output, finite wrong numbers)", _numbers(WRONG_NUMBER), control=True),
+    Strategy("nan", "every number of the oracle's outputs replaced by NaN (JSON, text, .npy)", _numbers(math.nan),
+             baseline="wrong-numbers"),
+    Strategy("inf", "every number of the oracle's outputs replaced by +inf", _numbers(math.inf), baseline="wrong-numbers"),
+    Strategy("neg-inf", "every number of the oracle's outputs replaced by -inf", _numbers(-math.inf), baseline="wrong-numbers"),
+    Strategy("huge-number", "every number of the oracle's outputs replaced by 1e308", _numbers(1e308), baseline="wrong-numbers"),
+    huge_file_strategy(),
+    Strategy("directories", "a folder where each oracle file should be", _directories),
+    Strategy("reference-names", "files named like the reference's (in the output and in output/reference/)", _reference_names),
+    Strategy("symlink-reference", "each oracle name a symlink to the reference file; output/reference a link to the reference folder", _symlink_reference),
+    Strategy("symlink-input", "each oracle name a symlink to an input file; output/input a link to the input folder", _symlink_input),
+    Strategy("symlink-absolute", "each oracle name a symlink to /etc/passwd; output/root a link to /", _symlink_absolute),
+    Strategy("import-hooks", "conftest.py, sitecustomize.py and shadows of json/csv/numpy next to empty outputs, "
+             "printing a perfect score if run", _import_hooks, baseline="empty-files"),
+)
+
+
+def strategy_names() -> list[str]:
+    return [s.name for s in CATALOGUE]
+
+
+def select_strategies(names: Sequence[str] | None) -> tuple[Strategy, ...]:
+    """The catalogue, or the named strategies of it (ValueError naming unknown ones)."""
+    if not names:
+        return CATALOGUE
+    known = {s.name: s for s in CATALOGUE}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown adversarial strategies {unknown}; known: {', '.join(known)}")
+    return tuple(known[n] for n in names)
+
+
+# -- facts from the oracle's run folder -----------------------------------------
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _tree_files(doc: Any, key: str | None = None) -> list[str]:
+    tree = (doc or {}).get(key) if key else doc
+    files = (tree or {}).get("files") if isinstance(tree, dict) else None
+    return sorted(files) if isinstance(files, dict) else []
+
+
+def facts_from_oracle_run(variant: TaskVariant, oracle_run: Path) -> VariantFacts:
+    """What the strategies are built from, read from the oracle's run folder: its
+    deliverables (names and content), the input after start() (names), the staged
+    reference (names)."""
+    ev = oracle_run / layout.EVIDENCE_DIR
+    manifest = _read_json(oracle_run / layout.DELIVERABLES) or {}
+    oracle = []
+    for item in manifest.get("files") or []:
+        rel = str(item.get("path", ""))
+        src = oracle_run / layout.DELIVERABLES_DIR / rel
+        if rel and src.is_file() and not src.is_symlink():
+            content = src.read_bytes() if src.stat().st_size <= MAX_REWRITE_BYTES else b""
+            oracle.append(OutputFile(rel, content, str(item.get("sha256") or "")))
+    prefix = variant.public_relpath(variant.input_dir)
+    after_start = _read_json(ev / Evidence.INPUT_AFTER_START) or {}
+    if prefix is None:  # the input is outside the public package: what the source staged
+        after_start = (_read_json(ev / Evidence.INPUT_STAGED) or {}).get("tree") or {}
+        prefix = "."
+    tree = after_start.get("files")
+    if not isinstance(tree, dict):
+        tree = {}
+    inputs, input_digests = [], set()
+    for rel, meta in sorted(tree.items()):
+        if prefix != ".":
+            if not rel.startswith(prefix.rstrip("/") + "/"):
+                continue
+            rel = rel[len(prefix.rstrip("/")) + 1 :]
+        inputs.append(rel)
+        if isinstance(meta, dict) and meta.get("sha256"):
+            input_digests.add(meta["sha256"])
+    refs = _tree_files(_read_json(ev / Evidence.REFERENCE_CHECK), "staged_tree")
+    return VariantFacts(
+        input_dir=variant.input_dir,
+        output_dir=variant.output_dir,
+        reference_dir=variant.reference_dir,
+        oracle_files=tuple(oracle),
+        input_files=tuple(inputs),
+        reference_files=tuple(refs),
+        oracle_copies_input=bool(oracle) and all(f.sha256 in input_digests for f in oracle),
+    )
+
+
+# -- verdicts -------------------------------------------------------------------
+OK, NOTE, BEATS_NOP, GRADER_BUG, SOLUTION, SKIPPED, ERROR = (
+    "ok", "note", "beats nop", "grader bug", "solution", "skipped", "error")
+FAILING = (BEATS_NOP, GRADER_BUG, ERROR)
+
+
+@dataclass
+class Outcome:
+    """One strategy (or probe) on one variant: what ran, what it scored, the verdict."""
+
+    strategy: str
+    description: str
+    verdict: str
+    status: str | None = None
+    scores: list[float] | None = None
+    score: float | None = None
+    detail: str = ""
+    run_dir: str | None = None
+    seconds: float | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict in FAILING
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "failed": self.failed}
+
+
+def _has_traceback(run_dir: Path) -> bool:
+    try:
+        return "Traceback (most recent call last)" in (run_dir / layout.TASK_LOG).read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def _reproduces_oracle(run_dir: Path, oracle: dict[str, str]) -> bool:
+    """Whether the run delivered every oracle file, byte for byte (then a score
+    above nop is earned: the strategy happened to produce the right answer)."""
+    if not oracle:
+        return False
+    manifest = _read_json(run_dir / layout.DELIVERABLES) or {}
+    got = {str(f.get("path")): f.get("sha256") for f in manifest.get("files") or []}
+    return all(got.get(p) == h for p, h in oracle.items())
+
+
+def judge(strategy: Strategy, result: RunResult, run_dir: Path, nop_score: float, facts: VariantFacts,
+          baseline: tuple[str, float] | None = None) -> Outcome:
+    """The verdict of one strategy's run, against nop's mean score (or, when given,
+    its baseline strategy's, if that is higher)."""
+    status = result.status.value
+    out = Outcome(strategy.name, strategy.description, OK, status, result.scores, result.score, run_dir=str(run_dir))
+    first_line = (result.error or "").strip().splitlines()[0][:300] if result.error else ""
+    if status == RunStatus.GRADING_FAILED.value:
+        out.verdict = GRADER_BUG
+        if is_invalid_scores(result.error):
+            out.detail = f"the grader returned an invalid score list: {first_line}"
+        else:
+            out.detail = ("the grader failed on a candidate's output (a grading failure counts in no "
+                          f"aggregate: the candidate voids its own failure): {first_line}")
+        return out
+    if status in (RunStatus.INFRASTRUCTURE_ERROR.value, RunStatus.INVALID_EVALUATION_ENVIRONMENT.value):
+        out.verdict, out.detail = ERROR, first_line or "; ".join(result.violations)[:300]
+        return out
+    if result.score is None:
+        out.detail = f"no score ({status})"
+        return out
+    against, bar = "nop", nop_score
+    if baseline is not None and baseline[1] > nop_score:
+        against, bar = baseline
+    if result.score > bar + EPS:
+        if _reproduces_oracle(run_dir, {f.path: f.sha256 for f in facts.oracle_files if f.sha256}):
+            out.verdict, out.detail = SOLUTION, "delivered the oracle's own files: a correct answer, not a hack"
+            return out
+        if strategy.copies_input and facts.oracle_copies_input:
+            out.verdict, out.detail = SOLUTION, "the oracle's output is itself a copy of an input file: copying it is the answer"
+            return out
+        if strategy.control:
+            out.verdict = NOTE
+            out.detail = (f"mean {result.score:.3f} > nop's {nop_score:.3f} with every number wrong: credit for the "
+                          "output's other content, or a grader that does not check the numbers")
+            return out
+        out.verdict = BEATS_NOP
+        out.detail = f"mean {result.score:.3f} > {against}'s {bar:.3f}"
+        if _has_traceback(run_dir):
+            out.detail += "; the task log holds a traceback: the grader may have swallowed its own failure"
+    return out
+
+
+# -- running a variant's strategies ---------------------------------------------
+@dataclass
+class VariantReport:
+    variant: int
+    nop_score: float
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.failed]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"variant": self.variant, "nop_score": self.nop_score, "outcomes": [o.to_dict() for o in self.outcomes]}
+
+
+def strategy_plan(base: RunPlan, strategy: str, steps: list[Step], variant: int) -> RunPlan:
+    """The oracle's plan (same task, data, image, policy, limits) with the replay agent."""
+    task = Path(base.task_dir).name
+    return base.model_copy(
+        update={
+            "run_id": new_run_id(task, variant, f"adv-{strategy}"),
+            "agent": AgentSpec(name="replay", label=f"adversarial:{strategy}", config={"steps": steps}),
+            "variant": variant,
+        }
+    )
+
+
+async def run_strategies(
+    base: RunPlan,
+    facts: VariantFacts,
+    nop_score: float,
+    execute: Execute,
+    *,
+    strategies: Sequence[Strategy] = CATALOGUE,
+    jobs: int = 2,
+    say: Callable[[Outcome], None] | None = None,
+) -> list[Outcome]:
+    """Run every applicable strategy as a replay run (at most `jobs` at once), the
+    baselines first; the outcomes in catalogue order."""
+    sem = asyncio.Semaphore(max(1, jobs))
+    done: dict[str, Outcome] = {}
+
+    def baseline_of(s: Strategy) -> tuple[str, float] | None:
+        b = done.get(s.baseline or "")
+        return None if b is None or b.score is None or b.verdict in FAILING else (b.strategy, b.score)
+
+    async def one(s: Strategy) -> Outcome:
+        steps = s.build(facts)
+        if steps is None:
+            out = Outcome(s.name, s.description, SKIPPED, detail="nothing to try on this variant")
+        else:
+            plan = strategy_plan(base, s.name, steps, base.variant)
+            async with sem:
+                t0 = asyncio.get_running_loop().time()
+                try:
+                    result = await execute(plan)
+                except Exception as e:  # a preflight refusal: the check could not run it
+                    result = None
+                    out = Outcome(s.name, s.description, ERROR, detail=f"{type(e).__name__}: {e}"[:300])
+                seconds = asyncio.get_running_loop().time() - t0
+            if result is not None:
+                out = judge(s, result, plan.run_dir, nop_score, facts, baseline_of(s))
+            out.seconds = round(seconds, 2)
+        done[s.name] = out
+        if say is not None:
+            say(out)
+        return out
+
+    wanted = {s.baseline for s in strategies if s.baseline}
+    first = [s for s in strategies if s.name in wanted]
+    await asyncio.gather(*(one(s) for s in first))
+    await asyncio.gather(*(one(s) for s in strategies if s.name not in wanted))
+    return [done[s.name] for s in strategies]
+
+
+# -- the missing-reference probe ------------------------------------------------
+MISSING_REFERENCE = "missing-reference"
+MISSING_REFERENCE_DESCRIPTION = "the oracle's run with the data source's reference removed: the grader must raise"
+
+
+def reference_from_source(oracle_run: Path) -> int:
+    """How many reference files the oracle's run took from its data source (not
+    from start())."""
+    commit = _read_json(oracle_run / layout.EVIDENCE_DIR / Evidence.REFERENCE_COMMIT) or {}
+    source = commit.get("source") or {}
+    staged = _tree_files(_read_json(oracle_run / layout.EVIDENCE_DIR / Evidence.REFERENCE_CHECK), "staged_tree")
+    setup = _tree_files(commit, "setup_written")
+    if not source:
+        return 0
+    return max(int(source.get("files") or 0), len(set(staged) - set(setup)))
+
+
+def stage_without_reference(spec: str, variant: TaskVariant, task_path: Path, dest_root: Path, image_store: Any = None) -> str:
+    """A ``local:`` data root holding the variant's input (and software) from `spec`
+    and no reference; the spec to run it with."""
+    source = open_source(spec, base_dir=task_path, image_store=image_store)
+    key = variant.data_key
+    vdir = dest_root / key.relpath_in("tasks")
+    vdir.mkdir(parents=True)
+    source.stage_input(key, vdir / "input")
+    return f"local:{dest_root}"
+
+
+async def probe_missing_reference(
+    base: RunPlan,
+    variant: TaskVariant,
+    oracle_run: Path,
+    task_path: Path,
+    execute: Execute,
+    *,
+    oracle_scores: Sequence[float] | None = None,
+    image_store: Any = None,
+) -> Outcome:
+    """Run the oracle once more with its data source's reference gone. The grader
+    must raise; a score below the oracle's means its failure became the
+    candidate's score (it swallowed it). The oracle's own score means it reads
+    nothing of what was removed."""
+    o = Outcome(MISSING_REFERENCE, MISSING_REFERENCE_DESCRIPTION, SKIPPED)
+    staged = _read_json(oracle_run / layout.EVIDENCE_DIR / Evidence.INPUT_STAGED) or {}
+    spec = staged.get("source")
+    if not spec:
+        o.detail = "the task has no data source"
+        return o
+    if reference_from_source(oracle_run) == 0:
+        o.detail = "no reference comes from the data source (start() writes it, or there is none)"
+        return o
+    root = Path(tempfile.mkdtemp(prefix=".ale-noref-", dir=Path(base.runs_dir)))
+    try:
+        try:
+            data = await asyncio.to_thread(stage_without_reference, str(spec), variant, task_path, root, image_store)
+        except (DataError, OSError, ValueError) as e:
+            o.verdict, o.detail = ERROR, f"could not stage the input without the reference: {e}"
+            return o
+        plan = base.model_copy(update={"run_id": new_run_id(task_path.name, base.variant, f"adv-{MISSING_REFERENCE}"), "data_source": data})
+        t0 = asyncio.get_running_loop().time()
+        try:
+            result = await execute(plan)
+        except Exception as e:  # a preflight refusal: the probe could not run
+            o.verdict, o.detail = ERROR, f"{type(e).__name__}: {e}"[:300]
+            return o
+        finally:
+            o.seconds = round(asyncio.get_running_loop().time() - t0, 2)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    o.status, o.scores, o.score, o.run_dir = result.status.value, result.scores, result.score, str(plan.run_dir)
+    if result.status is RunStatus.GRADING_FAILED:
+        o.verdict = GRADER_BUG if is_invalid_scores(result.error) else OK
+        o.detail = "raised, as it must" if o.verdict == OK else (result.error or "")[:300]
+    elif result.scores is not None and oracle_scores is not None and list(result.scores) == list(oracle_scores):
+        o.verdict = OK
+        o.detail = ("scored what the oracle scores without the data source's reference: the grader reads none of "
+                    "it (start() writes what it compares with, or it grades from the input)")
+    elif result.scores is not None:
+        o.verdict = GRADER_BUG
+        o.detail = (f"scored {result.scores} without its reference (the oracle scores {list(oracle_scores or [])}): "
+                    "the evaluator's failure became a candidate's score (it swallows its own failure)")
+    else:
+        o.verdict = ERROR
+        o.detail = f"{result.status.value}: {(result.error or '').strip()[:300]}"
+    return o
+
+
+# -- rendering ------------------------------------------------------------------
+def _fmt_scores(o: Outcome) -> str:
+    if o.scores is None:
+        return "-"
+    shown = ", ".join(f"{s:g}" for s in o.scores[:6]) + (", ..." if len(o.scores) > 6 else "")
+    return f"{o.score:.3f} [{shown}]" if o.score is not None else f"[{shown}]"
+
+
+def render_rows(report: VariantReport) -> list[tuple[str, str, str, str, str]]:
+    """(strategy, status, scores, verdict, detail) per outcome."""
+    return [(o.strategy, o.status or "-", _fmt_scores(o), o.verdict, o.detail) for o in report.outcomes]
