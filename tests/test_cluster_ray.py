@@ -222,33 +222,34 @@ def test_experiment_survives_a_lost_node(rig: Rig, tmp_path: Path) -> None:
 
 
 def test_run_folders_arrive_byte_for_byte(rig: Rig, tmp_path: Path) -> None:
-    """The node's file hashes (sent with the tar) equal those of the folder at home."""
-    import ray
+    """The sha256 of every file, computed on the node, equals that of the folder at home."""
+    import pickle
 
-    from ale.runs import node as nodes
+    from ale.runs.cluster import deliver
     from ale.runs.experiment import load_experiment, plan_units
 
     exp = load_experiment(write_experiment(tmp_path, f"cb-{uuid.uuid4().hex[:6]}", "bytes"))
     plan = plan_units(exp)[0].plan
-    env_before = dict(__import__("os").environ)
-    __import__("os").environ.update({k: v for k, v in rig.env.items() if k.startswith("RAY_AUTH")})
-    nodes.refresh_ray_auth()
-    try:
-        ray.init(address=rig.address, log_to_driver=False)
-        payload = ray.get(ray.remote(num_cpus=0, max_retries=0, resources={nodes.RESOURCE: 1})(
-            nodes.execute_on_node).remote(plan.model_dump_json()), timeout=180)
-    finally:
-        ray.shutdown()
-        __import__("os").environ.clear()
-        __import__("os").environ.update(env_before)
-        nodes.refresh_ray_auth()
-    from ale.runs.cluster import deliver
-
+    (tmp_path / "plan.json").write_text(plan.model_dump_json())
+    script = textwrap.dedent(f"""
+        import pickle, sys
+        from pathlib import Path
+        from ale.runs.cluster import RayCluster
+        from ale.runs import node as nodes
+        c = RayCluster({rig.address!r}, Path({str(tmp_path)!r}))
+        ref = c._execute.options(resources={{nodes.RESOURCE: 1}}).remote(Path({str(tmp_path / "plan.json")!r}).read_text())
+        Path({str(tmp_path / "payload.pickle")!r}).write_bytes(pickle.dumps(c.ray.get(ref, timeout=180)))
+        c.close()
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=rig.env, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    payload = pickle.loads((tmp_path / "payload.pickle").read_bytes())
     dest, result = deliver(payload, plan, exp.output_dir, expected_key=payload["node"]["public_key_sha256"])
     assert result is not None and result.status.value == "scored"
     home = {p.relative_to(dest).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(dest.rglob("*")) if p.is_file()}
     assert home == payload["files"] and len(home) > 5
+    assert rig.ale("verify", str(dest), "--trusted-keys", str(tmp_path / "nodes.json"), check=False).returncode == 0
 
 
 def rig_cmd() -> list[str]:

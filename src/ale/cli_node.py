@@ -50,7 +50,7 @@ def stop_command(
 
     known = list_nodes()
     if all_:
-        targets = [n["name"] for n in known if n["alive"]]
+        targets = [n["name"] for n in known]  # a node killed earlier still has things to clean
     elif names:
         targets = list(names)
     else:

@@ -139,7 +139,7 @@ def deliver(payload: dict[str, Any], plan: RunPlan, output: Path, *, expected_ke
         final = root / run_id
         if superseded or final.exists():
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-            dest = output / SUPERSEDED_DIR / f"{run_id}.{stamp}"
+            dest = output / SUPERSEDED_DIR / f"{run_id}.{stamp}.{uuid.uuid4().hex[:6]}"
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(got, dest)
             return dest, None
