@@ -20,7 +20,7 @@ apt_install() {
 # 1. Debian packages: the Docker engine, debootstrap (base images without a
 #    registry), chromium (the HTML report's browser test), python venv.
 if command -v apt-get >/dev/null; then
-  pkgs=(debootstrap python3-venv)
+  pkgs=(debootstrap python3-venv iproute2 util-linux)  # ip, nsenter: the Ray cluster test's namespaces
   command -v dockerd >/dev/null || pkgs+=(docker.io)
   [ "${ALE_SKIP_CHROMIUM:-0}" = 1 ] || pkgs+=(chromium)
   apt_install "${pkgs[@]}" || say "could not install ${pkgs[*]} (not root?); continuing"

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
+import importlib
 import io
 import json
 import os
@@ -41,7 +43,7 @@ import platformdirs
 import ale
 from ale.plan import RunPlan
 from ale.record.signing import load_or_create_signing_key, public_key_pem, public_key_sha256
-from ale.sandbox.base import SandboxError
+from ale.sandbox.base import LABEL_MANAGED, SandboxError, SandboxSpec
 from ale.sandbox.docker import DockerProvider
 from ale.sandbox.scratch import release_scratch
 
@@ -49,6 +51,7 @@ RESOURCE = "ale_sandbox"  # the Ray custom resource: a node's concurrent sandbox
 NODE_ENV = "ALE_NODE_DIR"
 NODE_RECORD = "node.json"
 NODE_KEY = "signing_key.pem"
+LABEL_NODE = "ale.node"  # on every sandbox a node creates
 RAY_MISSING = "Ray is not installed: install the optional extra with `pip install 'ale[ray]'`"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -96,10 +99,9 @@ def refresh_ray_auth() -> None:
     """Make an already imported Ray see the token settings now in the environment
     (Ray reads them into its config once, at import)."""
     with contextlib.suppress(Exception):
-        from ray._raylet import AuthenticationTokenLoader, Config
-
-        Config.initialize("")
-        AuthenticationTokenLoader.instance().reset_cache()
+        raylet = importlib.import_module("ray._raylet")
+        raylet.Config.initialize("")
+        raylet.AuthenticationTokenLoader.instance().reset_cache()
 
 
 def ensure_token(path: Path, *, create: bool) -> Path:
@@ -137,6 +139,28 @@ class NodeProvider(DockerProvider):
 
     def engine_record(self) -> dict[str, Any]:
         return {**super().engine_record(), "node": self.node}
+
+    async def create(self, spec: SandboxSpec) -> Any:
+        # Labelled with the node too: the node's janitor then removes what this
+        # node left and nothing else, even on an engine another ale also uses.
+        labels = {**spec.labels, LABEL_NODE: str(self.node.get("name", ""))}
+        return await super().create(dataclasses.replace(spec, labels=labels))
+
+
+def remove_node_containers(provider: DockerProvider, name: str) -> list[str]:
+    """Remove the containers a node left on its engine (labels ale.managed=1 and
+    ale.node=NAME); never any other container."""
+    try:
+        found = provider.client.containers.list(
+            all=True, sparse=True, filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_NODE}={name}"]})
+        removed = []
+        for c in found:
+            with contextlib.suppress(Exception):
+                provider.client.api.remove_container(c.id, force=True, v=True)
+                removed.append((c.attrs.get("Names") or [c.id])[0].lstrip("/"))
+        return removed
+    except Exception as e:  # the SDK's errors, without importing the SDK here
+        raise SandboxError(f"cannot remove node {name}'s containers: {e}") from e
 
 
 def engine_identity(provider: DockerProvider) -> dict[str, Any]:
@@ -334,9 +358,9 @@ def start_node(
     if slots > 0:
         provider = DockerProvider(base_url=docker_host)
         engine = engine_identity(provider)
-        # The node's janitor: containers a lost run left on this engine are ale's
-        # and belong to no live run now (the engine is this node's alone).
-        removed = provider.remove_managed()
+        # The node's janitor: the containers this node left (a lost run's) belong
+        # to no live run now; only those labelled with this node are touched.
+        removed = remove_node_containers(provider, name)
         if removed:
             say(f"removed {len(removed)} container(s) a lost run left on the engine: {', '.join(removed)}")
     stale = node_dir / "stage"
@@ -431,7 +455,7 @@ def _after_stop(node_dir: Path, rec: dict[str, Any]) -> dict[str, Any]:
     removed: list[str] = []
     if rec.get("slots"):
         with contextlib.suppress(SandboxError):
-            removed = DockerProvider(base_url=rec.get("docker_host")).remove_managed()
+            removed = remove_node_containers(DockerProvider(base_url=rec.get("docker_host")), rec["name"])
     if (node_dir / "stage").is_dir():
         release_scratch(node_dir / "stage")
     temp = rec.get("ray_temp_dir")
