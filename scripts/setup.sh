@@ -20,7 +20,7 @@ apt_install() {
 # 1. Debian packages: the Docker engine, debootstrap (base images without a
 #    registry), chromium (the HTML report's browser test), python venv.
 if command -v apt-get >/dev/null; then
-  pkgs=(debootstrap python3-venv bubblewrap)  # bubblewrap: confined external harnesses
+  pkgs=(debootstrap python3-venv bubblewrap iproute2 util-linux)  # bubblewrap: confined harnesses; ip, nsenter: the Ray cluster test
   command -v dockerd >/dev/null || pkgs+=(docker.io)
   [ "${ALE_SKIP_CHROMIUM:-0}" = 1 ] || pkgs+=(chromium)
   apt_install "${pkgs[@]}" || say "could not install ${pkgs[*]} (not root?); continuing"

@@ -319,11 +319,28 @@ def verify(
     run_dir: Annotated[Path, typer.Argument(help="A run folder (or a copy of one).")],
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     public_key: Annotated[Path | None, typer.Option("--public-key", help="Verify against this Ed25519 public key (PEM) instead of the recorded one.")] = None,
+    trusted_keys: Annotated[Path | None, typer.Option("--trusted-keys", help="Accept a signature by any of these keys: an experiment's nodes.json, a PEM bundle or a folder of PEMs.")] = None,
 ) -> None:
     """Re-check a run from its evidence alone. Exit 0 valid, 1 invalid, 2 unusable."""
-    from ale.cli_verify import verify_command
+    import tempfile
 
-    raise typer.Exit(verify_command(run_dir, json_out, public_key))
+    from ale.cli_verify import verify_command
+    from ale.record.signing import SignatureInvalid
+    from ale.record.trusted_keys import load_trusted_keys, signer_key
+
+    if trusted_keys is None:
+        raise typer.Exit(verify_command(run_dir, json_out, public_key))
+    if public_key is not None:
+        _fail("give --public-key or --trusted-keys, not both")
+    try:
+        pem = signer_key(run_dir, load_trusted_keys(trusted_keys))
+    except SignatureInvalid as e:
+        _fail(str(e))
+    with tempfile.TemporaryDirectory() as tmp:
+        key_file = Path(tmp) / "trusted.pem"
+        key_file.write_bytes(pem)
+        code = verify_command(run_dir, json_out, key_file)
+    raise typer.Exit(code)
 
 
 @app.command("verify-container")
@@ -361,10 +378,12 @@ def _register_subcommands() -> None:
     from ale.cli_agents import app as agents_app
     from ale.cli_data import bake_command, data_app
     from ale.cli_exp import cleanup_command, exp_app, report_command
+    from ale.cli_node import node_app
 
     app.add_typer(exp_app, name="exp")
     app.add_typer(data_app, name="data")
     app.add_typer(agents_app, name="agents")
+    app.add_typer(node_app, name="node")
     app.command("report")(report_command)
     app.command("cleanup")(cleanup_command)
     image_app.command("bake")(bake_command)

@@ -46,8 +46,10 @@ def run_command(
     plain: Annotated[bool, typer.Option("--plain", help="Plain progress lines (CI logs); the default when stderr is not a terminal.")] = False,
     allow_changed: Annotated[bool, typer.Option("--allow-changed", help="Continue an output folder although the experiment changed.")] = False,
     concurrency: Annotated[int | None, typer.Option("--concurrency", "-j", min=1, help="Runs at once (default: the file's `concurrency`).")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", envvar="ALE_CLUSTER", help="Where runs execute: `local` (default) or `ray:HOST:PORT` (a Ray cluster; default: the file's environment.cluster).")] = None,
 ) -> None:
     """Run (or resume) an experiment; prints where the report is, last."""
+    from ale.runs.cluster import resolve_cluster
     from ale.runs.exp_record import ExperimentChanged, OutputBusy
     from ale.runs.experiment import ExperimentError, load_experiment, plan_units
     from ale.runs.orchestrator import run_experiment
@@ -58,7 +60,8 @@ def run_command(
     try:
         exp = load_experiment(file)
         units = plan_units(exp)
-    except ExperimentError as e:
+        resolve_cluster(cluster, exp.environment.cluster)
+    except (ExperimentError, ValueError) as e:
         _fail(str(e))
     out_dir = exp.output_dir
     if dry_run:
@@ -73,7 +76,8 @@ def run_command(
     progress = PlainProgress() if use_plain else RichProgress(err)
     try:
         summary = asyncio.run(
-            run_experiment(exp, progress=progress, concurrency=concurrency, allow_changed=allow_changed)
+            run_experiment(exp, progress=progress, concurrency=concurrency, allow_changed=allow_changed,
+                           cluster=cluster)
         )
     except (ExperimentChanged, OutputBusy, ExperimentError) as e:
         _fail(str(e))

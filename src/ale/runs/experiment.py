@@ -144,6 +144,19 @@ class EnvironmentSpec(BaseModel):
     image: str = DEFAULT_TOOLS_IMAGE
     signing_key: str | None = None
     judge_env: tuple[str, ...] | None = None  # ALE_JUDGE_<NAME> names evaluate() gets (None: all)
+    # Where the attempts run: `local` (this process, one engine) or `ray:HOST:PORT`
+    # (a Ray cluster's GCS address; `ale exp run --cluster` and ALE_CLUSTER override).
+    # Not part of the content hash: where a run executes does not change what it is.
+    cluster: str = "local"
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_ok(cls, v: str) -> str:
+        text = v.strip()
+        host, sep, port = text[4:].rpartition(":") if text.startswith("ray:") else ("", "", "")
+        if text != "local" and not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"use 'local' or 'ray:HOST:PORT' (a Ray cluster's GCS address), got {v!r}")
+        return text
 
 
 class RetrySpec(BaseModel):

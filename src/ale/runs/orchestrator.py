@@ -44,6 +44,7 @@ import ale
 from ale import layout
 from ale.plan import RunPlan
 from ale.result import RunResult
+from ale.runs.cluster import resolve_cluster
 from ale.runs.exp_record import (
     OutputLock,
     unit_info,
@@ -117,6 +118,7 @@ class Orchestrator:
         ramp_after_s: float = 1.0,
         stop_grace_s: float = 60.0,
         units: list[PlannedUnit] | None = None,
+        cluster: str | None = None,
     ):
         self.exp = exp
         self.units = units if units is not None else plan_units(exp)
@@ -129,6 +131,15 @@ class Orchestrator:
         self.ramp_after_s = ramp_after_s
         self.stop_grace_s = stop_grace_s
         self._provider: SandboxProvider | None = None
+        self._cluster: Any = None
+        # Where attempts run: --cluster, else ALE_CLUSTER, else the file's, else local.
+        self.cluster = resolve_cluster(cluster, exp.environment.cluster)
+        if (runner is None or janitor is None) and self.cluster.kind == "ray":
+            from ale.runs.cluster import connect
+
+            self._cluster = connect(self.cluster, self.output)
+            runner = runner or self._cluster.run
+            janitor = janitor or self._cluster.janitor
         if runner is None or janitor is None:
             self._provider = make_provider(exp.environment.provider)
         self.runner = runner or provider_runner(self._provider)
@@ -172,6 +183,8 @@ class Orchestrator:
             return await self._run_locked()
         finally:
             self._lock.release()
+            if self._cluster is not None:
+                self._cluster.close()
 
     async def _run_locked(self) -> OrchestratorSummary:
         write_experiment_record(self.exp, self.units, self.output, allow_changed=self.allow_changed)
@@ -403,6 +416,7 @@ async def run_experiment(
     concurrency: int | None = None,
     allow_changed: bool = False,
     handle_signals: bool = True,
+    cluster: str | None = None,
 ) -> OrchestratorSummary:
     """Run (or resume) an experiment with signal handling installed."""
     orch = Orchestrator(
@@ -412,6 +426,7 @@ async def run_experiment(
         progress=progress,
         concurrency=concurrency,
         allow_changed=allow_changed,
+        cluster=cluster,
     )
     if handle_signals:
         orch.install_signal_handlers()
