@@ -130,12 +130,15 @@ class TrajectoryWriter:
     def _to_step(self, raw: dict[str, Any]) -> TrajectoryStep:
         known = set(TrajectoryStep.model_fields) - {"files", "extra"}
         data = {k: v for k, v in raw.items() if k in known}
-        extra = {k: _jsonable(v) for k, v in raw.items() if k not in known and k != "files"}
+        extra = {k: _jsonable(v) for k, v in raw.items() if k not in known and k not in ("files", "image_png")}
         if isinstance(raw.get("extra"), dict):
             extra.update({k: _jsonable(v) for k, v in raw["extra"].items()})
         index = int(data.get("index") or len(self.steps) + 1)
         data["index"] = index
         files: dict[str, FileRef] = {}
+        image = raw.get("image_png")
+        if isinstance(image, bytes | bytearray):  # a screenshot: a .png file, never base64 in JSON
+            files["image"] = self._store(index, "screenshot", bytes(image), binary=True, suffix="png")
         for name in ("stdout", "stderr", "output"):
             value = data.get(name)
             if value is None:
@@ -170,11 +173,11 @@ class TrajectoryWriter:
         files[name] = ref
         return text[:PREVIEW_CHARS] + f"\n[... {len(data)} bytes in total; full value in {ref.path} (sha256 {ref.sha256[:16]}...)]"
 
-    def _store(self, index: int, name: str, data: bytes, *, binary: bool) -> FileRef:
+    def _store(self, index: int, name: str, data: bytes, *, binary: bool, suffix: str | None = None) -> FileRef:
         folder = self.run_dir / FILES_DIR
         folder.mkdir(exist_ok=True)
         safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
-        rel = f"{FILES_DIR}/{index:05d}-{safe}.{'bin' if binary else 'txt'}"
+        rel = f"{FILES_DIR}/{index:05d}-{safe}.{suffix or ('bin' if binary else 'txt')}"
         target = self.run_dir / rel
         with open(target, "wb") as f:
             f.write(data)
