@@ -79,6 +79,7 @@ class Grader:
         experiment: str | None,
         inputs: GradingInputs,
         command_timeout: float,
+        gui: Any = None,
     ):
         self.provider = provider
         self.image = image
@@ -87,6 +88,7 @@ class Grader:
         self.experiment = experiment
         self.inputs = inputs
         self.command_timeout = command_timeout
+        self.gui = gui  # GUI calls' session: the candidate's live desktop (desktop tasks), else None
         self.container: Sandbox | None = None
 
     async def _container_session(self) -> ContainerSession:
@@ -128,6 +130,7 @@ class Grader:
         return RoutedSession(
             routes,
             self._container_session,
+            gui=self.gui,
         )
 
     async def grade(self, evaluate: Callable[[RoutedSession], Awaitable[Any]]) -> list[float]:
