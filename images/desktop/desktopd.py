@@ -299,6 +299,11 @@ class Desktop:
         if r.returncode != 0:
             raise RuntimeError(f"xdotool {' '.join(args)}: {r.stderr.decode(errors='replace').strip()}")
 
+    def _to(self, x: str, y: str) -> list[str]:
+        """xdotool words that move the pointer to (x, y) and wait until it is there
+        (``--sync`` hangs when the pointer is there already: then nothing)."""
+        return [] if self.screen.pointer() == (int(x), int(y)) else ["mousemove", "--sync", x, y]
+
     def _xy(self, req: dict, kx: str = "x", ky: str = "y") -> tuple[str, str]:
         x, y = int(round(float(req[kx]))), int(round(float(req[ky])))
         if not (0 <= x < self.width and 0 <= y < self.height):
@@ -330,7 +335,9 @@ class Desktop:
             x, y = self.screen.pointer()
             out = {"x": x, "y": y}
         elif op == "move":
-            self.xdotool("mousemove", "--sync", *self._xy(req))
+            words = self._to(*self._xy(req))
+            if words:
+                self.xdotool(*words)
         elif op == "click":
             button = BUTTONS.get(str(req.get("button", "left")))
             if button is None:
@@ -338,28 +345,29 @@ class Desktop:
             clicks = int(req.get("clicks", 1))
             if not 1 <= clicks <= 3:
                 raise ValueError("clicks must be 1, 2 or 3")
-            args = ["mousemove", "--sync", *self._xy(req)] if "x" in req else []
+            args = self._to(*self._xy(req)) if "x" in req else []
             self.xdotool(*args, "click", "--repeat", str(clicks), "--delay", "60", str(button))
         elif op in ("mouse_down", "mouse_up"):
             button = BUTTONS.get(str(req.get("button", "left")), 1)
-            args = ["mousemove", "--sync", *self._xy(req)] if "x" in req else []
+            args = self._to(*self._xy(req)) if "x" in req else []
             self.xdotool(*args, "mousedown" if op == "mouse_down" else "mouseup", str(button))
         elif op == "drag":
             fx, fy = (int(v) for v in self._xy(req, "from_x", "from_y"))
             tx, ty = (int(v) for v in self._xy(req, "to_x", "to_y"))
             steps = max(2, min(40, int(float(req.get("duration", 0.3)) * 40)))
-            self.xdotool("mousemove", "--sync", str(fx), str(fy), "mousedown", "1")
-            for i in range(1, steps + 1):
-                self.xdotool("mousemove", str(fx + (tx - fx) * i // steps), str(fy + (ty - fy) * i // steps))
-                time.sleep(0.01)
-            self.xdotool("mousemove", "--sync", str(tx), str(ty), "mouseup", "1")
+            self.xdotool(*self._to(str(fx), str(fy)), "mousedown", "1")
+            words: list[str] = []
+            for i in range(1, steps + 1):  # one xdotool: moves with short sleeps between them
+                words += ["mousemove", str(fx + (tx - fx) * i // steps), str(fy + (ty - fy) * i // steps), "sleep", "0.01"]
+            self.xdotool(*words)
+            self.xdotool(*self._to(str(tx), str(ty)), "mouseup", "1")
         elif op == "scroll":
             direction = str(req.get("direction", "down"))
             button = {"up": "4", "down": "5", "left": "6", "right": "7"}.get(direction)
             if button is None:
                 raise ValueError(f"unknown scroll direction {direction!r}")
             amount = max(1, min(50, int(req.get("clicks", 3))))
-            args = ["mousemove", "--sync", *self._xy(req)] if "x" in req else []
+            args = self._to(*self._xy(req)) if "x" in req else []
             self.xdotool(*args, "click", "--repeat", str(amount), "--delay", "20", button)
         elif op == "type":
             text = str(req.get("text", ""))
