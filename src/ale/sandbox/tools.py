@@ -105,6 +105,12 @@ class ToolBox:
         self.steps = 0
         self.computer = computer  # the desktop's tool; None: the sandbox has no desktop
 
+    @property
+    def offered(self) -> tuple[str, ...]:
+        """The tools to show an agent: the allowlist, without ``computer`` when the
+        sandbox has no desktop (a call to it is still refused and recorded)."""
+        return tuple(t for t in self.allowlist if t != "computer" or self.computer is not None)
+
     # -- dispatch --------------------------------------------------------------
     async def call(self, tool: str, args: dict[str, Any]) -> ToolOutcome:
         """Run one tool call by name (the path every agent takes); always recorded."""
