@@ -93,6 +93,7 @@ TOOL_SPECS: dict[str, dict[str, Any]] = {
     },
 }
 TOOL_SPECS["computer"] = COMPUTER_SPEC  # the desktop (offered only when the sandbox has one)
+FILE_TOOLS = tuple(name for name in ALL_TOOLS if name != "computer")
 assert set(TOOL_SPECS) == set(ALL_TOOLS)
 
 
@@ -264,7 +265,7 @@ async def serve_http(
 
 def mcp_config(
     url: str, token: str, *, name: str = SERVER_NAME, fmt: str = "claude",
-    tools: tuple[str, ...] = tuple(t for t in ALL_TOOLS if t != "computer"),
+    tools: tuple[str, ...] = FILE_TOOLS,
 ) -> dict[str, Any]:
     """The MCP client configuration external harnesses read.
 
