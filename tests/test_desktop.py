@@ -40,6 +40,8 @@ def test_desktop_spec_from_card_or_computer():
     assert desktop_spec({"desktop": {"width": 1280, "height": 800}}, None) == DesktopSpec(1280, 800)
     assert desktop_spec({}, {"provider": "simulated", "setup_config": {"width": 800, "height": 600}}) == DesktopSpec(800, 600)
     assert desktop_spec({}, {"desktop": True, "setup_config": {"width": "big"}}) == DesktopSpec(1024, 768)
+    assert desktop_spec({}, {"provider": "native", "setup_config": {"os_type": "linux", "width": 1024, "height": 768}}) == DesktopSpec()
+    assert desktop_spec({}, {"provider": "native", "setup_config": {"os_type": "linux"}}) is None
 
 
 class FakeDesktop:

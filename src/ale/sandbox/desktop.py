@@ -10,9 +10,12 @@ uid 1001 can enter, the display listens on no TCP port and no abstract socket,
 and Chromium is driven over a pipe the helper holds, never a port.
 
 A task asks for a desktop with ``desktop: true`` (or ``desktop: {width, height}``)
-in its card, or a variant's ``computer`` spec of cua-bench's ``simulated``
-provider or with ``desktop: true``; the resolution comes from ``setup_config``
-(``width``/``height``), default 1024x768. Tasks that need none keep the tools image.
+in its card, or a variant's ``computer`` spec: cua-bench's ``simulated`` provider,
+its ``native`` provider with a screen (``setup_config`` states ``width``/``height``
+or an ``image``, as cua-bench-basic's tasks do), or ``desktop: true``; the
+resolution comes from ``setup_config`` (``width``/``height``), default 1024x768.
+Tasks that need none (ALE's shell tasks: ``setup_config`` names only ``os_type``)
+keep the tools image.
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ def desktop_spec(card: dict[str, Any] | None, computer: dict[str, Any] | None) -
     spec = None
     if wanted:
         spec = _size(wanted, DesktopSpec()) if isinstance(wanted, dict) else DesktopSpec()
-    if computer.get("desktop") or computer.get("provider") == "simulated":
+    native_gui = computer.get("provider") == "native" and any(k in setup for k in ("width", "height", "image"))
+    if computer.get("desktop") or computer.get("provider") == "simulated" or native_gui:
         spec = spec or DesktopSpec()
     if spec is not None and setup:
         spec = _size(setup, spec)
