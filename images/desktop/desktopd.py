@@ -45,6 +45,8 @@ CHROMIUM_FLAGS = [
     "--disable-component-update", "--disable-default-apps", "--disable-breakpad", "--password-store=basic",
     "--disable-features=Translate,MediaRouter,DialMediaRouteProvider,OptimizationHints",
     "--remote-debugging-pipe", "--force-device-scale-factor=1", "--hide-scrollbars",
+    "--host-resolver-rules=MAP * ~NOTFOUND", "--no-pings", "--disable-domain-reliability",
+    "--disable-client-side-phishing-detection", "--webrtc-ip-handling-policy=disable_non_proxied_udp",
 ]
 KEYS = {
     "enter": "Return", "return": "Return", "esc": "Escape", "escape": "Escape", "backspace": "BackSpace",
@@ -278,7 +280,12 @@ RECT_JS = """(() => { const e = document.querySelector(%s); if (!e) return null;
 GEOM_JS = """(() => ({sx: window.screenX, sy: window.screenY, ow: window.outerWidth, oh: window.outerHeight,
   iw: window.innerWidth, ih: window.innerHeight, title: document.title, url: location.href,
   focused: document.hasFocus()}))()"""
-HTML_TEMPLATE = "<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>{content}</body></html>"
+# cua-bench's template for an HTML fragment (Tailwind's browser build, served locally).
+TAILWIND = "/opt/ale-desktop/vendor/tailwindcss-browser-4.3.4.js"
+HTML_TEMPLATE = ("<!doctype html>\n<html>\n  <head>\n    <meta charset=\"UTF-8\" />\n"
+                 "    <meta name=\"viewport\" content=\"width=device-width, initial-scale=1.0\" />\n"
+                 "    <title>{title}</title>\n    <script src=\"tailwind.js\"></script>\n  </head>\n"
+                 "  <body>\n{content}\n  </body>\n</html>\n")
 
 
 def content_origin(g: dict) -> tuple[float, float]:
@@ -355,10 +362,13 @@ class Desktop:
             fx, fy = (int(v) for v in self._xy(req, "from_x", "from_y"))
             tx, ty = (int(v) for v in self._xy(req, "to_x", "to_y"))
             steps = max(2, min(40, int(float(req.get("duration", 0.3)) * 40)))
-            self.xdotool(*self._to(str(fx), str(fy)), "mousedown", "1")
+            # Chromium starts an HTML5 drag only after a pause and a few small moves past
+            # the threshold, and drops only after motion over the target: give it both.
+            self.xdotool(*self._to(str(fx), str(fy)), "mousedown", "1", "sleep", "0.1")
             words: list[str] = []
             for i in range(1, steps + 1):  # one xdotool: moves with short sleeps between them
-                words += ["mousemove", str(fx + (tx - fx) * i // steps), str(fy + (ty - fy) * i // steps), "sleep", "0.01"]
+                words += ["mousemove", str(fx + (tx - fx) * i // steps), str(fy + (ty - fy) * i // steps), "sleep", "0.02"]
+            words += ["sleep", "0.1"]
             self.xdotool(*words)
             self.xdotool(*self._to(str(tx), str(ty)), "mouseup", "1")
         elif op == "scroll":
@@ -417,7 +427,8 @@ class Desktop:
             if req.get("html") is not None:
                 html = str(req["html"])
                 if "<html" not in html.lower():
-                    html = HTML_TEMPLATE.format(title=title, content=html)
+                    html = HTML_TEMPLATE.replace("{title}", title).replace("{content}", html)
+                    shutil.copyfile(TAILWIND, f"{folder}/tailwind.js")
                 with open(f"{folder}/index.html", "w") as f:
                     f.write(html)
             url = f"file://{folder}/index.html"

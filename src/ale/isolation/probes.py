@@ -96,7 +96,7 @@ sec sockets
 for f in tcp tcp6 udp udp6; do
   [ -r /proc/net/$f ] || continue
   while read -r sl loc rem st rest; do
-    [ "$sl" = sl ] && continue; echo "$f $loc $st"
+    [ "$sl" = sl ] && continue; echo "$f $loc $st $rem"
   done < /proc/net/$f
 done
 while read -r num ref proto flags typ st inode path; do
