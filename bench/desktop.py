@@ -92,7 +92,7 @@ async def main(repeats: int, starts: int) -> dict:
         await comp.task_call("launch_window", {"html": HTML, "x": 0, "y": 0, "width": 600, "height": 400})
         harness: dict[str, list[float]] = {"screenshot": [], "click": [], "mouse_move": []}
         helper_capture: list[float] = []
-        for i in range(repeats):
+        for _ in range(repeats):
             t = time.perf_counter()
             out = await comp.act({"action": "screenshot"})
             harness["screenshot"].append(time.perf_counter() - t)

@@ -62,7 +62,8 @@ def desktop_spec(card: dict[str, Any] | None, computer: dict[str, Any] | None) -
     card = card or {}
     computer = computer or {}
     wanted = card.get("desktop")
-    setup = computer.get("setup_config") if isinstance(computer.get("setup_config"), dict) else {}
+    raw_setup = computer.get("setup_config")
+    setup: dict[str, Any] = raw_setup if isinstance(raw_setup, dict) else {}
     spec = None
     if wanted:
         spec = _size(wanted, DesktopSpec()) if isinstance(wanted, dict) else DesktopSpec()
