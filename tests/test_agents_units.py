@@ -143,7 +143,7 @@ def test_agent_evidence_redacts_secrets(monkeypatch):
     text = json.dumps(ev)
     assert "sk-live-123456" not in text and "judge-secret-abcdef123" not in text
     assert ev["config"]["api_key"] == REDACTED
-    assert ev["allowlist"] == ["read_file", "write_file"] and ev["refused_tools"] == ["shell", "list_dir"]
+    assert ev["allowlist"] == ["read_file", "write_file"] and ev["refused_tools"] == ["shell", "list_dir", "computer"]
     cmd = agent_evidence(AgentSpec(name="command", config={"command": "harness {prompt}", "env_pass": ["ANTHROPIC_API_KEY"]}))
     assert "ANTHROPIC_API_KEY" in cmd["details"]["env_names"] and "ALE_JUDGE_API_KEY" not in cmd["details"]["env_names"]
 

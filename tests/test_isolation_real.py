@@ -249,7 +249,7 @@ CASES: list[tuple[str, Any, bool, set[str], set[str]]] = [
     # With the host's PID namespace, /proc/1 is the host's init: what it shows
     # (root, its capabilities) depends on the machine, so only these are exact.
     ("pid-host", lambda e: set_kw(pid_mode="host"), True, {"ns.pid", "sec.no_unconfined"},
-     {"probe.namespaces_private", "probe.uid"}),
+     {"probe.namespaces_private", "probe.uid", "probe.process_owners"}),  # the host's processes show
     ("ipc-host", lambda e: set_kw(ipc_mode="host"), True, {"ns.ipc", "sec.no_unconfined"},
      {"probe.namespaces_private"}),
     ("cgroupns-host", lambda e: set_kw(cgroupns="host"), True,
@@ -262,7 +262,7 @@ CASES: list[tuple[str, Any, bool, set[str], set[str]]] = [
      {"mounts.exactly_two", "mounts.only_binds", "image.no_volumes"}, {"probe.writable_mounts"}),
     ("docker-socket", lambda e: add_mount("/var/run/docker.sock", "/var/run/docker.sock", True),
      False, {"mounts.exactly_two", "mounts.no_docker_socket"}, set()),
-    ("root-user", lambda e: set_kw(user="0:0"), True, {"id.user"}, {"probe.uid"}),
+    ("root-user", lambda e: set_kw(user="0:0"), True, {"id.user"}, {"probe.uid", "probe.process_owners"}),
     ("input-rw", lambda e: input_rw, True,
      {"mounts.input_ro"}, {"probe.writable_mounts", "probe.write_input_fails"}),
     ("secret-env", lambda e: set_kw(environment={"OPENAI_API_KEY": "sk-test-not-a-real-key"}),

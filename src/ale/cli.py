@@ -285,17 +285,21 @@ def task_env(
 @image_app.command("build")
 def image_build(
     base: Annotated[str | None, typer.Option("--base", envvar="ALE_BASE_IMAGE", help="Base image (default python:3.11-slim; 'debian-bootstrap' forces a local Debian bootstrap).")] = None,
-    tag: Annotated[str, typer.Option("--tag")] = DEFAULT_TOOLS_IMAGE,
+    tag: Annotated[str | None, typer.Option("--tag")] = None,
+    desktop: Annotated[bool, typer.Option("--desktop", help="Build the desktop image (Xvfb, openbox, xdotool, Chromium) FROM the tools image.")] = False,
 ) -> None:
-    """Build the tools image (cached by content: a second build is a lookup)."""
+    """Build the tools image, or with --desktop the desktop image (cached by content: a second build is a lookup)."""
     from ale.sandbox.base import SandboxError
-    from ale.sandbox.image import build_tools_image
+    from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE
+    from ale.sandbox.image import build_desktop_image, build_tools_image
 
+    tag = tag or (DEFAULT_DESKTOP_IMAGE if desktop else DEFAULT_TOOLS_IMAGE)
     try:
-        ref = build_tools_image(base=base, tag=tag, say=lambda m: err.print(m))
+        build = build_desktop_image if desktop else build_tools_image
+        ref = build(base=base, tag=tag, say=lambda m: err.print(m))
     except SandboxError as e:
         _fail(str(e), 1)
-    err.print(f"tools image: {ref} (tagged {tag})")
+    err.print(f"{'desktop' if desktop else 'tools'} image: {ref} (tagged {tag})")
 
 
 @app.command()

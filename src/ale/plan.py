@@ -19,7 +19,7 @@ class AgentSpec(BaseModel):
     name: str  # oracle | nop | replay | command | llm
     label: str | None = None  # how reports name this agent configuration
     config: dict[str, Any] = Field(default_factory=dict)
-    allowlist: tuple[str, ...] = ("shell", "read_file", "write_file", "list_dir")
+    allowlist: tuple[str, ...] = ("shell", "read_file", "write_file", "list_dir", "computer")
 
     @property
     def display(self) -> str:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
+from ale.agents.computer import image_message  # desktop
 from ale.agents.errors import AgentConfigError
 from ale.agents.gateway.server import DEFAULT_UPSTREAMS, ModelGateway, serve_gateway
 from ale.agents.gateway.tools import OPENAI, ToolPolicy
@@ -146,7 +147,7 @@ class LLMAgent:
     async def _loop(self, ctx: AgentContext, client: Any, state: _LoopState) -> AgentOutcome:
         from openai import APIError
 
-        specs = allowed_specs(ctx.tools.allowlist)
+        specs = allowed_specs(ctx.tools.offered)  # desktop: computer only where there is one
         tools = [
             {"type": "function", "function": {"name": n, "description": s["description"], "parameters": s["input_schema"]}}
             for n, s in specs.items()
@@ -188,6 +189,7 @@ class LLMAgent:
             messages.append(assistant)
             if not calls:
                 return state.outcome(AgentEnd.FINISHED, (msg.content or "").strip()[:2000] or "the model stopped calling tools")
+            images: list[dict[str, Any]] = []  # desktop
             for c in calls:
                 if usage["tool_calls"] >= state.max_steps:
                     return state.outcome(AgentEnd.TIMEOUT, f"step limit of {state.max_steps} tool calls reached")
@@ -195,9 +197,14 @@ class LLMAgent:
                     return state.outcome(AgentEnd.TIMEOUT, f"token limit of {self.max_tokens_total} reached ({usage['total_tokens']} used)")
                 usage["tool_calls"] += 1
                 messages.append({"role": "tool", "tool_call_id": c.id, "content": await self._call_tool(ctx, c.function.name, c.function.arguments)})
+                if self._image is not None:  # desktop: screenshots follow the turn's tool messages
+                    images.append(image_message(self._image))
+            messages.extend(images)
 
     def _tokens_spent(self, usage: dict[str, Any]) -> bool:
         return self.max_tokens_total is not None and usage["total_tokens"] >= int(self.max_tokens_total)
+
+    _image: bytes | None = None  # desktop: the last tool call's screenshot
 
     async def _call_tool(self, ctx: AgentContext, name: str, raw_args: str | None) -> str:
         try:
@@ -208,6 +215,7 @@ class LLMAgent:
             out = record_refusal(ctx.tools, name, {"_raw_arguments": raw_args}, f"unusable arguments for {name}: {e}")
         else:
             out = await ctx.tools.call(name, args)
+        self._image = out.image  # desktop: the screenshot, sent after the tool message
         text = out.for_model()
         if len(text) > self.max_tool_result_chars:
             text = text[: self.max_tool_result_chars] + f"\n[... cut at {self.max_tool_result_chars} characters ...]"

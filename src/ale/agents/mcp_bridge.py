@@ -33,6 +33,7 @@ import uvicorn
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 
+from ale.agents.computer import COMPUTER_SPEC, png_base64
 from ale.sandbox.tools import ALL_TOOLS, ToolBox, ToolOutcome
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,8 @@ TOOL_SPECS: dict[str, dict[str, Any]] = {
         },
     },
 }
+TOOL_SPECS["computer"] = COMPUTER_SPEC  # the desktop (offered only when the sandbox has one)
+FILE_TOOLS = tuple(name for name in ALL_TOOLS if name != "computer")
 assert set(TOOL_SPECS) == set(ALL_TOOLS)
 
 
@@ -131,7 +134,7 @@ class ToolBridge:
 
     # -- MCP -----------------------------------------------------------------
     def mcp_server(self) -> Server[Any]:
-        specs = allowed_specs(self.toolbox.allowlist)
+        specs = allowed_specs(self.toolbox.offered)
 
         async def list_tools(ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
             return types.ListToolsResult(
@@ -141,7 +144,10 @@ class ToolBridge:
         async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
             outcome = await self.call(params.name, dict(params.arguments or {}))
             # A command's non-zero exit is a result the model reads, not a tool error.
-            return types.CallToolResult(content=[types.TextContent(text=outcome.for_model())], is_error=bool(outcome.error))
+            content: list[Any] = [types.TextContent(text=outcome.for_model())]
+            if outcome.image is not None:  # a screenshot: MCP image content
+                content.append(types.ImageContent(data=png_base64(outcome.image), mime_type="image/png"))
+            return types.CallToolResult(content=content, is_error=bool(outcome.error))
 
         return Server(
             self.name,
@@ -261,7 +267,8 @@ async def serve_http(
 
 
 def mcp_config(
-    url: str, token: str, *, name: str = SERVER_NAME, fmt: str = "claude", tools: tuple[str, ...] = ALL_TOOLS
+    url: str, token: str, *, name: str = SERVER_NAME, fmt: str = "claude",
+    tools: tuple[str, ...] = FILE_TOOLS,
 ) -> dict[str, Any]:
     """The MCP client configuration external harnesses read.
 

@@ -149,7 +149,7 @@ class TrajectoryWriter:
     def _to_step(self, raw: dict[str, Any]) -> TrajectoryStep:
         known = set(TrajectoryStep.model_fields) - {"files", "extra"}
         exact = {name: raw.get(f"{name}_bytes") for name in ("stdout", "stderr", "output")}
-        hidden = {"files", "extra", *(f"{name}_bytes" for name in exact)}
+        hidden = {"files", "extra", "image_png", *(f"{name}_bytes" for name in exact)}
         data = {k: v for k, v in raw.items() if k in known}
         extra = {_key(k): _jsonable(v) for k, v in raw.items() if k not in known and k not in hidden}
         if isinstance(raw.get("extra"), dict):
@@ -157,6 +157,9 @@ class TrajectoryWriter:
         index = int(data.get("index") or len(self.steps) + 1)
         data["index"] = index
         files: dict[str, FileRef] = {}
+        image = raw.get("image_png")
+        if isinstance(image, bytes | bytearray):  # a screenshot: a .png file, never base64 in JSON
+            files["image"] = self._store(index, "screenshot", bytes(image), kind="bytes", suffix="png")
         for name in ("stdout", "stderr", "output"):
             value = data.get(name)
             if value is None:
@@ -212,11 +215,11 @@ class TrajectoryWriter:
             return text  # complete, but not exact: the file holds the exact value
         return text[:PREVIEW_CHARS] + f"\n[... {len(data)} bytes in total; full value in {ref.path} (sha256 {ref.sha256[:16]}...)]"
 
-    def _store(self, index: int, name: str, data: bytes, *, kind: str) -> FileRef:
+    def _store(self, index: int, name: str, data: bytes, *, kind: str, suffix: str | None = None) -> FileRef:
         folder = self.run_dir / FILES_DIR
         folder.mkdir(exist_ok=True)
         safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "-" for c in name)[:80]
-        ext = "txt" if kind == "text" else "bin"
+        ext = suffix or ("txt" if kind == "text" else "bin")
         rel = f"{FILES_DIR}/{index:05d}-{safe}.{ext}"
         n = 1
         while True:

@@ -114,6 +114,7 @@ class Grader:
         experiment: str | None,
         inputs: GradingInputs,
         command_timeout: float,
+        gui: Any = None,
     ):
         self.provider = provider
         self.image = image
@@ -122,6 +123,7 @@ class Grader:
         self.experiment = experiment
         self.inputs = inputs
         self.command_timeout = command_timeout
+        self.gui = gui  # GUI calls' session: the candidate's live desktop (desktop tasks), else None
         self.container: Sandbox | None = None
 
     def workdir(self) -> str:
@@ -190,6 +192,7 @@ class Grader:
         return RoutedSession(
             routes,
             self._container_session,
+            gui=self.gui,
         )
 
     async def grade(self, evaluate: Callable[[RoutedSession], Awaitable[Any]]) -> list[float]:

@@ -91,8 +91,33 @@ try_write() {
 for d in / /var/tmp "$HOME" "$in_dir" "$ws_dir" /dev/shm "$@"; do
   [ -n "$d" ] && try_write "$d"
 done
+# -- desktop: sockets and process owners (shell builtins only: no child of ours is listed)
+sec sockets
+for f in tcp tcp6 udp udp6; do
+  [ -r /proc/net/$f ] || continue
+  while read -r sl loc rem st rest; do
+    [ "$sl" = sl ] && continue; echo "$f $loc $st $rem"
+  done < /proc/net/$f
+done
+while read -r num ref proto flags typ st inode path; do
+  [ "$num" = Num ] && continue; [ "$flags" = 00010000 ] || continue
+  w=-; [ -n "$path" ] && [ "${path#@}" = "$path" ] && [ -w "$path" ] && w=w
+  echo "unix $flags $st ${path:-<unnamed>} $w"
+done < /proc/net/unix
+sec processes
+echo "self $$"
+for p in /proc/[0-9]*; do
+  u=; pp=; n=
+  while read -r k v rest; do
+    case $k in Name:) n=$v;; PPid:) pp=$v;; Uid:) u=$v;; esac
+  done 2>/dev/null < "$p/status"
+  [ -n "$u" ] && echo "${p#/proc/} $u $pp $n"
+done
 sec end
 """
+# The desktop user (images/desktop): its processes are the only ones besides the
+# candidate's allowed in a sandbox (and exist only in the desktop image).
+DESKTOP_UID = 1001
 
 _ROOTFS_WRITE_PATHS = ("/", "/var/tmp")
 # Docker's default MaskedPaths and ReadonlyPaths: each one that exists must be
@@ -460,6 +485,72 @@ def parse_probes(
     if phase != "after":
         add(_check("probe.write_workspace_ok", "ok", must((workspace_dir,), "ok")))
         add(_check("probe.write_tmp_ok", "ok", must(tmpfs, "ok")))
+    if "sockets" in s or "processes" in s:  # older evidence has neither section
+        checks.extend(socket_and_process_checks(s, policy, phase))
+    return checks
+
+
+def socket_and_process_checks(s: dict[str, list[str]], policy: IsolationPolicy, phase: str) -> list[Check]:
+    """Nothing listens on TCP/UDP; no unix socket listens where the candidate could
+    connect (abstract, or a path it may write); every process belongs to the
+    candidate or the desktop user; after the end-of-turn kill, no candidate
+    process is left but init and the probe itself."""
+    checks: list[Check] = []
+
+    def inet() -> tuple[bool, Any, str]:
+        bad = []
+        for ln in _section(s, "sockets"):
+            f = ln.split()
+            if f and f[0] in ("tcp", "tcp6") and len(f) >= 3 and f[2] == "0A" or f and f[0] in ("udp", "udp6") and len(f) >= 3:
+                bad.append(f"{f[0]} {f[1]}")
+        return not bad, bad, f"listening: {bad}" if bad else ""
+
+    def unix() -> tuple[bool, Any, str]:
+        listeners, bad = [], []
+        for ln in _section(s, "sockets"):
+            f = ln.split()
+            if not f or f[0] != "unix" or len(f) < 5:
+                continue
+            path, writable = f[3], f[4] == "w"
+            listeners.append({"path": path, "candidate_may_connect": writable or path.startswith("@")})
+            if path.startswith("@") or writable:
+                bad.append(path)
+        return not bad, listeners, f"the candidate can reach: {bad}" if bad else ""
+
+    def table() -> tuple[int, dict[int, tuple[int, int, str]]]:
+        lines = _section(s, "processes")
+        me = int(next(ln for ln in lines if ln.startswith("self ")).split()[1])
+        procs = {}
+        for ln in lines:
+            f = ln.split(None, 3)
+            if len(f) >= 3 and f[0].isdigit():
+                procs[int(f[0])] = (int(f[1]), int(f[2]), f[3] if len(f) > 3 else "")
+        return me, procs
+
+    def owners() -> tuple[bool, Any, str]:
+        _me, procs = table()
+        allowed = {policy.uid, DESKTOP_UID}
+        by_uid: dict[str, int] = {}
+        for uid, _pp, _n in procs.values():
+            by_uid[str(uid)] = by_uid.get(str(uid), 0) + 1
+        bad = sorted({f"{pid}:{u}:{n}" for pid, (u, _pp, n) in procs.items() if u not in allowed})
+        return not bad, by_uid, f"processes of other users: {bad}" if bad else ""
+
+    def candidate_left() -> tuple[bool, Any, str]:
+        me, procs = table()
+        mine = {1, me}
+        p = me
+        while p in procs and procs[p][1] not in (0, p):  # the probe's own ancestors (the exec's wrapper)
+            p = procs[p][1]
+            mine.add(p)
+        left = sorted(f"{pid}:{n}" for pid, (u, _pp, n) in procs.items() if u == policy.uid and pid not in mine)
+        return not left, left, f"candidate processes alive after the kill: {left}" if left else ""
+
+    checks.append(_check("probe.no_inet_listeners", [], inet))
+    checks.append(_check("probe.unix_listeners_private", "none the candidate can reach", unix))
+    checks.append(_check("probe.process_owners", f"uid {policy.uid} or {DESKTOP_UID}", owners))
+    if phase == "after":
+        checks.append(_check("probe.no_candidate_process_left", [], candidate_left))
     return checks
 
 

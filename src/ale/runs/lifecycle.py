@@ -36,6 +36,7 @@ from ale.agents.registry import agent_evidence, make_agent
 from ale.agents.trajectory import TrajectoryWriter
 from ale.data.base import DataError, ReferenceCommitment
 from ale.data.sources import open_source
+from ale.defaults import DEFAULT_TOOLS_IMAGE  # desktop (ale-desktop)
 from ale.grading.deliverables import extract_deliverables
 from ale.grading.grader import Grader, GradingError, GradingInputs
 from ale.isolation.checks import Check, check_inspect, diff_captures, failures
@@ -63,6 +64,13 @@ from ale.sandbox.base import (
     SandboxError,
     SandboxProvider,
     SandboxSpec,
+)
+from ale.sandbox.computer import Computer  # desktop (ale-desktop)
+from ale.sandbox.desktop import (  # desktop (ale-desktop)
+    DEFAULT_DESKTOP_IMAGE,
+    Desktop,
+    DesktopSpec,
+    desktop_spec,
 )
 from ale.sandbox.providers import make_provider
 from ale.sandbox.scratch import mount_workspace_tmpfs, release_scratch
@@ -107,6 +115,8 @@ class Prepared:
     provider: SandboxProvider
     agent: Any
     process: TaskProcess  # the task's code, alive from load() to the end of evaluate()
+    desktop: DesktopSpec | None = None  # desktop (ale-desktop): the task asks for one
+    image: str = ""  # desktop (ale-desktop): the candidate's image (the desktop image for desktop tasks)
 
 
 @dataclass
@@ -134,6 +144,8 @@ class RunState:
     reference_commit: dict | None = None  # what was committed before the agent started
     agent_started: bool = False  # from here on, a failure may be the candidate's doing
     invalid_attribution: InvalidAttribution | None = None  # set by a phase that knows better than agent_started
+    desktop: Desktop | None = None  # desktop (ale-desktop): alive from start until after evaluate()
+    computer: Computer | None = None  # desktop (ale-desktop): the computer tool over it
 
     @contextlib.contextmanager
     def cost(self, what: str) -> Iterator[None]:
@@ -258,14 +270,17 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
         raise PreflightError(str(e)) from e
     data_spec = plan.data_source or task.card.data_source
     wall = plan.limits.wall_time_s or task.card.timeout_s or DEFAULT_WALL_TIME_S
+    # desktop (ale-desktop): a task asking for a desktop runs in the desktop image
+    desktop = desktop_spec(task.card.raw, variant.computer)
+    image = DEFAULT_DESKTOP_IMAGE if desktop is not None and plan.image == DEFAULT_TOOLS_IMAGE else plan.image
     try:
         provider = provider or make_provider(plan.provider)
-        await asyncio.to_thread(provider.image_inspect, plan.image)
+        await asyncio.to_thread(provider.image_inspect, image)
     except ImageMissing as e:
         raise PreflightError(str(e)) from e
     except SandboxError as e:
         raise PreflightError(str(e), retryable=True) from e
-    return Prepared(plan, task, variant, data_spec, float(wall), provider, agent, process)
+    return Prepared(plan, task, variant, data_spec, float(wall), provider, agent, process, desktop, image)
 
 
 # -- phases --------------------------------------------------------------------
@@ -345,7 +360,7 @@ async def provision(state: RunState) -> None:
     state.sandbox = await state.prep.provider.create(
         SandboxSpec(
             name=f"ale-{plan.run_id}"[:120],
-            image=plan.image,
+            image=state.prep.image or plan.image,
             policy=plan.policy,
             mounts=tuple(mounts),
             labels=labels,
@@ -385,7 +400,8 @@ async def run_task_setup(state: RunState) -> None:
     assert state.sandbox is not None
     v = state.variant
     tools = ToolBox(state.sandbox, workdir=v.output_dir, default_timeout=state.plan.limits.command_timeout_s,
-                    output_limit=TASK_OUTPUT_LIMIT, read_limit=TASK_READ_LIMIT)
+                    output_limit=TASK_OUTPUT_LIMIT, read_limit=TASK_READ_LIMIT,
+                    computer=state.computer)  # desktop (ale-desktop): start() launches its windows
     container = ContainerSession(tools, default_timeout=state.plan.limits.command_timeout_s)
 
     async def factory() -> ContainerSession:
@@ -393,7 +409,7 @@ async def run_task_setup(state: RunState) -> None:
 
     session = RoutedSession(
         [Route(v.input_dir, state.input_host, writable=True), Route(v.reference_dir, state.setup_reference_host, writable=True)],
-        factory,
+        factory, gui=container if state.computer is not None else None,
     )
     await state.prep.process.call("start", v.index, session, timeout=state.plan.limits.grading_timeout_s)
 
@@ -458,6 +474,7 @@ async def run_agent(state: RunState) -> None:
         recorder=state.trajectory,
         default_timeout=plan.limits.command_timeout_s,
         deadline=deadline,
+        computer=state.computer,  # desktop (ale-desktop)
     )
     ctx = AgentContext(
         prompt=v.description,
@@ -636,6 +653,7 @@ async def grade(state: RunState) -> list[float]:
             scratch_host=state.scratch / "grading",
         ),
         command_timeout=plan.limits.grading_timeout_s,  # ALE graders run commands for up to about an hour
+        gui=_grading_gui(state),  # desktop (ale-desktop): evaluate()'s GUI calls, the live desktop
     )
     try:
         process, timeout, env = state.prep.process, plan.limits.grading_timeout_s, judge_env(names=plan.judge_env)
@@ -646,6 +664,42 @@ async def grade(state: RunState) -> list[float]:
         return await state.grader.grade(evaluate)
     finally:
         await state.grader.close()
+
+
+# -- desktop (ale-desktop) -------------------------------------------------------
+async def start_desktop(state: RunState) -> None:
+    """Start the sandbox's desktop (as the desktop user, before start()); the
+    computer tool's resolution is the agent config's ``display_width``/``display_height``
+    (default 1024x768), scaled to the screen's."""
+    assert state.sandbox is not None and state.prep.desktop is not None
+    state.desktop = Desktop(state.sandbox, state.prep.desktop)
+    started = await state.desktop.start()
+    cfg = state.plan.agent.config or {}
+    state.computer = Computer(state.desktop, width=int(cfg.get("display_width", 1024)),
+                              height=int(cfg.get("display_height", 768)))
+    state.costs["desktop_start"] = started["start_s"]
+    state.store.write_json("desktop.json", {"spec": state.prep.desktop.to_dict(), "image": state.prep.image,
+                                            "tool_resolution": [state.computer.width, state.computer.height],
+                                            "started": started})
+    state.events.append("desktop.started", seconds=started["start_s"])
+
+
+def _grading_gui(state: RunState) -> Any:
+    """evaluate()'s GUI calls: served by the candidate's sandbox, still sealed, the
+    candidate's processes all killed, the desktop's alive (not recorded in the
+    trajectory, which is the agent's)."""
+    if state.computer is None or state.sandbox is None:
+        return None
+    return ContainerSession(ToolBox(state.sandbox, workdir="/", computer=state.computer))
+
+
+async def finish_desktop_sandbox(state: RunState) -> None:
+    """After evaluate(): stop the sandbox, inspect it (after), remove it."""
+    if state.desktop is None or state.sandbox is None:
+        return
+    await stop_and_verify_exited(state)
+    await remove_sandbox(state)
+# -- end desktop --
 
 
 # -- the run -------------------------------------------------------------------
@@ -725,6 +779,8 @@ async def execute_run(
             assert state.sandbox is not None
             await state.sandbox.start()
             state.events.append("sandbox.started")
+            if state.prep.desktop is not None:  # desktop (ale-desktop)
+                await start_desktop(state)
         async with state.phase(Phase.TASK_START):
             await run_task_setup(state)
         async with state.phase(Phase.VERIFY_BEFORE):
@@ -740,10 +796,12 @@ async def execute_run(
         async with state.phase(Phase.STOP):
             probe = await kill_agent_processes(state)
             await verify_running(state, "after", probe, ran=True)
-            await stop_and_verify_exited(state)
+            if state.desktop is None:  # desktop (ale-desktop): kept alive (sealed) through evaluate()
+                await stop_and_verify_exited(state)
         async with state.phase(Phase.DELIVERABLES):
             await collect_deliverables(state)
-            await remove_sandbox(state)
+            if state.desktop is None:  # desktop (ale-desktop): removed after evaluate()
+                await remove_sandbox(state)
             check_input_unchanged(state)
         if state.violations:
             raise SealBroken()
@@ -751,8 +809,11 @@ async def execute_run(
         if state.agent_outcome and state.agent_outcome.end is not AgentEnd.FINISHED:
             error = state.agent_outcome.detail
         async with state.phase(Phase.GRADE):
-            await stage_reference(state)
-            scores = await grade(state)
+            try:
+                await stage_reference(state)
+                scores = await grade(state)
+            finally:  # desktop (ale-desktop): stop, inspect after, remove
+                await finish_desktop_sandbox(state)
     except Exception as e:
         status, error, more = _classify_failure(e, state)
         scores = None

@@ -412,15 +412,19 @@ class DockerSandbox:
         return remaining, r
 
 
-# Kill every process but PID 1 and this shell, until none is left alive and PID 1
-# has reaped the dead (zombies hold pid slots: the probes that follow must fork).
-# Bounded at about a second; prints how many live processes remain.
+# Kill every candidate process but PID 1 and this shell, until none of the
+# candidate's is left alive and PID 1 has reaped the dead (zombies hold pid
+# slots: the probes that follow must fork). kill(-1) as the candidate reaches
+# only the candidate's processes; only those are counted, so the desktop user's
+# (a desktop image's display and apps, which live on through grading) are left
+# alone. Bounded at about a second; prints how many live candidate processes remain.
 _KILL_SCRIPT = (
-    "i=0; while :; do kill -9 -1 2>/dev/null; [ $i -gt 0 ] && sleep 0.02; n=0; z=0; "
+    "me=$(id -u); i=0; while :; do kill -9 -1 2>/dev/null; [ $i -gt 0 ] && sleep 0.02; n=0; z=0; "
     "for p in /proc/[0-9]*; do p=${p#/proc/}; "
-    "[ \"$p\" = 1 ] || [ \"$p\" = $$ ] && continue; "
-    "{ read -r l < /proc/$p/stat; } 2>/dev/null || continue; "
-    "case \"${l##*) }\" in Z*|X*) z=$((z+1)); continue;; esac; n=$((n+1)); done; "
+    "[ \"$p\" = 1 ] || [ \"$p\" = $$ ] && continue; u=; st=; "
+    "while read -r k v r; do case $k in State:) st=$v;; Uid:) u=$v;; esac; done 2>/dev/null < /proc/$p/status; "
+    "[ \"$u\" = \"$me\" ] || continue; "
+    "case \"$st\" in Z*|X*) z=$((z+1)); continue;; esac; n=$((n+1)); done; "
     "i=$((i+1)); { [ $n = 0 ] && [ $z = 0 ]; } || [ $i -ge 50 ] && break; done; echo $n"
 )
 

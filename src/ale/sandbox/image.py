@@ -18,6 +18,7 @@ import docker.errors
 from ale.defaults import DEFAULT_TOOLS_IMAGE, TOOLS_REPO
 from ale.paths import repo_root
 from ale.sandbox.base import SandboxError
+from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE, DESKTOP_REPO
 from ale.sandbox.docker import connect
 
 DEFAULT_BASE = "python:3.11-slim"
@@ -124,4 +125,48 @@ def build_tools_image(
     if volumes:
         raise SandboxError(f"{content_tag} declares VOLUME {sorted(volumes)}; it must declare none")
     client.images.get(content_tag).tag(*tag.split(":", 1))
+    return content_tag
+
+
+def _dir_digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        h.update(f.relative_to(folder).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def build_desktop_image(
+    client: docker.DockerClient | None = None,
+    base: str | None = None,
+    tag: str = DEFAULT_DESKTOP_IMAGE,
+    say: Say = print,
+) -> str:
+    """Build (or find cached) the desktop image ``FROM`` the tools image: Xvfb,
+    openbox, xdotool, Chromium (from Debian's packages, apt inside the build) and
+    ale's desktop helper. Cached by the content of ``images/desktop`` and the
+    tools image's id; returns its content tag."""
+    if client is None:
+        client = connect()
+    tools_ref = build_tools_image(client, base=base, say=say)
+    tools_id = _has_image(client, tools_ref) or ""
+    folder = images_dir() / "desktop"
+    mirror = os.environ.get("ALE_DEBIAN_MIRROR", "")
+    key = _sha(_dir_digest(folder), tools_id, mirror)[:12]
+    content_tag = f"{DESKTOP_REPO}:{key}"
+    if _has_image(client, content_tag) is None:
+        say(f"building {content_tag} FROM {tools_ref} (apt: Xvfb, openbox, xdotool, Chromium; a few minutes)...")
+        try:
+            client.images.build(
+                path=str(folder), dockerfile="Dockerfile", buildargs={"TOOLS": tools_ref}, tag=content_tag,
+                rm=True, pull=False, labels={"org.ale.content-key": key},
+            )
+        except docker.errors.BuildError as e:
+            log = "".join(str(x.get("stream", x.get("error", ""))) for x in e.build_log)
+            raise SandboxError(f"building the desktop image failed: {e.msg}\n{log[-2000:]}") from e
+    else:
+        say(f"desktop image {content_tag} is cached")
+    image = client.images.get(content_tag)
+    if (image.attrs.get("Config") or {}).get("Volumes"):
+        raise SandboxError(f"{content_tag} declares a VOLUME; it must declare none")
+    image.tag(*tag.split(":", 1))
     return content_tag

@@ -19,7 +19,111 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ale.sandbox.computer import ComputerError
 from ale.sandbox.tools import TRUNCATION_MARKER, ToolBox, ToolRefused
+
+# cua-bench's action classes (by name, as the task process sends them) -> the
+# computer tool's actions. Coordinates are screen pixels (``screen: True``).
+_ACTION_MAP = {
+    "ClickAction": "left_click", "RightClickAction": "right_click", "DoubleClickAction": "double_click",
+    "MiddleClickAction": "middle_click", "TripleClickAction": "triple_click", "MoveToAction": "mouse_move",
+}
+
+
+def action_to_tool_args(action: Any, width: int, height: int) -> dict[str, Any] | None:
+    """The computer tool's arguments for one cua-bench action (a dict with ``type``
+    and the action's fields); None for ``DoneAction``. Raises ``ValueError``."""
+    if not isinstance(action, dict) or not isinstance(action.get("type"), str):
+        raise ValueError(f"execute_action needs a cua-bench action, got {action!r}")
+    kind = action["type"]
+    if kind in _ACTION_MAP:
+        return {"action": _ACTION_MAP[kind], "coordinate": [action["x"], action["y"]], "screen": True}
+    if kind == "DragAction":
+        return {"action": "left_click_drag", "start_coordinate": [action["from_x"], action["from_y"]],
+                "coordinate": [action["to_x"], action["to_y"]], "duration": action.get("duration", 1.0), "screen": True}
+    if kind == "ScrollAction":  # cua-bench: amount in pixels, 100 per click, at the screen's centre
+        clicks = max(1, int(action.get("amount", 100)) // 100)
+        return {"action": "scroll", "scroll_direction": action.get("direction", "up"), "scroll_amount": clicks,
+                "coordinate": [width // 2, height // 2], "screen": True}
+    if kind == "TypeAction":
+        return {"action": "type", "text": action["text"]}
+    if kind == "KeyAction":
+        return {"action": "key", "text": action["key"]}
+    if kind == "HotkeyAction":
+        return {"action": "key", "text": "+".join(str(k) for k in action["keys"])}
+    if kind == "WaitAction":
+        return {"action": "wait", "duration": action.get("seconds", 1.0)}
+    if kind == "DoneAction":
+        return None
+    raise ValueError(f"unsupported action type {kind!r}")
+
+
+class GuiMethods:
+    """cua-bench's GUI session calls, over two primitives a session provides:
+    ``_gui_action`` (one computer-tool action) and ``_gui_task`` (task-only calls:
+    windows, JavaScript, element rectangles, snapshots)."""
+
+    async def _gui_action(self, args: dict[str, Any]) -> Any:
+        raise NotImplementedError("this sandbox has no desktop")
+
+    async def _gui_task(self, op: str, args: dict[str, Any]) -> Any:
+        raise NotImplementedError("this sandbox has no desktop: " + op + "() is not available")
+
+    def _gui_size(self) -> tuple[int, int]:
+        return (1024, 768)
+
+    async def screenshot(self) -> bytes:
+        out = await self._gui_action({"action": "screenshot"})
+        return bytes(out)
+
+    async def launch_window(
+        self, url: str | None = None, *, html: str | None = None, folder: str | None = None, title: str = "Window",
+        x: int | None = None, y: int | None = None, width: int = 600, height: int = 400,
+        files: dict[str, str] | None = None, **_: Any,
+    ) -> int:
+        if folder is not None and not files:
+            raise ValueError("launch_window(folder=...): the folder's files did not reach the harness")
+        args = {"url": url, "html": html, "files": files, "title": title, "x": x, "y": y, "width": width, "height": height}
+        return int(await self._gui_task("launch_window", {k: v for k, v in args.items() if v is not None}))
+
+    async def execute_javascript(self, pid: int | str, javascript: str) -> Any:
+        return await self._gui_task("execute_javascript", {"pid": pid, "javascript": javascript})
+
+    async def get_element_rect(self, pid: int | str, selector: str, *, space: str = "window", timeout: float = 0.5) -> Any:
+        import asyncio
+        import time
+
+        deadline = time.monotonic() + max(0.0, float(timeout))
+        while True:
+            rect = await self._gui_task("get_element_rect", {"pid": pid, "selector": selector, "space": space})
+            if rect is not None or time.monotonic() >= deadline:
+                return rect
+            await asyncio.sleep(max(0.1, float(timeout) / 2))
+
+    async def _click_element(self, pid: int | str, selector: str, kind: str) -> None:
+        rect = await self.get_element_rect(pid, selector, space="screen")
+        if not rect:
+            raise RuntimeError(f"Element not found for selector: {selector}")
+        x, y = int(rect["x"] + rect["width"] / 2), int(rect["y"] + rect["height"] / 2)
+        await self.execute_action({"type": kind, "x": x, "y": y})
+
+    async def click_element(self, pid: int | str, selector: str) -> None:
+        await self._click_element(pid, selector, "ClickAction")
+
+    async def right_click_element(self, pid: int | str, selector: str) -> None:
+        await self._click_element(pid, selector, "RightClickAction")
+
+    async def execute_action(self, action: Any) -> None:
+        w, h = self._gui_size()
+        args = action_to_tool_args(action, w, h)
+        if args is not None:
+            await self._gui_action(args)
+
+    async def get_snapshot(self) -> Any:
+        return await self._gui_task("get_snapshot", {})
+
+    async def close_all_windows(self) -> None:
+        await self._gui_task("close_all_windows", {})
 
 
 class CommandFailed(RuntimeError):
@@ -107,8 +211,9 @@ class Interface:
         return await self._s.run_command(command, **kw)
 
 
-class ContainerSession:
-    """Task-facing session whose every call runs inside a container."""
+class ContainerSession(GuiMethods):
+    """Task-facing session whose every call runs inside a container (GUI calls
+    through the tool box's ``computer``, recorded like the agent's)."""
 
     def __init__(self, tools: ToolBox, *, default_timeout: float = 600.0):
         self.tools = tools
@@ -172,8 +277,23 @@ class ContainerSession:
     async def remove_file(self, path: str) -> None:
         await self._sh('rm -f -- "$1"', path, "delete_file")
 
-    async def screenshot(self) -> bytes:
-        raise NotImplementedError("this sandbox has no display: screenshot() is not available")
+    def _gui_size(self) -> tuple[int, int]:
+        c = self.tools.computer
+        return (c.desktop.width, c.desktop.height) if c is not None else (1024, 768)
+
+    async def _gui_action(self, args: dict[str, Any]) -> Any:
+        if self.tools.computer is None:
+            raise NotImplementedError("this sandbox has no display: GUI calls are not available")
+        out = await self.tools.call("computer", args)
+        if not out.ok:
+            raise RuntimeError(out.error or "the computer action failed")
+        return out.image if out.image is not None else out.output
+
+    async def _gui_task(self, op: str, args: dict[str, Any]) -> Any:
+        try:
+            return await self.tools.task_gui(op, args)
+        except ComputerError as e:
+            raise RuntimeError(str(e)) from e
 
 
 @dataclass(frozen=True)
@@ -185,10 +305,14 @@ class Route:
     writable: bool
 
 
-class RoutedSession:
-    """File calls under routed paths hit host folders; the rest goes to a container."""
+class RoutedSession(GuiMethods):
+    """File calls under routed paths hit host folders; the rest goes to a container;
+    GUI calls go to ``gui`` (the candidate's still-sealed desktop, in grading), if any."""
 
-    def __init__(self, routes: list[Route], container: Callable[[], Awaitable[ContainerSession]]):
+    def __init__(
+        self, routes: list[Route], container: Callable[[], Awaitable[ContainerSession]], *, gui: GuiMethods | None = None
+    ):
+        self.gui = gui
         # Longest prefix first, so /input/sub routes win over /input.
         self.routes = sorted(routes, key=lambda r: len(r.target), reverse=True)
         self._container_factory = container
@@ -296,5 +420,15 @@ class RoutedSession:
         elif host.is_file() or host.is_symlink():
             host.unlink()
 
-    async def screenshot(self) -> bytes:
-        raise NotImplementedError("this sandbox has no display: screenshot() is not available")
+    def _gui_size(self) -> tuple[int, int]:
+        return self.gui._gui_size() if self.gui is not None else (1024, 768)
+
+    async def _gui_action(self, args: dict[str, Any]) -> Any:
+        if self.gui is None:
+            raise NotImplementedError("this sandbox has no display: GUI calls are not available")
+        return await self.gui._gui_action(args)
+
+    async def _gui_task(self, op: str, args: dict[str, Any]) -> Any:
+        if self.gui is None:
+            raise NotImplementedError("this sandbox has no display: " + op + "() is not available")
+        return await self.gui._gui_task(op, args)

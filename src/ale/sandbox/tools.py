@@ -1,9 +1,11 @@
 """The one tool interface every agent uses to reach the sandbox.
 
 Tools (names are what an allowlist names): ``shell``, ``read_file``,
-``write_file``, ``list_dir``. Every call runs inside the container as the
-candidate user, is checked against the allowlist and is recorded as a
-trajectory step. Limits: stdout and stderr of ``shell`` are each capped at
+``write_file``, ``list_dir``, and ``computer`` (the desktop, when the sandbox has
+one: see ``sandbox/computer.py``). The file and shell tools run inside the
+container as the candidate user; ``computer`` is executed by the harness itself,
+as the desktop user. Every call is checked against the allowlist and is
+recorded as a trajectory step (a screenshot as a PNG file beside it). Limits: stdout and stderr of ``shell`` are each capped at
 ``output_limit`` bytes (cut with a marker); ``read_file`` refuses files past
 ``read_limit``; ``shell`` kills the command's process group on timeout.
 
@@ -26,8 +28,9 @@ from typing import Any
 
 from ale.lossless import is_unicode
 from ale.sandbox.base import DEFAULT_OUTPUT_LIMIT, Sandbox
+from ale.sandbox.computer import Computer, ComputerError
 
-ALL_TOOLS = ("shell", "read_file", "write_file", "list_dir")
+ALL_TOOLS = ("shell", "read_file", "write_file", "list_dir", "computer")
 TRUNCATION_MARKER = "\n[... output truncated by ale at {limit} bytes ...]\n"
 DEFAULT_READ_LIMIT = 10 * 1024 * 1024
 # Task code on the trusted side (start(), evaluate()) reads and runs far more than
@@ -58,6 +61,9 @@ class ToolOutcome:
     stdout_bytes: bytes | None = None
     stderr_bytes: bytes | None = None
     output_bytes: bytes | None = None
+    #: A PNG the tool produced (the computer tool's screenshot): recorded as a file.
+    image: bytes | None = None
+    info: dict[str, Any] | None = None
 
     def for_model(self) -> str:
         """A plain-text rendering for language models and MCP clients."""
@@ -108,6 +114,7 @@ class ToolBox:
         read_limit: int = DEFAULT_READ_LIMIT,
         default_timeout: float = DEFAULT_SHELL_TIMEOUT,
         deadline: float | None = None,
+        computer: Computer | None = None,
     ):
         unknown = set(allowlist) - set(ALL_TOOLS)
         if unknown:
@@ -121,6 +128,13 @@ class ToolBox:
         self.default_timeout = default_timeout
         self.deadline = deadline  # time.monotonic() value after which commands get no time
         self.steps = 0
+        self.computer = computer  # the desktop's tool; None: the sandbox has no desktop
+
+    @property
+    def offered(self) -> tuple[str, ...]:
+        """The tools to show an agent: the allowlist, without ``computer`` when the
+        sandbox has no desktop (a call to it is still refused and recorded)."""
+        return tuple(t for t in self.allowlist if t != "computer" or self.computer is not None)
 
     # -- dispatch --------------------------------------------------------------
     async def call(self, tool: str, args: dict[str, Any]) -> ToolOutcome:
@@ -164,6 +178,8 @@ class ToolBox:
                 return await self.write_file(_text(tool, "path", args["path"]), content)
             if tool == "list_dir":
                 return await self.list_dir(_text(tool, "path", args.get("path", self.workdir)))
+            if tool == "computer":
+                return await self.use_computer(args)
         except KeyError as e:
             raise ToolRefused(f"{tool}: missing argument {e.args[0]!r}") from e
         raise ToolRefused(f"unknown tool {tool!r}")
@@ -172,8 +188,12 @@ class ToolBox:
         self.steps += 1
         if self.recorder is None:
             return
-        raw = {f"{k}_bytes": v for k, v in (("stdout", outcome.stdout_bytes), ("stderr", outcome.stderr_bytes),
+        raw: dict[str, Any] = {f"{k}_bytes": v for k, v in (("stdout", outcome.stdout_bytes), ("stderr", outcome.stderr_bytes),
                                             ("output", outcome.output_bytes)) if v is not None}
+        if outcome.image is not None:
+            raw["image_png"] = outcome.image  # the trajectory stores it as a .png file
+        if outcome.info:
+            raw["computer"] = outcome.info
         self.recorder(
             {
                 **raw,
@@ -257,6 +277,41 @@ class ToolBox:
             raise ToolRefused(r.stderr.decode(errors="replace").strip() or f"cannot list {path}")
         return ToolOutcome(ok=True, output=_decode(r.stdout, r.stdout_truncated, self.output_limit), output_bytes=r.stdout)
 
+    async def use_computer(self, args: dict[str, Any]) -> ToolOutcome:
+        if self.computer is None:
+            raise ToolRefused("computer: this sandbox has no desktop")
+        try:
+            out = await self.computer.act(args)
+        except ComputerError as e:
+            raise ToolRefused(f"computer: {e}") from e
+        return ToolOutcome(ok=True, output=out.text, image=out.image, info=out.info)
+
+    async def task_gui(self, op: str, args: dict[str, Any]) -> Any:
+        """A GUI call only task code makes (``launch_window``, ``execute_javascript``,
+        ...): served by the desktop and recorded as a ``task.<op>`` step."""
+        started, t0 = _now(), time.monotonic()
+        if self.computer is None:
+            outcome = ToolOutcome(ok=False, error="this sandbox has no desktop")
+            self._record(f"task.{op}", args, outcome, started, t0)
+            raise NotImplementedError("this sandbox has no desktop: " + op + "() is not available")
+        try:
+            value = await self.computer.task_call(op, args)
+        except ComputerError as e:
+            self._record(f"task.{op}", args, ToolOutcome(ok=False, error=str(e)), started, t0)
+            raise
+        self._record(f"task.{op}", args, ToolOutcome(ok=True, output=_short(value)), started, t0)
+        return value
+
     async def exists(self, path: str, kind: str) -> bool:
         r = await self.sandbox.exec(["test", "-" + kind, path], workdir=self.workdir, timeout=self._time_left(30))
         return r.exit_code == 0
+
+
+def _short(value: Any, limit: int = 4000) -> str:
+    import json
+
+    try:
+        text = json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text)} characters]"

@@ -58,6 +58,9 @@ SESSION_METHODS = (
     "run_command", "read_file", "read_bytes", "write_file", "write_bytes", "file_exists",
     "directory_exists", "list_dir", "screenshot", "remove_file", "delete_file", "makedirs",
     "get_file_size", "read_text", "write_text",
+    # cua-bench's GUI session (a desktop task's; without a desktop they raise NotImplementedError)
+    "launch_window", "execute_javascript", "get_element_rect", "click_element", "right_click_element",
+    "execute_action", "get_snapshot", "close_all_windows",
 )
 INTERFACE_METHODS = (
     "create_dir", "delete_dir", "delete_file", "file_exists", "directory_exists", "list_dir",

@@ -96,6 +96,7 @@ class _Remote:
 
     def _method(self, qualified: str) -> Any:
         async def call(*args: Any, **kwargs: Any) -> Any:
+            args, kwargs = _gui_args(qualified, args, kwargs)
             sid = next(self._ids)
             self._channel.send({"op": "session", "sid": sid, "method": qualified, "args": list(args), "kwargs": kwargs})
             reply = self._channel.recv()
@@ -103,10 +104,57 @@ class _Remote:
                 raise SessionCallError(f"protocol error: expected the result of session call {sid}, got {reply.get('op')!r}")
             if not reply.get("ok"):
                 _raise_remote(reply.get("error") or {})
-            return reply.get("value")
+            return _gui_value(qualified, reply.get("value"))
 
         call.__name__ = qualified.rsplit(".", 1)[-1]
         return call
+
+
+def _plain_action(value: Any) -> Any:
+    """A cua-bench action object travels as ``{"type": <class name>, **fields}``."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"type": type(value).__name__, **dataclasses.asdict(value)}
+    if hasattr(value, "model_dump") and callable(value.model_dump):  # pydantic actions
+        return {"type": type(value).__name__, **value.model_dump()}
+    return value
+
+
+FOLDER_LIMIT = 32 * 1024 * 1024
+
+
+def _gui_args(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if name == "execute_action":
+        return tuple(_plain_action(a) for a in args), {k: _plain_action(v) for k, v in kwargs.items()}
+    if name == "launch_window" and kwargs.get("folder") is not None:
+        # The folder is the task's (this process's file system): its text files travel.
+        root = Path(str(kwargs["folder"])).resolve()
+        if not root.is_dir():
+            raise ValueError(f"Folder does not exist or is not a directory: {kwargs['folder']}")
+        files, total = {}, 0
+        for f in sorted(root.rglob("*")):
+            if f.is_file():
+                data = f.read_bytes()
+                total += len(data)
+                if total > FOLDER_LIMIT:
+                    raise ValueError(f"launch_window(folder=...): more than {FOLDER_LIMIT} bytes")
+                files[f.relative_to(root).as_posix()] = data.decode("utf-8", errors="replace")
+        kwargs = {**kwargs, "files": files}
+    return args, kwargs
+
+
+def _gui_value(name: str, value: Any) -> Any:
+    if name == "get_snapshot" and isinstance(value, dict):
+        try:
+            from cua_bench import Snapshot, WindowSnapshot  # the stand-in's (or upstream's) types
+        except ImportError:
+            return value
+        try:
+            return Snapshot(windows=[WindowSnapshot(**w) for w in value.get("windows", [])])
+        except TypeError:
+            return value
+    return value
 
 
 class RemoteSession(_Remote):

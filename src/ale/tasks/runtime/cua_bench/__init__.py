@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, Union
 
 __all__ = [
     "Task",
@@ -19,6 +19,22 @@ __all__ = [
     "setup_task",
     "evaluate_task",
     "solve_task",
+    "interact",
+    "Snapshot",
+    "WindowSnapshot",
+    "ClickAction",
+    "RightClickAction",
+    "DoubleClickAction",
+    "MiddleClickAction",
+    "DragAction",
+    "MoveToAction",
+    "ScrollAction",
+    "TypeAction",
+    "KeyAction",
+    "HotkeyAction",
+    "WaitAction",
+    "DoneAction",
+    "Action",
 ]
 
 ALE_COMPAT = True
@@ -76,3 +92,126 @@ class DesktopSession(Protocol):
     async def directory_exists(self, path: str) -> bool: ...
     async def list_dir(self, path: str) -> list[str]: ...
     async def screenshot(self) -> bytes: ...
+    async def launch_window(self, url: str | None = None, *, html: str | None = None, folder: str | None = None,
+                            title: str = "Window", x: int | None = None, y: int | None = None,
+                            width: int = 600, height: int = 400) -> int: ...
+    async def execute_javascript(self, pid: int | str, javascript: str) -> Any: ...
+    async def get_element_rect(self, pid: int | str, selector: str, *, space: str = "window",
+                               timeout: float = 0.5) -> dict[str, Any] | None: ...
+    async def click_element(self, pid: int | str, selector: str) -> None: ...
+    async def right_click_element(self, pid: int | str, selector: str) -> None: ...
+    async def execute_action(self, action: Any) -> None: ...
+    async def get_snapshot(self) -> Snapshot: ...
+    async def close_all_windows(self) -> None: ...
+
+
+# -- cua-bench's action and snapshot types (cua_bench.types), same names and fields --
+@dataclass
+class WindowSnapshot:
+    window_type: Literal["webview", "process", "desktop"]
+    pid: str | None = None
+    url: str | None = None
+    html: str | None = None
+    title: str = ""
+    x: int = 0
+    y: int = 0
+    width: int = 0
+    height: int = 0
+    active: bool = False
+    minimized: bool = False
+
+
+@dataclass
+class Snapshot:
+    windows: list[WindowSnapshot]
+
+
+@dataclass
+class ClickAction:
+    x: int
+    y: int
+
+
+@dataclass
+class RightClickAction:
+    x: int
+    y: int
+
+
+@dataclass
+class DoubleClickAction:
+    x: int
+    y: int
+
+
+@dataclass
+class MiddleClickAction:
+    x: int
+    y: int
+
+
+@dataclass
+class DragAction:
+    from_x: int
+    from_y: int
+    to_x: int
+    to_y: int
+    duration: float = 1.0
+
+
+@dataclass
+class MoveToAction:
+    x: int
+    y: int
+    duration: float = 0.0
+
+
+@dataclass
+class ScrollAction:
+    direction: Literal["up", "down"] = "up"
+    amount: int = 100
+
+
+@dataclass
+class TypeAction:
+    text: str
+
+
+@dataclass
+class KeyAction:
+    key: str
+
+
+@dataclass
+class HotkeyAction:
+    keys: list[str]
+
+
+@dataclass
+class DoneAction:
+    pass
+
+
+@dataclass
+class WaitAction:
+    seconds: float = 1.0
+
+
+Action = Union[  # noqa: UP007 - cua-bench's spelling
+    ClickAction, RightClickAction, DoubleClickAction, MiddleClickAction, DragAction, MoveToAction,
+    ScrollAction, TypeAction, KeyAction, HotkeyAction, DoneAction, WaitAction,
+]
+
+
+def interact(env_path: str, task_id: int = 0) -> int:
+    """cua-bench's ``cb.interact``: run a task folder's variant ``task_id`` end to
+    end. Here it is ``ale run <env_path> --agent oracle --variant <task_id>`` (the
+    harness's sealed run, its desktop included); returns the command's exit code."""
+    import os
+    import subprocess
+    import sys
+
+    folder = os.path.dirname(env_path) if os.path.isfile(env_path) else env_path
+    argv = [sys.executable, "-m", "ale.cli", "run", folder, "--agent", "oracle", "--variant", str(task_id)]
+    print("cua_bench.interact -> " + " ".join(argv), file=sys.stderr)
+    return subprocess.call(argv)

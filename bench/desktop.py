@@ -1,0 +1,176 @@
+"""Desktop round trips: screenshots and actions through the harness's computer tool
+(an exec as the desktop user per call) vs the same capture and input run directly
+inside the container (one exec, a loop in the helper's own code), at 1024x768;
+and the desktop's start per run (fresh sealed container each time).
+
+Writes the numbers into docs/benchmarks.md under "## Desktop".
+
+    .venv/bin/python bench/desktop.py [--repeats 50] [--starts 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+
+from ale.sandbox.base import Mount, SandboxSpec  # noqa: E402
+from ale.sandbox.computer import Computer  # noqa: E402
+from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE, DESKTOP_USER, Desktop  # noqa: E402
+from ale.sandbox.docker import DockerSandbox, connect  # noqa: E402
+from ale.sandbox.policy import IsolationPolicy  # noqa: E402
+
+HTML = "<h1>bench</h1><button id=b style='position:absolute;left:100px;top:100px'>x</button>"
+DIRECT = r"""
+import json, sys, time, subprocess
+sys.path.insert(0, "/opt/ale-desktop")
+import desktopd as d
+n = int(sys.argv[1])
+s = d.Screen()
+shots, clicks, sizes = [], [], []
+for i in range(n):
+    t = time.perf_counter(); png, _ = s.capture(1024, 768); shots.append(time.perf_counter() - t); sizes.append(len(png))
+for i in range(n):
+    t = time.perf_counter()
+    subprocess.run(["xdotool", "mousemove", "--sync", str(200 + i % 2), "200", "click", "1"], env=d.env(), check=True)
+    clicks.append(time.perf_counter() - t)
+print(json.dumps({"screenshot": shots, "click": clicks, "png_bytes": sizes}))
+"""
+
+
+def stats(xs: list[float]) -> dict[str, float]:
+    xs = sorted(xs)
+    p95 = xs[min(len(xs) - 1, int(round(0.95 * (len(xs) - 1))))]
+    return {"median_ms": round(statistics.median(xs) * 1000, 1), "p95_ms": round(p95 * 1000, 1), "n": len(xs)}
+
+
+async def sandbox(client, root: Path) -> DockerSandbox:
+    ws, inp = root / f"ws-{uuid.uuid4().hex[:6]}", root / f"in-{uuid.uuid4().hex[:6]}"
+    ws.mkdir()
+    inp.mkdir()
+    ws.chmod(0o777)
+    box = DockerSandbox.create(client, SandboxSpec(
+        name=f"ale-bench-desktop-{uuid.uuid4().hex[:8]}", image=DEFAULT_DESKTOP_IMAGE, policy=IsolationPolicy(),
+        mounts=(Mount(str(inp), "/input", True), Mount(str(ws), "/workspace", False)),
+        labels={"ale.bench": "desktop"}, workdir="/workspace"))
+    return box
+
+
+async def main(repeats: int, starts: int) -> dict:
+    client = connect()
+    root = Path(tempfile.mkdtemp(prefix="ale-bench-desktop-"))
+    start_total, start_helper, first_window = [], [], []
+    for _ in range(starts):
+        box = await sandbox(client, root)
+        try:
+            t0 = time.perf_counter()
+            await box.start()
+            desk = Desktop(box)
+            info = await desk.start()
+            start_total.append(time.perf_counter() - t0)
+            start_helper.append(info["seconds"])
+            t1 = time.perf_counter()
+            await Computer(desk).task_call("launch_window", {"html": HTML, "x": 0, "y": 0, "width": 400, "height": 300})
+            first_window.append(time.perf_counter() - t1)
+        finally:
+            await box.remove()
+    box = await sandbox(client, root)
+    try:
+        await box.start()
+        desk = Desktop(box)
+        await desk.start()
+        comp = Computer(desk)
+        await comp.task_call("launch_window", {"html": HTML, "x": 0, "y": 0, "width": 600, "height": 400})
+        harness: dict[str, list[float]] = {"screenshot": [], "click": [], "mouse_move": []}
+        helper_capture: list[float] = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            out = await comp.act({"action": "screenshot"})
+            harness["screenshot"].append(time.perf_counter() - t)
+            helper_capture.append(out.info["capture_s"])
+        for i in range(repeats):
+            t = time.perf_counter()
+            await comp.act({"action": "left_click", "coordinate": [200 + i % 2, 200]})
+            harness["click"].append(time.perf_counter() - t)
+        for i in range(repeats):
+            t = time.perf_counter()
+            await comp.act({"action": "mouse_move", "coordinate": [300 + i % 2, 300]})
+            harness["mouse_move"].append(time.perf_counter() - t)
+        r = await box.exec(["python3", "-c", DIRECT, str(repeats)], user=DESKTOP_USER, workdir="/", timeout=600)
+        direct = json.loads(r.stdout.decode().strip().splitlines()[-1])
+        png_bytes = statistics.median(direct["png_bytes"])
+    finally:
+        await box.remove()
+    return {
+        "resolution": "1024x768",
+        "repeats": repeats,
+        "harness": {k: stats(v) for k, v in harness.items()},
+        "harness_helper_capture": stats(helper_capture),
+        "direct": {"screenshot": stats(direct["screenshot"]), "click": stats(direct["click"])},
+        "png_bytes_median": int(png_bytes),
+        "desktop_start": {"container_start_plus_desktop": stats(start_total), "helper_internal": stats(start_helper),
+                          "first_window": stats(first_window), "runs": starts},
+    }
+
+
+def write_doc(res: dict) -> None:
+    doc = HERE.parent / "docs" / "benchmarks.md"
+    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
+    h, d, s = res["harness"], res["direct"], res["desktop_start"]
+
+    def row(name: str, x: dict) -> str:
+        return f"| {name} | {x['median_ms']} | {x['p95_ms']} | {x['n']} |"
+
+    section = "\n".join([
+        "## Desktop",
+        "",
+        f"`bench/desktop.py` on this machine, {res['resolution']}, the desktop image, the default sealed policy; "
+        f"{res['repeats']} calls each. *Harness* = the `computer` tool as an agent calls it (one `docker exec` "
+        "as the desktop user per call, the helper's socket, xdotool or XGetImage + PNG); *direct* = the same "
+        "capture and the same xdotool call in a loop inside the container (no exec per call). Median PNG: "
+        f"{res['png_bytes_median']} bytes.",
+        "",
+        "| round trip | median ms | p95 ms | n |",
+        "| --- | --- | --- | --- |",
+        row("screenshot, harness", h["screenshot"]),
+        row("screenshot, direct in the container", d["screenshot"]),
+        row("screenshot, the helper's own capture+encode (harness path)", res["harness_helper_capture"]),
+        row("left click, harness", h["click"]),
+        row("left click, direct in the container", d["click"]),
+        row("mouse move, harness", h["mouse_move"]),
+        "",
+        f"Desktop start per run ({s['runs']} fresh sealed containers):",
+        "",
+        "| | median ms | p95 ms | n |",
+        "| --- | --- | --- | --- |",
+        row("container start + desktop ready (Xvfb, openbox, helper)", s["container_start_plus_desktop"]),
+        row("the helper's own start (inside the container)", s["helper_internal"]),
+        row("first Chromium window launched and loaded", s["first_window"]),
+        "",
+    ])
+    if "## Desktop" in text:
+        head, _, rest = text.partition("## Desktop")
+        nxt = rest.find("\n## ")
+        text = head + section + (rest[nxt + 1:] if nxt >= 0 else "")
+    else:
+        text = text.rstrip() + "\n\n" + section
+    doc.write_text(text)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--starts", type=int, default=5)
+    a = ap.parse_args()
+    res = asyncio.run(main(a.repeats, a.starts))
+    print(json.dumps(res, indent=2))
+    write_doc(res)

@@ -1,0 +1,246 @@
+"""The desktop: task specs, the computer tool, cua-bench's action mapping, the
+trajectory's PNG files, the socket and process probes (units); and, with the
+desktop image, a real MCP client receiving a screenshot, GUI tasks scored by
+oracle and nop, and a candidate shell that attacks the desktop and fails."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ale.agents.trajectory import TrajectoryWriter
+from ale.isolation.probes import socket_and_process_checks, split_sections
+from ale.sandbox.computer import Computer, ComputerError
+from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE, Desktop, DesktopSpec, desktop_spec
+from ale.sandbox.policy import IsolationPolicy
+from ale.sandbox.session import action_to_tool_args
+from ale.sandbox.tools import ToolBox
+
+ROOT = Path(__file__).resolve().parent.parent
+GUI_TASKS = ("click_button", "fill_form", "drag_slider", "context_menu")
+PNG_1x1 = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
+
+
+# -- units ---------------------------------------------------------------------------
+def test_desktop_spec_from_card_or_computer():
+    assert desktop_spec({}, None) is None
+    assert desktop_spec({}, {"setup_config": {"os_type": "linux"}}) is None  # ALE's shell tasks: no desktop
+    assert desktop_spec({"desktop": True}, None) == DesktopSpec(1024, 768)
+    assert desktop_spec({"desktop": {"width": 1280, "height": 800}}, None) == DesktopSpec(1280, 800)
+    assert desktop_spec({}, {"provider": "simulated", "setup_config": {"width": 800, "height": 600}}) == DesktopSpec(800, 600)
+    assert desktop_spec({}, {"desktop": True, "setup_config": {"width": "big"}}) == DesktopSpec(1024, 768)
+    assert desktop_spec({}, {"provider": "native", "setup_config": {"os_type": "linux", "width": 1024, "height": 768}}) == DesktopSpec()
+    assert desktop_spec({}, {"provider": "native", "setup_config": {"os_type": "linux"}}) is None
+
+
+class FakeDesktop:
+    def __init__(self, width=2048, height=1536):
+        self.width, self.height = width, height
+        self.calls: list[tuple[str, dict]] = []
+
+    async def request(self, op, timeout=120, **kw):
+        self.calls.append((op, kw))
+        if op == "screenshot":
+            return {"ok": True, "capture_s": 0.01}, PNG_1x1
+        if op == "cursor_position":
+            return {"ok": True, "x": 1000, "y": 500}, b""
+        return {"ok": True}, b""
+
+
+def test_computer_scales_coordinates_both_ways_and_refuses_bad_actions():
+    d = FakeDesktop()
+    c = Computer(d, width=1024, height=768)  # type: ignore[arg-type]
+
+    async def go():
+        await c.act({"action": "left_click", "coordinate": [100, 50]})
+        await c.act({"action": "left_click_drag", "start_coordinate": [0, 0], "coordinate": [512, 384]})
+        await c.act({"action": "double_click", "coordinate": [10, 10], "screen": True})
+        pos = await c.act({"action": "cursor_position"})
+        shot = await c.act({"action": "screenshot"})
+        for bad in ({"action": "format_disk"}, {"action": "left_click", "coordinate": [2000, 10]},
+                    {"action": "mouse_move"}, {"action": "type"}):
+            with pytest.raises(ComputerError):
+                await c.act(bad)
+        return pos, shot
+
+    pos, shot = asyncio.run(go())
+    assert d.calls[0] == ("click", {"button": "left", "clicks": 1, "x": 200, "y": 100})
+    assert d.calls[1][1] == {"from_x": 0, "from_y": 0, "to_x": 1024, "to_y": 768, "duration": 0.3}
+    assert d.calls[2] == ("click", {"button": "left", "clicks": 2, "x": 10, "y": 10})
+    assert pos.info["x"] == 500 and pos.info["y"] == 250
+    assert d.calls[4] == ("screenshot", {"size": [1024, 768]})  # the desktop scales the image down
+    assert shot.image == PNG_1x1 and shot.info["sha256"] == hashlib.sha256(PNG_1x1).hexdigest()
+
+
+def test_cua_bench_actions_map_onto_the_computer_tool():
+    assert action_to_tool_args({"type": "ClickAction", "x": 5, "y": 6}, 1024, 768) == {
+        "action": "left_click", "coordinate": [5, 6], "screen": True}
+    assert action_to_tool_args({"type": "HotkeyAction", "keys": ["ctrl", "a"]}, 1024, 768) == {"action": "key", "text": "ctrl+a"}
+    assert action_to_tool_args({"type": "ScrollAction", "direction": "down", "amount": 300}, 1024, 768)["scroll_amount"] == 3
+    assert action_to_tool_args({"type": "DragAction", "from_x": 1, "from_y": 2, "to_x": 3, "to_y": 4, "duration": 1.0},
+                               1024, 768)["start_coordinate"] == [1, 2]
+    assert action_to_tool_args({"type": "DoneAction"}, 1024, 768) is None
+    with pytest.raises(ValueError):
+        action_to_tool_args({"type": "RebootAction"}, 1024, 768)
+
+
+def test_stand_in_exports_cua_bench_action_classes():
+    sys.path.insert(0, str(ROOT / "src" / "ale" / "tasks" / "runtime"))
+    try:
+        import cua_bench as cb  # the stand-in
+    finally:
+        sys.path.pop(0)
+    for name in ("ClickAction", "RightClickAction", "DoubleClickAction", "MiddleClickAction", "DragAction",
+                 "MoveToAction", "ScrollAction", "TypeAction", "KeyAction", "HotkeyAction", "WaitAction",
+                 "DoneAction", "Snapshot", "WindowSnapshot", "interact"):
+        assert hasattr(cb, name), name
+    assert cb.DragAction(1, 2, 3, 4).duration == 1.0 and cb.ScrollAction().amount == 100
+
+
+def test_screenshot_is_a_png_file_in_the_trajectory_never_base64(tmp_path):
+    w = TrajectoryWriter(tmp_path, "r", "a")
+    tools = ToolBox(object(), workdir="/w", recorder=w, computer=Computer(FakeDesktop(1024, 768)))  # type: ignore[arg-type]
+    out = asyncio.run(tools.call("computer", {"action": "screenshot"}))
+    w.close(end="finished")
+    assert out.ok and out.image == PNG_1x1
+    step = json.loads((tmp_path / "trajectory.json").read_text())["steps"][0]
+    ref = step["files"]["image"]
+    assert ref["path"].endswith(".png") and ref["bytes"] == len(PNG_1x1)
+    assert (tmp_path / ref["path"]).read_bytes() == PNG_1x1
+    text = (tmp_path / "trajectory.json").read_text() + (tmp_path / "trajectory.jsonl").read_text()
+    assert base64.b64encode(PNG_1x1).decode() not in text and "$base64" not in text
+
+
+def test_computer_is_offered_only_with_a_desktop():
+    assert "computer" not in ToolBox(object(), workdir="/w").offered  # type: ignore[arg-type]
+    assert "computer" in ToolBox(object(), workdir="/w", computer=Computer(FakeDesktop())).offered  # type: ignore[arg-type]
+    out = asyncio.run(ToolBox(object(), workdir="/w").call("computer", {"action": "screenshot"}))  # type: ignore[arg-type]
+    assert not out.ok and "no desktop" in (out.error or "")
+
+
+def _probe_text(sockets: list[str], procs: list[str], me: int = 50) -> dict:
+    raw = "=== ale-probe:sockets ===\n" + "\n".join(sockets) + f"\n=== ale-probe:processes ===\nself {me}\n" + "\n".join(procs) + "\n"
+    return split_sections(raw)
+
+
+def test_socket_and_process_probes_judge():
+    policy = IsolationPolicy(cpus=1.0)
+    good = _probe_text(["unix 00010000 01 /tmp/.X11-unix/X0 -", "tcp 0100007F:0277 01"],
+                       ["1 1000 0 sleep", "20 1001 1 Xvfb", "49 1000 0 timeout", "50 1000 49 sh"])
+    checks = {c.id: c.ok for c in socket_and_process_checks(good, policy, "after")}
+    assert checks == {"probe.no_inet_listeners": True, "probe.unix_listeners_private": True,
+                      "probe.process_owners": True, "probe.no_candidate_process_left": True}
+    bad = _probe_text(["tcp 00000000:1770 0A", "unix 00010000 01 @/tmp/.X11-unix/X0 -", "unix 00010000 01 /tmp/x w"],
+                      ["1 1000 0 sleep", "7 0 1 sshd", "30 1000 1 miner", "50 1000 1 sh"])
+    checks = {c.id: c.ok for c in socket_and_process_checks(bad, policy, "after")}
+    assert not any(checks.values()), checks
+
+
+# -- with the desktop image -------------------------------------------------------------
+def _desktop_image(docker_client) -> str:
+    try:
+        docker_client.images.get(DEFAULT_DESKTOP_IMAGE)
+    except Exception:
+        pytest.skip(f"no {DEFAULT_DESKTOP_IMAGE} (ale image build --desktop)")
+    return DEFAULT_DESKTOP_IMAGE
+
+
+@pytest.mark.docker
+def test_real_mcp_client_receives_a_screenshot_image(docker_client, tmp_path):
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    from ale.agents.mcp_bridge import serve_http
+    from ale.sandbox.base import Mount, SandboxSpec
+    from ale.sandbox.docker import DockerSandbox
+
+    image = _desktop_image(docker_client)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.chmod(ws, 0o777)
+    inp = tmp_path / "in"
+    inp.mkdir()
+    sandbox = DockerSandbox.create(docker_client, SandboxSpec(
+        name=f"ale-test-desktop-{uuid.uuid4().hex[:8]}", image=image, policy=IsolationPolicy(cpus=1.0),
+        mounts=(Mount(str(inp), "/input", True), Mount(str(ws), "/workspace", False)),
+        labels={"ale.test": "1"}, workdir="/workspace"))
+
+    async def scenario():
+        await sandbox.start()
+        desktop = Desktop(sandbox)
+        await desktop.start()
+        computer = Computer(desktop)
+        await computer.task_call("launch_window", {"html": "<h1 id=t>hello</h1>", "title": "hi", "x": 0, "y": 0,
+                                                   "width": 300, "height": 200})
+        writer = TrajectoryWriter(tmp_path / "run", "r", "mcp")
+        tools = ToolBox(sandbox, workdir="/workspace", recorder=writer, computer=computer)
+        async with serve_http(tools) as (url, token):
+            http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"})
+            async with http, Client(streamable_http_client(url, http_client=http)) as client:
+                names = sorted(t.name for t in (await client.list_tools()).tools)
+                shot = await client.call_tool("computer", {"action": "screenshot"})
+                click = await client.call_tool("computer", {"action": "left_click", "coordinate": [50, 50]})
+        writer.close(end="finished")
+        return names, shot, click
+
+    try:
+        names, shot, click = asyncio.run(scenario())
+    finally:
+        asyncio.run(sandbox.remove())
+    assert "computer" in names
+    images = [c for c in shot.content if getattr(c, "type", "") == "image"]
+    assert len(images) == 1 and images[0].mime_type == "image/png"
+    png = base64.b64decode(images[0].data)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") == 1024
+    assert not click.is_error
+    step = json.loads((tmp_path / "run" / "trajectory.json").read_text())["steps"][0]
+    assert hashlib.sha256((tmp_path / "run" / step["files"]["image"]["path"]).read_bytes()).hexdigest() == \
+        step["files"]["image"]["sha256"] == hashlib.sha256(png).hexdigest()
+
+
+def _ale(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, "-m", "ale.cli", *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=600)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("task", GUI_TASKS)
+def test_gui_task_check_oracle_one_nop_zero(docker_client, tmp_path, task):
+    _desktop_image(docker_client)
+    r = _ale("task", "check", str(ROOT / "examples" / "tasks" / "gui" / task), "--runs-dir", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "oracle 1.0, nop 0" in r.stdout + r.stderr
+
+
+@pytest.mark.docker
+def test_candidate_shell_cannot_reach_the_desktop_and_the_run_is_graded(docker_client, tmp_path):
+    _desktop_image(docker_client)
+    r = _ale("run", str(ROOT / "examples" / "tasks" / "gui" / "click_button"), "--agent", "replay",
+             "--script", str(ROOT / "bench" / "desktop_attack.json"), "--runs-dir", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = next(p for p in tmp_path.iterdir() if p.is_dir() and (p / "result.json").exists())
+    result = json.loads((run / "result.json").read_text())
+    assert result["status"] == "scored" and result["score"] == 0.0 and result["violations"] == []
+    steps = json.loads((run / "trajectory.json").read_text())["steps"]
+    out = "\n".join(s["stdout"] + s["stderr"] for s in steps)
+    assert "CONNECTED" not in out and "STOPPED" not in out and "KILLED" not in out and "READ " not in out
+    assert "unable to open display" in out and "Operation not permitted" in out
+    assert steps[-1]["tool"] == "computer" and steps[-1]["files"]["image"]["path"].endswith(".png")  # desktop intact
+    checks = json.loads((run / "evidence" / "checks.json").read_text())
+    assert all(c["ok"] for c in checks)
+    ids = {c["id"] for c in checks}
+    assert {"probe.no_inet_listeners", "probe.unix_listeners_private", "probe.process_owners",
+            "probe.no_candidate_process_left"} <= ids
