@@ -3,5 +3,6 @@
 TOOLS_REPO = "ale-tools"
 DEFAULT_TOOLS_IMAGE = f"{TOOLS_REPO}:latest"  # the sandbox image `ale image build` tags
 CANDIDATE_USER = "1000:1000"  # the numeric uid:gid the agent's commands run as
+DESKTOP_UID = 1001  # the desktop and its apps (desktop sandboxes only): the agent's shell cannot reach them
 DEFAULT_INPUT_DIR = "/input"  # where a task that names no paths finds its input
 DEFAULT_OUTPUT_DIR = "/workspace"  # ... and its workspace

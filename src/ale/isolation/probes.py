@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ale.defaults import DESKTOP_UID
 from ale.isolation.checks import Check
 from ale.sandbox.base import ExecResult, SandboxError
 from ale.sandbox.policy import IsolationPolicy
@@ -117,7 +118,6 @@ sec end
 """
 # The desktop user (images/desktop): its processes are the only ones besides the
 # candidate's allowed in a sandbox (and exist only in the desktop image).
-DESKTOP_UID = 1001
 
 _ROOTFS_WRITE_PATHS = ("/", "/var/tmp")
 # Docker's default MaskedPaths and ReadonlyPaths: each one that exists must be

@@ -30,7 +30,6 @@ from ale.sandbox.base import Sandbox, SandboxError
 DESKTOP_REPO = "ale-desktop"
 DEFAULT_DESKTOP_IMAGE = f"{DESKTOP_REPO}:latest"  # what `ale image build --desktop` tags
 DESKTOP_USER = "1001:1001"
-DESKTOP_UID = 1001
 HELPER = ["python3", "-I", "/opt/ale-desktop/desktopd.py"]
 DEFAULT_WIDTH, DEFAULT_HEIGHT = 1024, 768
 SCREENSHOT_LIMIT = 32 * 1024 * 1024

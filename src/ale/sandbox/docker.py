@@ -23,6 +23,7 @@ import docker.errors
 from docker.types import LogConfig
 from docker.types import Mount as DockerMount
 
+from ale.defaults import DESKTOP_UID
 from ale.sandbox.base import (
     DEFAULT_OUTPUT_LIMIT,
     LABEL_EXPERIMENT,
@@ -399,7 +400,8 @@ class DockerSandbox:
         """
         script = _KILL_SCRIPT + ('; exec "$@"' if argv else "")
         r = await self.exec(
-            ["sh", "-c", script, "kill", *(argv or [])], user=self.policy.user, timeout=timeout, wrap_timeout=False
+            ["sh", "-c", script, "kill", str(DESKTOP_UID), *(argv or [])], user=self.policy.user, timeout=timeout,
+            wrap_timeout=False,
         )
         first, _, rest = r.stdout.partition(b"\n")
         try:
@@ -412,18 +414,19 @@ class DockerSandbox:
         return remaining, r
 
 
-# Kill every candidate process but PID 1 and this shell, until none of the
-# candidate's is left alive and PID 1 has reaped the dead (zombies hold pid
-# slots: the probes that follow must fork). kill(-1) as the candidate reaches
-# only the candidate's processes; only those are counted, so the desktop user's
-# (a desktop image's display and apps, which live on through grading) are left
-# alone. Bounded at about a second; prints how many live candidate processes remain.
+# Kill every candidate process but PID 1 and this shell, until none is left
+# alive and PID 1 has reaped the dead (zombies hold pid slots: the probes that
+# follow must fork). kill(-1) as the candidate reaches only the candidate's
+# processes. Every survivor is counted but the desktop user's ($1: a desktop
+# image's display and apps, which live on through grading), so a process of any
+# other user (which the candidate cannot have killed) shows in the count.
+# Bounded at about a second; prints how many live processes remain.
 _KILL_SCRIPT = (
-    "me=$(id -u); i=0; while :; do kill -9 -1 2>/dev/null; [ $i -gt 0 ] && sleep 0.02; n=0; z=0; "
+    "dt=$1; shift; i=0; while :; do kill -9 -1 2>/dev/null; [ $i -gt 0 ] && sleep 0.02; n=0; z=0; "
     "for p in /proc/[0-9]*; do p=${p#/proc/}; "
     "[ \"$p\" = 1 ] || [ \"$p\" = $$ ] && continue; u=; st=; "
     "while read -r k v r; do case $k in State:) st=$v;; Uid:) u=$v;; esac; done 2>/dev/null < /proc/$p/status; "
-    "[ \"$u\" = \"$me\" ] || continue; "
+    "[ \"$u\" = \"$dt\" ] && continue; "
     "case \"$st\" in Z*|X*) z=$((z+1)); continue;; esac; n=$((n+1)); done; "
     "i=$((i+1)); { [ $n = 0 ] && [ $z = 0 ]; } || [ $i -ge 50 ] && break; done; echo $n"
 )
