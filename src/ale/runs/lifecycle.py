@@ -117,6 +117,7 @@ class Prepared:
     process: TaskProcess  # the task's code, alive from load() to the end of evaluate()
     desktop: DesktopSpec | None = None  # desktop (ale-desktop): the task asks for one
     image: str = ""  # desktop (ale-desktop): the candidate's image (the desktop image for desktop tasks)
+    image_record: dict | None = None  # the engine's description of that image, read at preflight
 
 
 @dataclass
@@ -275,12 +276,12 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
     image = DEFAULT_DESKTOP_IMAGE if desktop is not None and plan.image == DEFAULT_TOOLS_IMAGE else plan.image
     try:
         provider = provider or make_provider(plan.provider)
-        await asyncio.to_thread(provider.image_inspect, image)
+        image_record = await asyncio.to_thread(provider.image_inspect, image)
     except ImageMissing as e:
         raise PreflightError(str(e)) from e
     except SandboxError as e:
         raise PreflightError(str(e), retryable=True) from e
-    return Prepared(plan, task, variant, data_spec, float(wall), provider, agent, process, desktop, image)
+    return Prepared(plan, task, variant, data_spec, float(wall), provider, agent, process, desktop, image, image_record)
 
 
 # -- phases --------------------------------------------------------------------
@@ -385,7 +386,9 @@ async def _verify_created(state: RunState) -> None:
     inspect = await asyncio.to_thread(state.sandbox.inspect)
     state.inspect_before = inspect
     state.store.write_json(Evidence.INSPECT_BEFORE, inspect)
-    image = await asyncio.to_thread(state.prep.provider.image_inspect, inspect.get("Image", state.plan.image))
+    image = state.prep.image_record
+    if image is None or image.get("Id") != inspect.get("Image"):  # the container's image, as the engine says now
+        image = await asyncio.to_thread(state.prep.provider.image_inspect, inspect.get("Image", state.plan.image))
     state.store.write_json(Evidence.IMAGE, image)
     checks = check_inspect(
         inspect, state.plan.policy, state.mounts(), phase="before", image_inspect=image, mount_inodes=_mount_inodes(state)
@@ -883,14 +886,13 @@ async def _cleanup(state: RunState) -> None:
                     usage=(state.agent_outcome.usage if state.agent_outcome else {}),
                     end=(state.agent_outcome.end.value if state.agent_outcome else "interrupted"),
                 )
+        # Independent of each other: done at once.
+        jobs = [state.prep.process.close()]
         if state.sandbox is not None:
-            with contextlib.suppress(Exception):
-                await state.sandbox.remove()
+            jobs.append(state.sandbox.remove())
         if state.grader is not None:
-            with contextlib.suppress(Exception):
-                await state.grader.close()
-        with contextlib.suppress(Exception):
-            await state.prep.process.close()
+            jobs.append(state.grader.close())
+        await asyncio.gather(*jobs, return_exceptions=True)
         await asyncio.to_thread(release_scratch, state.scratch)
 
     await asyncio.shield(_do())
