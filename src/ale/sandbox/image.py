@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
+import tarfile
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +19,7 @@ import docker
 import docker.errors
 
 from ale.defaults import DEFAULT_TOOLS_IMAGE, TOOLS_REPO
-from ale.paths import repo_root
+from ale.paths import cache_dir, repo_root
 from ale.sandbox.base import SandboxError
 from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE, DESKTOP_REPO
 from ale.sandbox.docker import connect
@@ -135,6 +138,39 @@ def _dir_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
+# cua-bench's window template loads Tailwind's browser build from a CDN, which a
+# sealed sandbox cannot reach: the desktop image serves the same build. It comes
+# from the npm registry at build time (never committed here), pinned by sha256.
+TAILWIND_PACKAGE = "@tailwindcss/browser@4.3.4"
+TAILWIND_FILE = "tailwindcss-browser-4.3.4.js"
+TAILWIND_SHA256 = "e54f393a8f716e47e9e21b916e934d42793dfb6ed65988583dcc3456dcb012aa"
+
+
+def _tailwind(say: Say) -> tuple[bytes, bytes]:
+    """(the browser build, its LICENSE), cached by digest under the cache folder."""
+    cache = cache_dir() / "npm" / TAILWIND_SHA256
+    js, lic = cache / TAILWIND_FILE, cache / "LICENSE"
+    if not (js.is_file() and hashlib.sha256(js.read_bytes()).hexdigest() == TAILWIND_SHA256 and lic.is_file()):
+        say(f"fetching {TAILWIND_PACKAGE} from the npm registry (npm pack)")
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                subprocess.run(["npm", "pack", TAILWIND_PACKAGE, "--silent"], cwd=tmp, check=True,
+                               capture_output=True, text=True, timeout=300)
+                tgz = next(Path(tmp).glob("*.tgz"))
+                with tarfile.open(tgz) as tar:
+                    data = {m.name: tar.extractfile(m).read() for m in tar.getmembers()  # type: ignore[union-attr]
+                            if m.name in ("package/dist/index.global.js", "package/LICENSE")}
+            except (OSError, subprocess.SubprocessError, StopIteration, tarfile.TarError) as e:
+                raise SandboxError(f"cannot fetch {TAILWIND_PACKAGE} with npm (the desktop image serves it): {e}") from e
+        build = data.get("package/dist/index.global.js", b"")
+        if hashlib.sha256(build).hexdigest() != TAILWIND_SHA256:
+            raise SandboxError(f"{TAILWIND_PACKAGE}: dist/index.global.js is not the pinned build (sha256 {TAILWIND_SHA256})")
+        cache.mkdir(parents=True, exist_ok=True)
+        js.write_bytes(build)
+        lic.write_bytes(data.get("package/LICENSE", b""))
+    return js.read_bytes(), lic.read_bytes()
+
+
 def build_desktop_image(
     client: docker.DockerClient | None = None,
     base: str | None = None,
@@ -151,15 +187,21 @@ def build_desktop_image(
     tools_id = _has_image(client, tools_ref) or ""
     folder = images_dir() / "desktop"
     mirror = os.environ.get("ALE_DEBIAN_MIRROR", "")
-    key = _sha(_dir_digest(folder), tools_id, mirror)[:12]
+    key = _sha(_dir_digest(folder), tools_id, mirror, TAILWIND_SHA256)[:12]
     content_tag = f"{DESKTOP_REPO}:{key}"
     if _has_image(client, content_tag) is None:
         say(f"building {content_tag} FROM {tools_ref} (apt: Xvfb, openbox, xdotool, Chromium; a few minutes)...")
+        js, lic = _tailwind(say)
         try:
-            client.images.build(
-                path=str(folder), dockerfile="Dockerfile", buildargs={"TOOLS": tools_ref}, tag=content_tag,
-                rm=True, pull=False, labels={"org.ale.content-key": key},
-            )
+            with tempfile.TemporaryDirectory() as ctx:
+                shutil.copytree(folder, ctx, dirs_exist_ok=True)
+                (Path(ctx) / "vendor").mkdir(exist_ok=True)
+                (Path(ctx) / "vendor" / TAILWIND_FILE).write_bytes(js)
+                (Path(ctx) / "vendor" / "tailwindcss-LICENSE").write_bytes(lic)
+                client.images.build(
+                    path=ctx, dockerfile="Dockerfile", buildargs={"TOOLS": tools_ref}, tag=content_tag,
+                    rm=True, pull=False, labels={"org.ale.content-key": key},
+                )
         except docker.errors.BuildError as e:
             log = "".join(str(x.get("stream", x.get("error", ""))) for x in e.build_log)
             raise SandboxError(f"building the desktop image failed: {e.msg}\n{log[-2000:]}") from e
