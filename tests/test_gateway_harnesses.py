@@ -20,6 +20,7 @@ from ale.agents.base import AgentEnd
 from ale.agents.command import CommandAgent
 from ale.agents.gateway.record import summarize
 from ale.agents.gateway.tools import BUILTIN_PROFILES
+from ale.agents.trajectory import load_trajectory
 from tests.fake_model_api import FakeModelAPI
 from tests.test_agents_support import box, make_ctx  # noqa: F401 - box is a fixture
 
@@ -58,6 +59,19 @@ def _claude(api: FakeModelAPI, *, builtins_off: bool = True) -> dict:
     }
 
 
+def _model_side_in_trajectory(run_dir: Path, shell_name: str) -> None:
+    """trajectory.json holds the model turns (validated by the strict schema), the
+    model's call joined to the bridge step it produced."""
+    traj = load_trajectory(run_dir / "trajectory.json")
+    assert traj.model_turns and traj.model_turns[-1].text == "done"
+    call = next(c for t in traj.model_turns for c in t.tool_calls)
+    assert call.name == shell_name and call.step == 1
+    step = traj.steps[call.step - 1]
+    assert step.tool == "shell" and step.stdout == "42\n"
+    args = call.arguments if isinstance(call.arguments, dict) else json.loads(call.arguments)
+    assert args == step.args
+
+
 needs_claude = pytest.mark.skipif(not CLAUDE.exists(), reason=f"Claude Code is not installed under {PREFIX}")
 
 
@@ -84,6 +98,7 @@ def test_claude_code_through_the_gateway_passes_and_its_tools_are_recorded(box, 
     turns = json.loads((tmp_path / "agent" / "gateway" / "turns.json").read_text())["turns"]
     calls = [c for t in turns for c in t["tool_calls"]]
     assert calls and calls[0]["name"] == "mcp__ale__shell" and calls[0]["step"] == 1 and turns[-1]["text"] == "done"
+    _model_side_in_trajectory(tmp_path, "mcp__ale__shell")
     conf = json.loads((tmp_path / "agent" / "confinement.json").read_text())
     assert conf["kind"] == "bubblewrap" and conf["network"]["interfaces"] == ["lo"]
 
@@ -148,6 +163,7 @@ def test_codex_through_the_gateway_passes_and_its_tools_are_recorded(box, tmp_pa
     turns = json.loads((tmp_path / "agent" / "gateway" / "turns.json").read_text())["turns"]
     calls = [c for t in turns for c in t["tool_calls"]]
     assert calls and calls[0]["name"] == "shell" and calls[0]["step"] == 1 and turns[-1]["text"] == "done"
+    _model_side_in_trajectory(tmp_path, "shell")
     conf = json.loads((tmp_path / "agent" / "confinement.json").read_text())
     assert conf["kind"] == "bubblewrap" and conf["network"]["interfaces"] == ["lo"]
 
