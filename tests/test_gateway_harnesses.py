@@ -179,3 +179,67 @@ def test_codex_with_its_shell_on_is_refused_by_the_gateway(box, tmp_path, fake_a
     assert summary["refusals"][0]["before_any_answer"] is True
     assert not [r for r in fake_api.requests if r["path"] == "/v1/responses" and "exec_command" in json.dumps(r["body"].get("tools"))]
     assert not (box.workspace / "answer.txt").exists()
+
+
+GEMINI = PREFIX / "gemini" / "node_modules" / ".bin" / "gemini"
+GEMINI_BRIDGE = ["mcp_ale_shell", "mcp_ale_read_file", "mcp_ale_write_file", "mcp_ale_list_dir"]
+
+
+def _gemini(api: FakeModelAPI, run_dir: Path, *, builtins_off: bool = True) -> dict:
+    # User settings in the harness's own HOME (RUN/agent/home): the system settings file
+    # would be skipped under /tmp, which is world-writable (docs/agents.md).
+    settings = {"mcpServers": {"ale": {"httpUrl": "${ALE_MCP_URL}", "headers": {"Authorization": "Bearer ${ALE_MCP_TOKEN}"},
+                                       "trust": True, "timeout": 600000}},
+                "security": {"auth": {"selectedType": "gemini-api-key"}},
+                "privacy": {"usageStatisticsEnabled": False}, "general": {"disableAutoUpdate": True}}
+    if builtins_off:
+        settings["tools"] = {"core": GEMINI_BRIDGE}
+    home = run_dir / "agent" / "home" / ".gemini"
+    home.mkdir(parents=True)
+    (home / "settings.json").write_text(json.dumps(settings))
+    return {
+        "command": [str(GEMINI), "--prompt={prompt}", "--yolo", "--skip-trust", "--allowed-mcp-server-names", "ale",
+                    "--model", "gemini-fake-1"],
+        "confine": {"install": [str(PREFIX / "gemini")]},
+        "prices": {"gemini-fake-1": {"input_per_mtok": 1.25, "output_per_mtok": 10.0}},
+        **_upstreams(api),
+    }
+
+
+needs_gemini = pytest.mark.skipif(not GEMINI.exists(), reason=f"Gemini CLI is not installed under {PREFIX}")
+
+
+@needs_gemini
+def test_gemini_cli_through_the_gateway_passes_and_its_tools_are_recorded(box, tmp_path, fake_api, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("GEMINI_API_KEY", "AIza-operator-secret-0123456789")
+    ctx, writer = make_ctx(box, tmp_path)
+    out = asyncio.run(CommandAgent(_gemini(fake_api, tmp_path)).run(ctx))
+    writer.close(usage=out.usage, end=out.end.value)
+    assert out.end == AgentEnd.FINISHED, (out.detail, (tmp_path / "agent" / "stderr.log").read_text()[-3000:])
+    assert (box.workspace / "answer.txt").read_text() == "42\n"
+    summary = summarize(tmp_path)
+    assert summary is not None and not summary["problems"] and not summary["refusals"]
+    offered = [r["tools"] for r in summary["requests"] if r["tools"]]
+    assert offered and all(set(t) == set(GEMINI_BRIDGE) for t in offered), offered
+    model_calls = [r for r in fake_api.requests if ":streamGenerateContent" in r["path"] or ":generateContent" in r["path"]]
+    assert model_calls and all(r["headers"].get("x-goog-api-key") == "AIza-operator-secret-0123456789" for r in model_calls)
+    for f in tmp_path.rglob("*"):
+        if f.is_file():
+            assert b"AIza-operator-secret" not in f.read_bytes(), f
+    assert out.usage["input_tokens"] > 0 and out.usage["cost_usd"] > 0
+    _model_side_in_trajectory(tmp_path, "mcp_ale_shell")
+    conf = json.loads((tmp_path / "agent" / "confinement.json").read_text())
+    assert conf["kind"] == "bubblewrap" and conf["network"]["interfaces"] == ["lo"]
+
+
+@needs_gemini
+def test_gemini_cli_with_its_builtin_shell_is_refused_by_the_gateway(box, tmp_path, fake_api):  # noqa: F811
+    ctx, writer = make_ctx(box, tmp_path)
+    out = asyncio.run(CommandAgent(_gemini(fake_api, tmp_path, builtins_off=False)).run(ctx))
+    writer.close(usage=out.usage, end=out.end.value)
+    assert out.end == AgentEnd.FAILED and "run_shell_command" in (out.detail or ""), out.detail
+    summary = summarize(tmp_path)
+    assert summary is not None and summary["refusals"] and "run_shell_command" in summary["refusals"][0]["forbidden"]
+    assert summary["refusals"][0]["before_any_answer"] is True
+    assert not [r for r in fake_api.requests if "run_shell_command" in json.dumps((r["body"] or {}).get("tools"))]
+    assert not (box.workspace / "answer.txt").exists()
