@@ -53,7 +53,7 @@ fi
 #     the checked versions); skipped with ALE_SKIP_HARNESSES=1 or without npm.
 HARNESSES=${ALE_HARNESS_PREFIX:-/opt/ale-harnesses}
 if [ "${ALE_SKIP_HARNESSES:-0}" != 1 ] && command -v npm >/dev/null; then
-  for spec in claude=@anthropic-ai/claude-code@2.1.197 codex=@openai/codex@0.171.0; do
+  for spec in claude=@anthropic-ai/claude-code@2.1.197 codex=@openai/codex@0.171.0 gemini=@google/gemini-cli@0.61.0; do
     name=${spec%%=*}; pkg=${spec#*=}
     if [ ! -x "$HARNESSES/$name/node_modules/.bin/$name" ]; then
       say "installing $pkg into $HARNESSES/$name"

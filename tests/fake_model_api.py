@@ -23,7 +23,9 @@ SHELL_NAMES = ("mcp__ale__shell", "mcp_ale_shell", "shell")
 def _tool_names(body: dict[str, Any]) -> list[str]:
     out = []
     for t in body.get("tools") or []:
-        if isinstance(t.get("function"), dict):
+        if t.get("type") == "namespace":  # Responses: a group of functions, called by namespace and name
+            out += [f"{t.get('name')}__{f.get('name')}" for f in t.get("tools") or [] if isinstance(f, dict)]
+        elif isinstance(t.get("function"), dict):
             out.append(t["function"].get("name"))
         elif "functionDeclarations" in t:
             out += [f.get("name") for f in t["functionDeclarations"]]
@@ -144,14 +146,28 @@ class FakeModelAPI:
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = await self._keep(request)
-        model = body.get("model", "gpt-fake")
-        resp = {"id": "resp_1", "object": "response", "model": model, "status": "completed", "output": [
-            {"type": "message", "id": "m1", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": "done", "annotations": []}]}],
-            "usage": {"input_tokens": 100, "output_tokens": 20, "total_tokens": 120}}
+        model, tool = body.get("model", "gpt-fake"), _decide(body)
+        item: dict[str, Any]
+        if tool:
+            namespaces = {f"{t.get('name')}__{f.get('name')}": (t.get("name"), f.get("name")) for t in body.get("tools") or []
+                          if t.get("type") == "namespace" for f in t.get("tools") or []}
+            item = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "status": "completed",
+                    "arguments": json.dumps({"command": COMMAND})}
+            if tool in namespaces:
+                item["namespace"], item["name"] = namespaces[tool]
+            else:
+                item["name"] = tool
+        else:
+            item = {"type": "message", "id": "m1", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": "done", "annotations": []}]}
+        resp = {"id": "resp_1", "object": "response", "model": model, "status": "completed", "output": [item],
+                "usage": {"input_tokens": 100, "output_tokens": 20, "total_tokens": 120}}
         if not body.get("stream"):
             return web.json_response(resp)
         return await self._stream(request, _sse([
             ("response.created", {"type": "response.created", "response": {**resp, "status": "in_progress", "output": []}}),
+            ("response.output_item.added", {"type": "response.output_item.added", "output_index": 0, "item": item}),
+            ("response.output_item.done", {"type": "response.output_item.done", "output_index": 0, "item": item}),
             ("response.completed", {"type": "response.completed", "response": resp}),
         ]))
 

@@ -168,3 +168,28 @@ def test_agent_env_is_an_allowlist_and_never_carries_grader_or_cloud_keys():
         make_agent(AgentSpec(name="command", config={"command": ["x"], "env_pass": ["ALE_JUDGE_API_KEY"]}))
     with pytest.raises(AgentConfigError, match="grader or cloud credential"):
         make_agent(AgentSpec(name="llm", config={"model": "m", "api_key_env": "ALE_JUDGE_API_KEY"}))
+
+
+def test_trajectory_folds_in_the_gateways_model_turns(tmp_path):
+    from ale.agents.trajectory import MODEL_TURNS, TrajectoryWriter, load_trajectory
+
+    (tmp_path / MODEL_TURNS).parent.mkdir(parents=True)
+    (tmp_path / MODEL_TURNS).write_text(json.dumps({"turns": [
+        {"request": 2, "api": "anthropic", "model": "m", "messages": 1, "tools_offered": ["mcp__ale__shell"], "decision": "forwarded",
+         "status": 200, "usage": {"input_tokens": 3}, "text": "", "reasoning": "think",
+         "tool_calls": [{"name": "mcp__ale__shell", "arguments": {"command": "true"}, "step": 1}]},
+        {"request": 4, "text": "done", "tool_calls": []}]}))
+    w = TrajectoryWriter(tmp_path, "r", "a")
+    w.record({"tool": "shell", "args": {"command": "true"}, "ok": True, "started_at": "t", "ended_at": "t", "seconds": 0})
+    traj = load_trajectory(w.close(end="finished"))
+    assert [t.request for t in traj.model_turns] == [2, 4] and traj.model_turns[0].reasoning == "think"
+    assert traj.model_turns[0].tool_calls[0].step == 1 and traj.model_turns[1].text == "done"
+
+
+def test_trajectory_leaves_out_model_turns_that_do_not_validate(tmp_path):
+    from ale.agents.trajectory import MODEL_TURNS, TrajectoryWriter, load_trajectory
+
+    (tmp_path / MODEL_TURNS).parent.mkdir(parents=True)
+    (tmp_path / MODEL_TURNS).write_text(json.dumps({"turns": [{"request": 1, "surprise": True}]}))
+    traj = load_trajectory(TrajectoryWriter(tmp_path, "r", "a").close(end="finished"))
+    assert traj.model_turns == [] and (tmp_path / MODEL_TURNS).exists()

@@ -19,6 +19,8 @@ import pytest
 from ale.agents.base import AgentEnd
 from ale.agents.command import CommandAgent
 from ale.agents.gateway.record import summarize
+from ale.agents.gateway.tools import BUILTIN_PROFILES
+from ale.agents.trajectory import load_trajectory
 from tests.fake_model_api import FakeModelAPI
 from tests.test_agents_support import box, make_ctx  # noqa: F401 - box is a fixture
 
@@ -57,6 +59,19 @@ def _claude(api: FakeModelAPI, *, builtins_off: bool = True) -> dict:
     }
 
 
+def _model_side_in_trajectory(run_dir: Path, shell_name: str) -> None:
+    """trajectory.json holds the model turns (validated by the strict schema), the
+    model's call joined to the bridge step it produced."""
+    traj = load_trajectory(run_dir / "trajectory.json")
+    assert traj.model_turns and traj.model_turns[-1].text == "done"
+    call = next(c for t in traj.model_turns for c in t.tool_calls)
+    assert call.name == shell_name and call.step == 1
+    step = traj.steps[call.step - 1]
+    assert step.tool == "shell" and step.stdout == "42\n"
+    args = call.arguments if isinstance(call.arguments, dict) else json.loads(call.arguments)
+    assert args == step.args
+
+
 needs_claude = pytest.mark.skipif(not CLAUDE.exists(), reason=f"Claude Code is not installed under {PREFIX}")
 
 
@@ -83,6 +98,7 @@ def test_claude_code_through_the_gateway_passes_and_its_tools_are_recorded(box, 
     turns = json.loads((tmp_path / "agent" / "gateway" / "turns.json").read_text())["turns"]
     calls = [c for t in turns for c in t["tool_calls"]]
     assert calls and calls[0]["name"] == "mcp__ale__shell" and calls[0]["step"] == 1 and turns[-1]["text"] == "done"
+    _model_side_in_trajectory(tmp_path, "mcp__ale__shell")
     conf = json.loads((tmp_path / "agent" / "confinement.json").read_text())
     assert conf["kind"] == "bubblewrap" and conf["network"]["interfaces"] == ["lo"]
 
@@ -97,4 +113,133 @@ def test_claude_code_with_its_builtin_shell_is_refused_by_the_gateway(box, tmp_p
     assert summary is not None and summary["refusals"] and "Bash" in summary["refusals"][0]["forbidden"]
     assert summary["refusals"][0]["before_any_answer"] is True
     assert not [r for r in fake_api.requests if r["path"] == "/v1/messages" and "Bash" in json.dumps(r["body"].get("tools"))]
+    assert not (box.workspace / "answer.txt").exists()
+
+
+CODEX_OFF = ["--disable", "shell_tool", "--disable", "unified_exec", "--disable", "view_image", "--disable", "image_generation",
+             "--disable", "goals"]
+
+
+def _codex(api: FakeModelAPI, *, builtins_off: bool = True) -> dict:
+    provider = ('model_providers.gw={name="gw", base_url="{gateway_url}/openai/v1", wire_api="responses", '
+                'env_key="CODEX_API_KEY", supports_websockets=false}')
+    return {
+        "command": [str(CODEX), "exec", "--skip-git-repo-check", "--ephemeral", "--ignore-user-config", "--sandbox", "read-only",
+                    "-c", provider, "-c", 'model_provider="gw"', "-m", "gpt-fake-1",
+                    "-c", 'mcp_servers.ale.url="{mcp_url}"', "-c", 'mcp_servers.ale.bearer_token_env_var="ALE_MCP_TOKEN"',
+                    "-c", 'mcp_servers.ale.default_tools_approval_mode="approve"', "-c", 'web_search="disabled"',
+                    *(CODEX_OFF if builtins_off else []), "--disable", "apps", "--disable", "plugins",
+                    "--", "{prompt}"],
+        "harness_profile": "codex-0.171",
+        "confine": {"install": [str(PREFIX / "codex")]},
+        "prices": {"gpt-fake-1": {"input_per_mtok": 1.25, "output_per_mtok": 10.0}},
+        **_upstreams(api),
+    }
+
+
+needs_codex = pytest.mark.skipif(not CODEX.exists(), reason=f"Codex CLI is not installed under {PREFIX}")
+
+
+@needs_codex
+def test_codex_through_the_gateway_passes_and_its_tools_are_recorded(box, tmp_path, fake_api, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-proj-operator-secret-0123456789")
+    ctx, writer = make_ctx(box, tmp_path)
+    out = asyncio.run(CommandAgent(_codex(fake_api)).run(ctx))
+    writer.close(usage=out.usage, end=out.end.value)
+    assert out.end == AgentEnd.FINISHED, (out.detail, (tmp_path / "agent" / "stderr.log").read_text()[-3000:])
+    assert (box.workspace / "answer.txt").read_text() == "42\n"
+    summary = summarize(tmp_path)
+    assert summary is not None and not summary["problems"] and not summary["refusals"]
+    offered = [set(r["tools"]) for r in summary["requests"] if r["tools"]]
+    profile = set(BUILTIN_PROFILES["codex-0.171"]["allow"])
+    # Exactly the bridge's four tools (namespace mcp__ale) and the profile's tools, each with its reason.
+    assert offered and all(t == {"shell", "read_file", "write_file", "list_dir"} | profile for t in offered), offered
+    model_calls = [r for r in fake_api.requests if r["path"] == "/v1/responses"]
+    assert model_calls and all(r["headers"].get("authorization") == "Bearer sk-proj-operator-secret-0123456789" for r in model_calls)
+    for f in tmp_path.rglob("*"):
+        if f.is_file():
+            assert b"sk-proj-operator-secret" not in f.read_bytes(), f
+    assert out.usage["input_tokens"] > 0 and out.usage["cost_usd"] > 0
+    turns = json.loads((tmp_path / "agent" / "gateway" / "turns.json").read_text())["turns"]
+    calls = [c for t in turns for c in t["tool_calls"]]
+    assert calls and calls[0]["name"] == "shell" and calls[0]["step"] == 1 and turns[-1]["text"] == "done"
+    _model_side_in_trajectory(tmp_path, "shell")
+    conf = json.loads((tmp_path / "agent" / "confinement.json").read_text())
+    assert conf["kind"] == "bubblewrap" and conf["network"]["interfaces"] == ["lo"]
+
+
+@needs_codex
+def test_codex_with_its_shell_on_is_refused_by_the_gateway(box, tmp_path, fake_api):  # noqa: F811
+    ctx, writer = make_ctx(box, tmp_path)
+    out = asyncio.run(CommandAgent(_codex(fake_api, builtins_off=False)).run(ctx))
+    writer.close(usage=out.usage, end=out.end.value)
+    assert out.end == AgentEnd.FAILED and "exec_command" in (out.detail or ""), out.detail
+    summary = summarize(tmp_path)
+    assert summary is not None and summary["refusals"] and "exec_command" in summary["refusals"][0]["forbidden"]
+    assert summary["refusals"][0]["before_any_answer"] is True
+    assert not [r for r in fake_api.requests if r["path"] == "/v1/responses" and "exec_command" in json.dumps(r["body"].get("tools"))]
+    assert not (box.workspace / "answer.txt").exists()
+
+
+GEMINI = PREFIX / "gemini" / "node_modules" / ".bin" / "gemini"
+GEMINI_BRIDGE = ["mcp_ale_shell", "mcp_ale_read_file", "mcp_ale_write_file", "mcp_ale_list_dir"]
+
+
+def _gemini(api: FakeModelAPI, run_dir: Path, *, builtins_off: bool = True) -> dict:
+    # User settings in the harness's own HOME (RUN/agent/home): the system settings file
+    # would be skipped under /tmp, which is world-writable (docs/agents.md).
+    settings = {"mcpServers": {"ale": {"httpUrl": "${ALE_MCP_URL}", "headers": {"Authorization": "Bearer ${ALE_MCP_TOKEN}"},
+                                       "trust": True, "timeout": 600000}},
+                "security": {"auth": {"selectedType": "gemini-api-key"}},
+                "privacy": {"usageStatisticsEnabled": False}, "general": {"disableAutoUpdate": True}}
+    if builtins_off:
+        settings["tools"] = {"core": GEMINI_BRIDGE}
+    home = run_dir / "agent" / "home" / ".gemini"
+    home.mkdir(parents=True)
+    (home / "settings.json").write_text(json.dumps(settings))
+    return {
+        "command": [str(GEMINI), "--prompt={prompt}", "--yolo", "--skip-trust", "--allowed-mcp-server-names", "ale",
+                    "--model", "gemini-fake-1"],
+        "confine": {"install": [str(PREFIX / "gemini")]},
+        "prices": {"gemini-fake-1": {"input_per_mtok": 1.25, "output_per_mtok": 10.0}},
+        **_upstreams(api),
+    }
+
+
+needs_gemini = pytest.mark.skipif(not GEMINI.exists(), reason=f"Gemini CLI is not installed under {PREFIX}")
+
+
+@needs_gemini
+def test_gemini_cli_through_the_gateway_passes_and_its_tools_are_recorded(box, tmp_path, fake_api, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("GEMINI_API_KEY", "AIza-operator-secret-0123456789")
+    ctx, writer = make_ctx(box, tmp_path)
+    out = asyncio.run(CommandAgent(_gemini(fake_api, tmp_path)).run(ctx))
+    writer.close(usage=out.usage, end=out.end.value)
+    assert out.end == AgentEnd.FINISHED, (out.detail, (tmp_path / "agent" / "stderr.log").read_text()[-3000:])
+    assert (box.workspace / "answer.txt").read_text() == "42\n"
+    summary = summarize(tmp_path)
+    assert summary is not None and not summary["problems"] and not summary["refusals"]
+    offered = [r["tools"] for r in summary["requests"] if r["tools"]]
+    assert offered and all(set(t) == set(GEMINI_BRIDGE) for t in offered), offered
+    model_calls = [r for r in fake_api.requests if ":streamGenerateContent" in r["path"] or ":generateContent" in r["path"]]
+    assert model_calls and all(r["headers"].get("x-goog-api-key") == "AIza-operator-secret-0123456789" for r in model_calls)
+    for f in tmp_path.rglob("*"):
+        if f.is_file():
+            assert b"AIza-operator-secret" not in f.read_bytes(), f
+    assert out.usage["input_tokens"] > 0 and out.usage["cost_usd"] > 0
+    _model_side_in_trajectory(tmp_path, "mcp_ale_shell")
+    conf = json.loads((tmp_path / "agent" / "confinement.json").read_text())
+    assert conf["kind"] == "bubblewrap" and conf["network"]["interfaces"] == ["lo"]
+
+
+@needs_gemini
+def test_gemini_cli_with_its_builtin_shell_is_refused_by_the_gateway(box, tmp_path, fake_api):  # noqa: F811
+    ctx, writer = make_ctx(box, tmp_path)
+    out = asyncio.run(CommandAgent(_gemini(fake_api, tmp_path, builtins_off=False)).run(ctx))
+    writer.close(usage=out.usage, end=out.end.value)
+    assert out.end == AgentEnd.FAILED and "run_shell_command" in (out.detail or ""), out.detail
+    summary = summarize(tmp_path)
+    assert summary is not None and summary["refusals"] and "run_shell_command" in summary["refusals"][0]["forbidden"]
+    assert summary["refusals"][0]["before_any_answer"] is True
+    assert not [r for r in fake_api.requests if "run_shell_command" in json.dumps((r["body"] or {}).get("tools"))]
     assert not (box.workspace / "answer.txt").exists()

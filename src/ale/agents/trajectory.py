@@ -5,7 +5,11 @@
 dies mid-way still has its steps on disk. Texts larger than ``INLINE_LIMIT``
 bytes (tool output, or write_file content) are stored under
 ``run_dir/trajectory-files/`` and the step keeps a short preview plus a
-``FileRef`` (path, size, sha256). ``close()`` writes ``trajectory.json``.
+``FileRef`` (path, size, sha256). ``close()`` writes ``trajectory.json``, with
+the model side folded in as ``model_turns`` when the run's gateway wrote
+``agent/gateway/turns.json`` (per model request: text, reasoning, the tool calls as
+the model made them, each joined to the step it produced), so a run of an external
+harness reads like one of the ``llm`` agent.
 
 Any bytes an agent sends or receives are recorded exactly, and every file stays
 UTF-8 JSON: ``files[field]`` holds the field's exact value whenever the inline
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
 from datetime import UTC, datetime
@@ -36,6 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ale import layout
 from ale.lossless import display, exact_bytes, is_unicode, json_safe, safe_key
+
+log = logging.getLogger(__name__)
 
 INLINE_LIMIT = 64 * 1024
 PREVIEW_CHARS = 2048
@@ -81,6 +88,34 @@ class TrajectoryStep(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
+class ModelToolCall(BaseModel):
+    """A tool call as the model made it (from the gateway's record of the response)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = None
+    arguments: Any = None  # as the API carries them: a JSON string (OpenAI) or an object
+    step: int | None = Field(default=None, ge=1)  # the bridge step it produced (``steps[].index``), if any
+
+
+class ModelTurn(BaseModel):
+    """One model request through the run's gateway and what the model answered
+    (``RUN/agent/gateway/turns.json``, folded in when the trajectory is closed)."""
+
+    model_config = ConfigDict(extra="forbid")
+    request: int | None = None  # the request's number in agent/gateway/records.jsonl
+    time: str | None = None
+    api: str | None = None  # openai | anthropic | gemini
+    model: str | None = None
+    messages: int | None = None  # conversation items sent
+    tools_offered: list[str] | None = None
+    decision: str | None = None  # forwarded | refused | ...
+    status: int | None = None
+    usage: dict[str, Any] = Field(default_factory=dict)
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[ModelToolCall] = Field(default_factory=list)
+
+
 class Trajectory(BaseModel):
     model_config = ConfigDict(extra="forbid")
     schema_version: int = SCHEMA_VERSION
@@ -90,8 +125,13 @@ class Trajectory(BaseModel):
     ended_at: str | None = None
     ended: str | None = None  # the agent's end: finished | failed | timeout | interrupted
     steps: list[TrajectoryStep] = Field(default_factory=list)
+    # The model side, for every agent whose model requests went through the gateway.
+    model_turns: list[ModelTurn] = Field(default_factory=list)
     usage: dict[str, Any] = Field(default_factory=dict)
     extra: dict[str, Any] = Field(default_factory=dict)
+
+
+MODEL_TURNS = "agent/gateway/turns.json"  # relative to the run folder (gateway/turns.py writes it)
 
 
 def _now() -> str:
@@ -244,8 +284,22 @@ class TrajectoryWriter:
             ended_at=_now() if end is not None else None,
             ended=end,
             steps=list(self.steps),
+            model_turns=self._model_turns(),
             usage=_jsonable(usage or {}),
         )
+
+    def _model_turns(self) -> list[ModelTurn]:
+        """The gateway's model turns of this run, if it wrote them; a file that does not
+        read or validate is left out (it stays in the run folder, and the gateway's
+        record is the evidence either way)."""
+        path = self.run_dir / MODEL_TURNS
+        if not path.exists():
+            return []
+        try:
+            return [ModelTurn.model_validate(t) for t in json.loads(path.read_text()).get("turns") or []]
+        except (OSError, ValueError, AttributeError) as e:
+            log.warning("trajectory: cannot fold in the model turns of %s: %r", path, e)
+            return []
 
     def close(self, *, usage: dict[str, Any] | None = None, end: str | None = None) -> Path:
         """Write `trajectory.json` (again, if called twice: the last call wins)."""

@@ -175,9 +175,12 @@ class HarnessProfile:
     @classmethod
     def load(cls, value: Any) -> HarnessProfile:
         """From config: None (the default), a dict ``{"name", "allow": {tool: reason}}``
-        or the path of a JSON file holding one."""
+        or the path of a JSON file holding one, or a built-in profile's name
+        (``BUILTIN_PROFILES``)."""
         if value is None:
             return cls()
+        if isinstance(value, str) and value in BUILTIN_PROFILES:
+            value = BUILTIN_PROFILES[value]
         if isinstance(value, str):
             try:
                 value = json.loads(Path(value).read_text())
@@ -221,3 +224,28 @@ class ToolPolicy:
     def from_dict(cls, doc: dict[str, Any]) -> ToolPolicy:
         prof = doc.get("profile") or {}
         return cls(tuple(doc.get("allowlist") or ()), HarnessProfile(str(prof.get("name", "")), dict(prof.get("allow") or {})))
+
+
+# Built-in harness profiles (``"harness_profile": "<name>"``): what each harness
+# version still offers the model once configured as docs/agents.md shows, each
+# tool with why it reaches nothing outside the run.
+BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
+    # Codex CLI 0.171 in ``codex exec`` with --ignore-user-config, --sandbox read-only,
+    # shell_tool, unified_exec, view_image, image_generation, goals, apps and plugins
+    # disabled and web_search="disabled" (recorded against the fake Responses API).
+    "codex-0.171": {"name": "codex-0.171", "allow": {
+        "request_user_input": "asks the user a question; `codex exec` has no user, so it returns without input; "
+                              "no file or network access",
+        "spawn_agent": "starts a sub-agent: another conversation inside Codex whose model requests go through the "
+                       "same gateway (each checked) and whose tools are the parent's",
+        "send_input": "sends a message to a sub-agent of this session (in-process)",
+        "resume_agent": "resumes a sub-agent of this session (in-process)",
+        "wait_agent": "waits for a sub-agent of this session (in-process)",
+        "close_agent": "closes a sub-agent of this session (in-process)",
+        "list_mcp_resources": "lists resources of the configured MCP servers; with --ignore-user-config and apps and "
+                              "plugins off the only one is the run's bridge",
+        "list_mcp_resource_templates": "lists resource templates of the configured MCP servers (only the run's bridge, "
+                                       "as above)",
+        "read_mcp_resource": "reads a resource of the configured MCP servers (only the run's bridge, as above)",
+    }},
+}

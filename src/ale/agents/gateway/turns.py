@@ -142,11 +142,18 @@ def build_turns(run_dir: Path) -> list[dict[str, Any]]:
                 call["step"] = step["index"]
         turns.append({
             "request": req.get("seq"), "time": req.get("time"), "api": req.get("api"), "model": req.get("model") or resp.get("model"),
-            "messages": len((body or {}).get("messages") or (body or {}).get("contents") or []) if isinstance(body, dict) else None,
+            "messages": _messages(body),
             "tools_offered": req.get("tools"), "decision": req.get("decision"), "status": resp.get("status"),
             "usage": resp.get("usage") or {}, **parsed,
         })
     return turns
+
+
+def _messages(body: Any) -> int | None:
+    if not isinstance(body, dict):
+        return None
+    items = body.get("messages") or body.get("contents") or body.get("input") or []
+    return len(items) if isinstance(items, list) else 1  # Responses: ``input`` may be one string
 
 
 def write_turns(run_dir: Path) -> Path:
