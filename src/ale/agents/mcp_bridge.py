@@ -22,21 +22,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import logging
 import secrets
-import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import mcp_types as types
-import uvicorn
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 
 from ale.agents.computer import COMPUTER_SPEC, png_base64
+from ale.agents.loopback import loopback_socket, serve_asgi
 from ale.sandbox.tools import ALL_TOOLS, ToolBox, ToolOutcome
-
-log = logging.getLogger(__name__)
 
 SERVER_NAME = "ale"
 
@@ -201,26 +197,6 @@ class _BearerGate:
         await self.app(scope, receive, send)
 
 
-class _QuietServer(uvicorn.Server):
-    """uvicorn without its signal handlers: Ctrl-C belongs to the run, not the bridge."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def _free_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # Accepted sockets inherit it: a small response is not held back by Nagle
-    # against the client's delayed ACK (about 40 ms a call otherwise).
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    sock.setblocking(False)
-    return sock
-
-
 @contextlib.asynccontextmanager
 async def serve_http(
     target: ToolBox | ToolBridge, *, max_steps: int | None = None, path: str = "/mcp"
@@ -233,37 +209,8 @@ async def serve_http(
     bridge = target if isinstance(target, ToolBridge) else ToolBridge(target, max_steps=max_steps)
     token = secrets.token_urlsafe(32)
     app = bridge.mcp_server().streamable_http_app(streamable_http_path=path, host="127.0.0.1")
-    sock = _free_socket()
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        _BearerGate(app, token, bridge),
-        lifespan="on",
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=2,
-    )
-    server = _QuietServer(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]), name=f"ale-mcp-bridge-{port}")
-    try:
-        while not server.started:
-            if task.done():
-                exc = task.exception() if not task.cancelled() else None
-                raise RuntimeError(f"the MCP bridge on 127.0.0.1:{port} failed to start: {exc!r}")
-            await asyncio.sleep(0.01)
+    async with serve_asgi(_BearerGate(app, token, bridge), [loopback_socket(64)], what="MCP bridge", lifespan="on") as port:
         yield f"http://127.0.0.1:{port}{path}", token
-    finally:
-        server.should_exit = True
-        try:
-            await asyncio.wait_for(asyncio.shield(task), timeout=5)
-        except (TimeoutError, asyncio.CancelledError):
-            server.force_exit = True
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-        except BaseException as e:  # a failed shutdown must not hide the block's own outcome
-            log.warning("MCP bridge shutdown: %r", e)
-        with contextlib.suppress(OSError):
-            sock.close()
 
 
 def mcp_config(

@@ -30,13 +30,12 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 import httpx2 as httpx
-import uvicorn
 
 from ale.agents.gateway.record import GatewayRecorder, redact_headers, redact_query
 from ale.agents.gateway.tools import (
@@ -50,6 +49,7 @@ from ale.agents.gateway.tools import (
 )
 from ale.agents.gateway.turns import write_turns
 from ale.agents.gateway.usage import cost, usage_of
+from ale.agents.loopback import loopback_socket, serve_asgi
 
 log = logging.getLogger(__name__)
 
@@ -273,25 +273,11 @@ async def _respond(send: Any, status: int, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class _QuietServer(uvicorn.Server):
-    """uvicorn without its signal handlers: Ctrl-C belongs to the run."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 @contextlib.asynccontextmanager
 async def serve_gateway(gateway: ModelGateway, *, unix_path: Path | None = None) -> AsyncIterator[str]:
     """Serve on 127.0.0.1 (and ``unix_path`` when given); yields ``http://127.0.0.1:PORT``.
     Closes the gateway (its client and record) when the block ends."""
-    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it: no Nagle wait on small writes
-    tcp.bind(("127.0.0.1", 0))
-    tcp.listen(128)
-    tcp.setblocking(False)
-    socks = [tcp]
+    socks = [loopback_socket()]
     if unix_path is not None:
         us = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         us.bind(str(unix_path))
@@ -299,29 +285,10 @@ async def serve_gateway(gateway: ModelGateway, *, unix_path: Path | None = None)
         us.listen(128)
         us.setblocking(False)
         socks.append(us)
-    port = tcp.getsockname()[1]
-    server = _QuietServer(uvicorn.Config(gateway, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=2))
-    task = asyncio.create_task(server.serve(sockets=socks), name=f"ale-model-gateway-{port}")
     try:
-        while not server.started:
-            if task.done():
-                raise RuntimeError(f"the model gateway on 127.0.0.1:{port} failed to start: {task.exception() if not task.cancelled() else None!r}")
-            await asyncio.sleep(0.005)
-        yield f"http://127.0.0.1:{port}"
+        async with serve_asgi(gateway, socks, what="model gateway") as port:
+            yield f"http://127.0.0.1:{port}"
     finally:
-        server.should_exit = True
-        try:
-            await asyncio.wait_for(asyncio.shield(task), timeout=5)
-        except (TimeoutError, asyncio.CancelledError):
-            server.force_exit = True
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-        except BaseException as e:
-            log.warning("model gateway shutdown: %r", e)
-        for s in socks:
-            with contextlib.suppress(OSError):
-                s.close()
         await gateway.aclose()
 
 
