@@ -42,3 +42,21 @@ def test_sigint_mid_agent_leaves_no_container(docker_client, tmp_path):
     assert "interrupted" in err
     assert {c.id for c in our_containers(docker_client)} - before == set()
     assert not any((tmp_path / "runs" / ".scratch").glob("*"))
+
+
+def test_a_sandbox_whose_removal_fails_is_swept_by_its_label(docker_client, tmp_path, monkeypatch):
+    """Cleanup does not trust one handle: a failed removal is retried by the run's label."""
+    import asyncio
+
+    from ale.runs.lifecycle import execute_run
+    from ale.sandbox.base import SandboxError
+    from ale.sandbox.docker import DockerProvider, DockerSandbox
+    from tests.test_run_e2e import plan_for
+
+    async def failing_remove(self):
+        raise SandboxError("injected: the engine refused the removal")
+
+    monkeypatch.setattr(DockerSandbox, "remove", failing_remove)
+    plan = plan_for(EXAMPLES / "files" / "word_count", tmp_path, agent="nop")
+    asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+    assert our_containers(docker_client, **{"ale.run_id": plan.run_id}) == []

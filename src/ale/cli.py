@@ -367,7 +367,7 @@ def verify_container_cmd(
     try:
         pol = IsolationPolicy.load(policy)
         provider = make_provider()
-        provider.engine_record()  # fails here, with a clear message, when no engine answers
+        provider.ping()  # fails here, with a clear message, when no engine answers
     except (ValueError, SandboxError) as e:
         _fail(str(e))
     report = verify_container(

@@ -144,6 +144,7 @@ class RunState:
     input_after_start: dict | None = None  # the input's tree hash once start() has run
     reference_commit: dict | None = None  # what was committed before the agent started
     agent_started: bool = False  # from here on, a failure may be the candidate's doing
+    provisioning: bool = False  # a sandbox may exist from here on (cleanup sweeps by label if in doubt)
     invalid_attribution: InvalidAttribution | None = None  # set by a phase that knows better than agent_started
     desktop: Desktop | None = None  # desktop (ale-desktop): alive from start until after evaluate()
     computer: Computer | None = None  # desktop (ale-desktop): the computer tool over it
@@ -358,6 +359,7 @@ async def provision(state: RunState) -> None:
         ],
     )
     state.workspace_at_creation = workspace_listing(state.workspace_host)
+    state.provisioning = True
     state.sandbox = await state.prep.provider.create(
         SandboxSpec(
             name=f"ale-{plan.run_id}"[:120],
@@ -737,7 +739,7 @@ def _classify_failure(e: Exception, state: RunState) -> tuple[RunStatus, str, di
 
 def _engine_down(state: RunState) -> bool:
     try:
-        state.prep.provider.engine_record()
+        state.prep.provider.ping()
     except SandboxError:
         return True
     return False
@@ -892,7 +894,15 @@ async def _cleanup(state: RunState) -> None:
             jobs.append(state.sandbox.remove())
         if state.grader is not None:
             jobs.append(state.grader.close())
-        await asyncio.gather(*jobs, return_exceptions=True)
+        outcomes = await asyncio.gather(*jobs, return_exceptions=True)
+        # A removal that failed, a run interrupted mid-way or a create that was
+        # still in flight when it was: sweep by the run's label, which finds what a
+        # handle cannot (only this run's sandboxes carry it).
+        task = asyncio.current_task()
+        interrupted = task is not None and task.cancelling() > 0
+        if state.provisioning and (interrupted or state.sandbox is None or any(isinstance(o, BaseException) for o in outcomes)):
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(state.prep.provider.remove_managed, run_id=state.plan.run_id)
         await asyncio.to_thread(release_scratch, state.scratch)
 
     await asyncio.shield(_do())

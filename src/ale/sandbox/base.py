@@ -183,6 +183,10 @@ class SandboxProvider(Protocol):
     #: The provider's name as ``EnvironmentSpec.provider`` spells it ("docker").
     name: str
 
+    def ping(self) -> None:
+        """Ask the engine now (never cached); raise ``EngineUnreachable`` unless it answers."""
+        ...
+
     def engine_record(self) -> dict[str, Any]:
         """Engine version, security options, cgroup version, storage driver: the
         run's evidence of where it ran. May be cached briefly. Raises ``SandboxError``."""
