@@ -72,3 +72,6 @@ RUNS_INDEX = "index.sqlite"  # a cache over the run folders (ale.runs.store)
 RUNS_DIR = "runs"
 INCOMPLETE_DIR = ".incomplete"  # run folders a crash left without result.json
 LOCK = ".lock"
+NODES = "nodes.json"  # a cluster experiment: each node's public key (ale verify --trusted-keys)
+SUPERSEDED_DIR = "superseded"  # a cluster's late results of attempts already declared lost
+INCOMING_DIR = ".incoming"  # under runs/: run folders shipped back, until checked

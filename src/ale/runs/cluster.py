@@ -49,9 +49,9 @@ from ale.runs.store import read_result, runs_root
 from ale.sandbox.base import SandboxError
 
 CLUSTER_ENV = "ALE_CLUSTER"
-NODES_RECORD = "nodes.json"
-SUPERSEDED_DIR = "superseded"
-INCOMING_DIR = ".incoming"
+NODES_RECORD = layout.NODES
+SUPERSEDED_DIR = layout.SUPERSEDED_DIR
+INCOMING_DIR = layout.INCOMING_DIR
 
 
 class ClusterError(SandboxError):

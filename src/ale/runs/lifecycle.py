@@ -236,7 +236,8 @@ async def prepare(
     """Start the task process (``load()``), pick the variant, check the agent, the
     engine and the image. Raises ``PreflightError``; nothing is left running then."""
     try:
-        reason = load_card(plan.task_dir).unsupported_reason(plan.provider)
+        card = load_card(plan.task_dir)
+        reason = card.unsupported_reason(plan.provider)
     except TaskError as e:
         raise PreflightError(str(e)) from e
     if reason is not None:
@@ -246,7 +247,7 @@ async def prepare(
             environment = await asyncio.to_thread(resolve_environment, plan.task_dir)
     except (TaskError, EnvironmentBuildError) as e:
         raise PreflightError(str(e)) from e
-    process = TaskProcess(plan.task_dir, environment=environment)
+    process = TaskProcess(plan.task_dir, environment=environment, card=card)
     try:
         return await _prepare(plan, provider, process)
     except BaseException:

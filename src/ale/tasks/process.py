@@ -143,10 +143,14 @@ class TaskProcess:
     task's function raised, ``TaskProcessError`` when the process itself failed.
     """
 
-    def __init__(self, task_dir: str | Path, *, environment: TaskEnvironment | None = None, log_path: Path | None = None):
+    def __init__(
+        self, task_dir: str | Path, *, environment: TaskEnvironment | None = None, log_path: Path | None = None,
+        card: TaskCard | None = None,
+    ):
         self.path = Path(task_dir).expanduser().resolve()
         self.environment = environment or TaskEnvironment()
         self.log_path = log_path
+        self._card = card  # the task card, when the caller has read it already
         self._proc: asyncio.subprocess.Process | None = None
         self._home: Path | None = None
         self._log_task: asyncio.Task[None] | None = None
@@ -168,7 +172,7 @@ class TaskProcess:
         main = self.path / "main.py"
         if not main.is_file():
             raise TaskError(f"{main}: missing (a task folder needs a main.py)")
-        card = load_card(self.path)
+        card = self._card if self._card is not None else load_card(self.path)
         code_hash = await asyncio.to_thread(task_code_hash, self.path)
         self._home = Path(tempfile.mkdtemp(prefix="ale-task-"))
         python = self.environment.python
