@@ -42,7 +42,7 @@ TASK = textwrap.dedent("""\
 
     @cb.setup_task
     async def start(cfg, session):
-        await asyncio.sleep(2)  # a window in which a node can be lost mid-run
+        await asyncio.sleep(4)  # a window in which a node can be lost mid-run
 
 
     @cb.solve_task(split="train")
@@ -100,6 +100,14 @@ def containers(sock: str, label: str = "ale.managed=1") -> list[str]:
     return p.stdout.split()
 
 
+def running_runs(sock: str, experiment: str) -> list[str]:
+    """The run ids of the experiment's containers running on an engine."""
+    p = subprocess.run(["docker", "-H", sock, "ps", "--filter", f"label=ale.experiment={experiment}",
+                        "--filter", "status=running", "--format", '{{.Label "ale.run_id"}}'],
+                       capture_output=True, text=True, timeout=30)
+    return sorted(set(p.stdout.split()))
+
+
 def report(rig: Rig, out: Path) -> dict:
     rep = json.loads(rig.ale("report", str(out), "--json").stdout)
     return {
@@ -152,20 +160,25 @@ def test_experiment_survives_a_lost_node(rig: Rig, tmp_path: Path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=rig.env,
                             start_new_session=True)
     lost: list[str] = []
+    left: list[str] = []
     try:
-        # Wait until a run has finished on each node and one is live on worker 1.
+        # Wait until a run has finished on each node and one is live on worker 1: its
+        # container running, its result not yet written (a run at its very end, its
+        # container already being removed, would not test that a lost node's leftovers stay).
         deadline = time.monotonic() + 180
         while True:
             done = {node_of(out / "runs" / r) for r in results(out)}
-            if {w1, w2} <= done and containers(e1.sock, f"ale.experiment={name}"):
+            live = [r for r in running_runs(e1.sock, name) if not (out / "runs" / r / "result.json").exists()]
+            if {w1, w2} <= done and live:
                 break
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, f"no run on both nodes: {done}"
             time.sleep(0.2)
-        live = subprocess.run(["docker", "-H", e1.sock, "ps", "-a", "--filter", f"label=ale.experiment={name}",
-                               "--format", '{{.Label "ale.run_id"}}'], capture_output=True, text=True).stdout.split()
         rig.kill_worker(e1)
         lost = sorted(set(live))
+        time.sleep(1.0)  # a removal the engine had already accepted completes
+        # Nothing of the killed node is left to remove its containers: they stay until it returns.
+        left = [c for r in lost for c in containers(e1.sock, f"ale.run_id={r}")]
         stdout, stderr = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
@@ -199,9 +212,9 @@ def test_experiment_survives_a_lost_node(rig: Rig, tmp_path: Path) -> None:
     assert not (out / "superseded").exists() or all(not (out / "runs" / p.name).exists()
                                                      for p in (out / "superseded").iterdir())
 
-    # The killed node's containers stay until it returns; its janitor removes them.
-    left = [c for r in lost for c in containers(e1.sock, f"ale.run_id={r}")]
+    # The killed node's containers stayed while it was gone; its janitor removes them on return.
     assert left, "the lost run's container should outlive its node"
+    assert [c for r in lost for c in containers(e1.sock, f"ale.run_id={r}")], "removed while the node was gone"
     rig.start_worker(e1)
     assert not [c for r in lost for c in containers(e1.sock, f"ale.run_id={r}")]
     assert not containers(e2.sock, f"ale.experiment={name}")
