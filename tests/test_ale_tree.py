@@ -332,6 +332,35 @@ def test_a_missing_module_names_it_and_how_to_install_it(tmp_path: Path) -> None
         inspect_task_sync(d)
 
 
+
+def test_a_task_that_fails_to_load_leaves_no_process_and_no_home(tmp_path: Path, monkeypatch) -> None:
+    """`async with` never calls __aexit__ when entering fails: start() cleans up itself."""
+    import tempfile
+
+    homes = tmp_path / "homes"
+    homes.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(homes))
+    d = write(tmp_path / "t" / "main.py", """
+        import cua_bench as cb
+        @cb.tasks_config
+        def load():
+            raise RuntimeError("no variants today")
+        @cb.evaluate_task
+        async def evaluate(cfg, session):
+            return [1.0]
+    """).parent
+
+    async def go():
+        proc = TaskProcess(d)
+        with pytest.raises(Exception, match="no variants today"):
+            async with proc:
+                pass
+        return proc
+
+    proc = asyncio.run(go())
+    assert proc.returncode is not None
+    assert list(homes.iterdir()) == []
+
 # -- the tree's environment -------------------------------------------------------
 def _wheel(dest: Path, name: str, version: str, module: str) -> Path:
     """A minimal pure-Python wheel, written by hand (no build backend, no network)."""

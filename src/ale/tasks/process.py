@@ -175,6 +175,16 @@ class TaskProcess:
         card = self._card if self._card is not None else load_card(self.path)
         code_hash = await asyncio.to_thread(task_code_hash, self.path)
         self._home = Path(tempfile.mkdtemp(prefix="ale-task-"))
+        try:
+            return await self._spawn_and_load(main, card, code_hash)
+        except BaseException:
+            # `async with` never reaches __aexit__ when entering fails: end the process
+            # and drop its home here, so a task that fails to load leaves nothing behind.
+            await asyncio.shield(self.close())
+            raise
+
+    async def _spawn_and_load(self, main: Path, card: TaskCard, code_hash: str) -> TaskInfo:
+        assert self._home is not None
         python = self.environment.python
         try:
             self._proc = await asyncio.create_subprocess_exec(
