@@ -561,6 +561,9 @@ def test_the_grading_sandbox_fits_ale_graders(tmp_path, docker_client) -> None:
             checks = []
             r = await session.run_command("mkdir -p /media/user/data/agenthle/.tmp_eval /home/user/Desktop && echo ok")
             checks.append(r["stdout"].strip() == "ok")
+            # Scratch inside the task folder itself, beside its read-only mounts (ALE's eval_data/_eval_tmp).
+            r = await session.run_command("mkdir -p /media/user/data/agenthle/lab/beta/base/eval_data/_eval_tmp && echo ok")
+            checks.append(r["stdout"].strip() == "ok")
             r = await session.run_command("python -c \\"import json; print(json.dumps(['x' * 3000000]))\\"")
             checks.append(len(json.loads(r["stdout"])[0]) == 3000000 and not r["truncated"])
             await session.run_command("head -c 12000000 /dev/zero > /tmp/big.bin")

@@ -182,9 +182,35 @@ def test_agent_wall_time_ends_the_turn_and_still_grades(docker_client, tmp_path)
 
 
 # -- bad input: a clear error, nothing left behind ---------------------------------
-def _ale(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def _ale(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ale.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, cwd=REPO, timeout=300)
+                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=300)
+
+
+def test_a_relative_runs_dir_works_for_the_grading_sandbox_too(docker_client, tmp_path):
+    """`--runs-dir runs` from the current folder: every bind-mount source is absolute,
+    the grading sandbox's scratch folders included (found running real ALE tasks)."""
+    task = tmp_path / "tasks" / "graded"
+    task.mkdir(parents=True)
+    (task / "main.py").write_text(textwrap.dedent("""\
+        import cua_bench as cb
+
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="nothing to do")]
+
+        @cb.evaluate_task
+        async def evaluate(cfg, session):
+            r = await session.run_command("echo graded > /tmp/x && cat /tmp/x")
+            return [1.0 if r["stdout"].strip() == "graded" else 0.0]
+    """))
+    p = _ale("run", "tasks/graded", "--agent", "nop", "--runs-dir", "runs", "--image", TOOLS_IMAGE, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    run_dir = tmp_path / p.stdout.strip().splitlines()[-1]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["status"], result["scores"]) == ("scored", [1.0]), result
+    assert not list((tmp_path / "runs" / ".scratch").glob("*")), "scratch folder left behind"
+    assert _ale("verify", str(run_dir)).returncode == 0
 
 
 def _ale_containers(client) -> set[str]:

@@ -177,7 +177,18 @@ class Grader:
             host = i.scratch_host / f"w{n}"
             host.mkdir(parents=True, exist_ok=True)
             os.chmod(host, 0o1777)
-            out.append(Mount(str(host), target, False))
+            if i.task_dir and i.task_dir.startswith(target.rstrip("/") + "/"):
+                # The folders down to the task folder: writable by the grader's user, so a
+                # grader can make scratch beside the read-only input/output/reference
+                # (ALE's <task_dir>/eval_data/_eval_tmp); the engine would make them root's.
+                at = host
+                for part in i.task_dir[len(target.rstrip("/")) + 1:].split("/"):
+                    if part in ("", ".", ".."):
+                        break  # never a folder outside this scratch folder
+                    at = at / part
+                    at.mkdir(exist_ok=True)
+                    os.chmod(at, 0o1777)
+            out.append(Mount(str(host.resolve()), target, False))
         return out
 
     def session(self) -> RoutedSession:

@@ -115,8 +115,8 @@ def verify_container(
                             f"cannot inspect the image: {e}"))
 
     mounts = [
-        Mount(input_dir, input_target, True),
-        Mount(workspace_dir, workspace_target, False),
+        Mount(os.path.abspath(input_dir), input_target, True),
+        Mount(os.path.abspath(workspace_dir), workspace_target, False),
     ]
     inodes = {os.path.realpath(m.source): os.stat(m.source).st_ino for m in mounts}
     checks += check_inspect(inspect, policy, mounts, phase=phase_for_checks,

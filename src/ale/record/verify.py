@@ -541,7 +541,7 @@ class _Verifier:
             return None
         try:
             return [Mount(str(m["source"]), str(m["target"]), bool(m["read_only"])) for m in data]
-        except (TypeError, KeyError) as e:
+        except (TypeError, KeyError, ValueError) as e:
             self.check("evidence.mounts", False, "a list of {source, inode, target, read_only}", data,
                        f"evidence/mounts.json is malformed: {e!r}")
             return None

@@ -765,7 +765,7 @@ async def execute_run(
     run_dir.mkdir(parents=True, exist_ok=False)
     ev.write_json_new(run_dir / layout.PLAN, json.loads(plan.model_dump_json()))
     prep.process.log_path = run_dir / layout.TASK_LOG
-    scratch = Path(plan.runs_dir) / ".scratch" / plan.run_id
+    scratch = Path(plan.runs_dir).resolve() / ".scratch" / plan.run_id  # absolute: bind-mount sources
     state = RunState(prep=prep, run_dir=run_dir, scratch=scratch, events=ev.EventLog(run_dir / layout.EVENTS), store=ev.EvidenceStore(run_dir))
     started = _now()
     status: RunStatus = RunStatus.INFRASTRUCTURE_ERROR

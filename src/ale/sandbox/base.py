@@ -78,6 +78,13 @@ class Mount:
     target: str
     read_only: bool
 
+    def __post_init__(self) -> None:
+        # A relative source means something else to each engine (Docker: a named
+        # volume, refused for a bind): say which mount at the place it was made.
+        for what, path in (("source", self.source), ("target", self.target)):
+            if not path.startswith("/"):
+                raise ValueError(f"mount {what} must be an absolute path, got {path!r} ({self.source} -> {self.target})")
+
 
 @dataclass(frozen=True)
 class SandboxSpec:
