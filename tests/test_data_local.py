@@ -133,3 +133,20 @@ def test_variant_key_parse() -> None:
     assert VariantKey.parse("a/b/c").relpath == "tasks/a/b/c"
     with pytest.raises(DataError):
         VariantKey.parse("a/../c")
+
+
+@pytest.mark.parametrize(("spec", "anchored"), [
+    ("local:data", "local:/base/dir/data"),
+    ("data", "local:/base/dir/data"),
+    ("local:../d#layout=ale", "local:/base/d#layout=ale"),
+    ("file://rel", "local:/base/dir/rel"),
+    ("local:/abs/x", "local:/abs/x"),
+    ("gs://bucket/x", "gs://bucket/x"),
+    ("s3://bucket/x", "s3://bucket/x"),
+    ("hf://datasets/org/name", "hf://datasets/org/name"),
+    ("image:ale-data:1", "image:ale-data:1"),
+])
+def test_anchor_spec_makes_only_a_relative_local_path_absolute(spec: str, anchored: str) -> None:
+    from ale.data.sources import anchor_spec
+
+    assert anchor_spec(spec, Path("/base/dir")) == anchored

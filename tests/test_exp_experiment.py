@@ -172,6 +172,19 @@ def test_policy_file_resolves_relative_to_experiment(tree: Path) -> None:
     assert exp.output_dir == tree / "out" / "here"
 
 
+
+def test_a_relative_data_source_resolves_against_the_experiment_file(tree: Path, monkeypatch) -> None:
+    f = write(tree / "conf" / "exp.yaml", """
+        name: d
+        tasks_root: ../tasks
+        agents: [{name: nop}]
+        tasks: [demo/hello]
+        environment: {data_source: "local:../data#layout=ale"}
+    """)
+    monkeypatch.chdir("/")
+    plan = plan_runs(load_experiment(f))[0]
+    assert plan.data_source == f"local:{(tree / 'data').resolve()}#layout=ale"
+
 @pytest.mark.parametrize(
     ("body", "expected"),
     [

@@ -213,6 +213,18 @@ def test_a_relative_runs_dir_works_for_the_grading_sandbox_too(docker_client, tm
     assert _ale("verify", str(run_dir)).returncode == 0
 
 
+def test_a_relative_data_path_on_the_command_line_is_the_current_folders(docker_client, tmp_path):
+    """`--data local:data` names ./data, not a folder inside the task."""
+    (tmp_path / "data" / "tasks" / "word_count" / "0" / "input").mkdir(parents=True)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    p = _ale("run", str(EXAMPLES / "files" / "word_count"), "--agent", "nop", "--data", "local:../data",
+             "--runs-dir", "runs", "--image", TOOLS_IMAGE, cwd=cwd)
+    run_dir = cwd / p.stdout.strip().splitlines()[-1]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["data_source"] == f"local:{tmp_path.resolve() / 'data'}"
+
+
 def _ale_containers(client) -> set[str]:
     return {c.id for c in our_containers(client)}
 

@@ -41,6 +41,7 @@ def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: 
     cfg = dict(config or {})
     if script is not None:
         cfg["script"] = str(script.resolve())
+    from ale.data.sources import anchor_spec
     from ale.tasks.card import load_card, policy_for_card
 
     try:
@@ -54,7 +55,7 @@ def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: 
         task_dir=str(task_dir.resolve()),
         variant=variant,
         agent=AgentSpec(name=agent, config=cfg),
-        data_source=data,
+        data_source=anchor_spec(data, Path.cwd()) if data else None,  # relative: the current folder
         image=image,
         policy=pol,
         limits=Limits(wall_time_s=timeout, workspace_max_bytes=workspace_max_bytes),

@@ -49,6 +49,7 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 
 def _targets(target: Path, data: str | None) -> list[tuple[str, list[VariantKey], Path]]:
     """(source spec, variant keys, base dir) for a task folder or an experiment file."""
+    from ale.data.sources import anchor_spec
     from ale.tasks.card import load_card
     from ale.tasks.process import inspect_task_sync
 
@@ -62,10 +63,13 @@ def _targets(target: Path, data: str | None) -> list[tuple[str, list[VariantKey]
             resolved = resolve_tasks(exp)
         except ValueError as exc:  # ExperimentError
             raise DataError(str(exc)) from exc
-        env_data = exp.environment.data_source
+        # Where each spec came from is its base: --data the current folder, the
+        # experiment's its file's folder, a card's its task folder.
+        env_data = anchor_spec(exp.environment.data_source, exp.base_dir) if exp.environment.data_source else None
+        given = anchor_spec(data, Path.cwd()) if data else None
         out = []
         for rt in resolved:
-            spec = data or env_data or load_card(rt.task_dir).data_source
+            spec = given or env_data or load_card(rt.task_dir).data_source
             if not spec:
                 raise DataError(f"{rt.task_dir}: no data source (task card, experiment or --data)")
             variants = inspect_task_sync(rt.task_dir).variants
@@ -75,7 +79,7 @@ def _targets(target: Path, data: str | None) -> list[tuple[str, list[VariantKey]
     if not target.is_dir():
         raise DataError(f"{target} is neither a task folder nor an experiment file (.yaml)")
     card = load_card(target)
-    spec = data or card.data_source
+    spec = anchor_spec(data, Path.cwd()) if data else card.data_source
     if not spec:
         raise DataError(f"{target}: the task card names no data_source; pass --data SOURCE")
     keys = sorted({v.data_key for v in inspect_task_sync(target).variants}, key=lambda k: k.relpath)

@@ -10,6 +10,7 @@ Every source reads both layouts of a data root (ale.data.roots):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,10 @@ def open_source(
         )
     base, options = split_spec(spec)
     chosen = choose_layout(spec, options.get("layout"), layout)
+    return LocalSource(_local_path(spec, base, base_dir), layout=chosen, secret_store=secret_store)
+
+
+def _local_path(spec: str, base: str, base_dir: Path | None) -> Path:
     if base.startswith("file://"):
         base = "local:" + base[len("file://") :]
     if "://" in base:
@@ -71,9 +76,22 @@ def open_source(
         )
     raw = base[len("local:") :] if base.startswith("local:") else base
     path = Path(raw).expanduser()
-    if not path.is_absolute():
-        path = (base_dir or Path.cwd()) / path
-    return LocalSource(path, layout=chosen, secret_store=secret_store)
+    return path if path.is_absolute() else (base_dir or Path.cwd()) / path
+
+
+def anchor_spec(spec: str, base_dir: Path) -> str:
+    """The spec with a relative local path made absolute against `base_dir`; any
+    other spec unchanged. For specs given where the task folder is not their base:
+    ``ale run --data`` (the current folder), an experiment's ``data_source`` (the
+    experiment file's folder). A task card's own spec stays relative to its task."""
+    stripped = spec.strip()
+    if not stripped or stripped.startswith(("image:", *REMOTE_SCHEMES)):
+        return spec
+    base, options = split_spec(stripped)
+    if "://" in base and not base.startswith("file://"):
+        return spec  # open_source names the problem
+    path = os.path.normpath(_local_path(stripped, base, base_dir))
+    return "local:" + path + ("#" + stripped.rpartition("#")[2] if options else "")
 
 
 def prefetch(

@@ -29,6 +29,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ale.data.sources import anchor_spec
 from ale.defaults import DEFAULT_TOOLS_IMAGE
 from ale.documents import load_document
 from ale.plan import AgentSpec, Limits, RunPlan
@@ -500,6 +501,8 @@ def plan_units(exp: Experiment) -> list[PlannedUnit]:
     """Every unit of the experiment, deterministically ordered and named."""
     policy = exp.isolation_policy()
     env = exp.environment
+    # Relative to the experiment file's folder, like its other paths (a card's own spec: its task's).
+    data_source = anchor_spec(env.data_source, exp.base_dir) if env.data_source else None
     runs_dir = str(exp.output_dir / "runs")
     units: list[PlannedUnit] = []
     seen: set[str] = set()
@@ -520,7 +523,7 @@ def plan_units(exp: Experiment) -> list[PlannedUnit]:
                         task_dir=str(task.task_dir),
                         variant=variant,
                         agent=agent,
-                        data_source=env.data_source,
+                        data_source=data_source,
                         image=env.image,
                         policy=policies[task.task_dir],
                         limits=exp.limits,
