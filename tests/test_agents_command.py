@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,16 +17,26 @@ from tests.test_agents_support import ANSWER, box, make_ctx, standin_command  # 
 pytestmark = pytest.mark.docker
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+def _alive_naming(marker: str) -> list[int]:
+    """Live (non-zombie) processes whose command line holds `marker`: found from the
+    host whatever PID namespace they run in (a confined harness has its own)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() in (d / "cmdline").read_bytes() and (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(d.name))
+        except OSError:
+            continue
+    return found
+
+
+def _pidfile(tmp_path: Path, name: str) -> Path:
+    return tmp_path / "agent" / "cwd" / name  # the harness's working folder: writable when confined too
+
+
+CONFINE = pytest.mark.parametrize("confine", [False, True], ids=["unconfined", "confined"])
 
 
 def _log(tmp_path, name="stdout.log") -> str:
@@ -44,7 +55,7 @@ def test_command_agent_solves_the_file_task_and_keeps_raw_logs(box, tmp_path, mo
     log = _log(tmp_path)
     env = json.loads(next(line for line in log.splitlines() if line.startswith("ENV "))[4:])
     gateway = {"OPENAI_BASE_URL", "ANTHROPIC_BASE_URL", "GOOGLE_GEMINI_BASE_URL", "OPENAI_API_KEY", "CODEX_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY"}
-    assert set(env) <= {"PATH", "HOME", "LANG", "ALE_TEST_PASSED", "MODE", "ALE_MCP_URL", "ALE_MCP_TOKEN", "ALE_MCP_CONFIG", *gateway}
+    assert set(env) <= {"PATH", "HOME", "LANG", "PWD", "ALE_TEST_PASSED", "MODE", "ALE_MCP_URL", "ALE_MCP_TOKEN", "ALE_MCP_CONFIG", *gateway}
     # Every API key the harness holds is the run's token, for the run's gateway.
     assert len({env[k] for k in gateway if k.endswith("_KEY")}) == 1 and env["OPENAI_API_KEY"].startswith("ale-run-")
     assert env["ANTHROPIC_BASE_URL"].startswith("http://127.0.0.1:") and env["ANTHROPIC_BASE_URL"].endswith("/anthropic")
@@ -77,22 +88,25 @@ def test_command_agent_nonzero_exit_is_failed(box, tmp_path):  # noqa: F811
     assert "exited with code 3" in out.detail and "failing on purpose" in out.detail
 
 
-def test_command_agent_that_never_stops_is_cut_at_wall_time_and_killed(box, tmp_path):  # noqa: F811
+@CONFINE
+def test_command_agent_that_never_stops_is_cut_at_wall_time_and_killed(box, tmp_path, confine):  # noqa: F811
     ctx, writer = make_ctx(box, tmp_path, wall_time_s=4)
-    pidfile = tmp_path / "harness.pid"
+    pidfile = _pidfile(tmp_path, "harness.pid")
     t0 = time.monotonic()
-    out = asyncio.run(CommandAgent({"command": standin_command("hang", "--pidfile", str(pidfile)), "kill_grace_s": 0.5}).run(ctx))
+    out = asyncio.run(CommandAgent({"command": standin_command("hang", "--pidfile", str(pidfile)), "kill_grace_s": 0.5,
+                                    "confine": confine}).run(ctx))
     writer.close(end=out.end.value)
     assert out.end == AgentEnd.TIMEOUT and "wall time" in out.detail
     assert time.monotonic() - t0 < 15
-    assert not _pid_alive(int(pidfile.read_text()))
+    assert pidfile.exists() and not _alive_naming(str(pidfile))
 
 
-def test_command_agent_cancelled_from_outside_kills_its_group(box, tmp_path):  # noqa: F811
+@CONFINE
+def test_command_agent_cancelled_from_outside_kills_its_group(box, tmp_path, confine):  # noqa: F811
     """The lifecycle's own wall clock cancels the agent task: the harness must still die."""
     ctx, writer = make_ctx(box, tmp_path, wall_time_s=600)
-    pidfile = tmp_path / "harness.pid"
-    agent = CommandAgent({"command": standin_command("hang", "--pidfile", str(pidfile)), "kill_grace_s": 0.5})
+    pidfile = _pidfile(tmp_path, "harness.pid")
+    agent = CommandAgent({"command": standin_command("hang", "--pidfile", str(pidfile)), "kill_grace_s": 0.5, "confine": confine})
 
     async def scenario():
         with pytest.raises(TimeoutError):
@@ -100,16 +114,18 @@ def test_command_agent_cancelled_from_outside_kills_its_group(box, tmp_path):  #
 
     asyncio.run(scenario())
     writer.close(end="timeout")
-    assert not _pid_alive(int(pidfile.read_text()))
+    assert pidfile.exists() and not _alive_naming(str(pidfile))
 
 
-def test_command_agent_kills_background_children_of_the_harness(box, tmp_path):  # noqa: F811
+@CONFINE
+def test_command_agent_kills_background_children_of_the_harness(box, tmp_path, confine):  # noqa: F811
     ctx, writer = make_ctx(box, tmp_path)
-    pidfile = tmp_path / "child.pid"
-    out = asyncio.run(CommandAgent({"command": standin_command("spawn", "--pidfile", str(pidfile)), "kill_grace_s": 0.5}).run(ctx))
+    pidfile = _pidfile(tmp_path, "child.pid")
+    out = asyncio.run(CommandAgent({"command": standin_command("spawn", "--pidfile", str(pidfile)), "kill_grace_s": 0.5,
+                                    "confine": confine}).run(ctx))
     writer.close(end=out.end.value)
     assert out.end == AgentEnd.FINISHED, out.detail
-    assert not _pid_alive(int(pidfile.read_text()))
+    assert pidfile.exists() and not _alive_naming(str(pidfile))
 
 
 def test_command_agent_step_limit_is_a_timeout(box, tmp_path):  # noqa: F811
@@ -123,6 +139,13 @@ def test_command_agent_step_limit_is_a_timeout(box, tmp_path):  # noqa: F811
 
 def test_command_agent_missing_binary_is_failed(box, tmp_path):  # noqa: F811
     ctx, writer = make_ctx(box, tmp_path)
-    out = asyncio.run(CommandAgent({"command": ["/nonexistent/harness", "{prompt}"]}).run(ctx))
+    out = asyncio.run(CommandAgent({"command": ["/nonexistent/harness", "{prompt}"], "confine": False}).run(ctx))
     writer.close(end=out.end.value)
     assert out.end == AgentEnd.FAILED and "/nonexistent/harness" in out.detail
+
+
+def test_a_harness_that_cannot_be_found_to_confine_is_a_config_error() -> None:
+    from ale.agents.errors import AgentConfigError
+
+    with pytest.raises(AgentConfigError, match="cannot find the harness program '/nonexistent/harness' to confine it"):
+        CommandAgent({"command": ["/nonexistent/harness", "{prompt}"]})

@@ -144,7 +144,7 @@ def test_agent_evidence_redacts_secrets(monkeypatch):
     assert "sk-live-123456" not in text and "judge-secret-abcdef123" not in text
     assert ev["config"]["api_key"] == REDACTED
     assert ev["allowlist"] == ["read_file", "write_file"] and ev["refused_tools"] == ["shell", "list_dir", "computer"]
-    cmd = agent_evidence(AgentSpec(name="command", config={"command": "harness {prompt}", "env_pass": ["ANTHROPIC_API_KEY"]}))
+    cmd = agent_evidence(AgentSpec(name="command", config={"command": "harness {prompt}", "env_pass": ["ANTHROPIC_API_KEY"], "confine": False}))
     assert "ANTHROPIC_API_KEY" in cmd["details"]["env_names"] and "ALE_JUDGE_API_KEY" not in cmd["details"]["env_names"]
 
 
@@ -193,3 +193,57 @@ def test_trajectory_leaves_out_model_turns_that_do_not_validate(tmp_path):
     (tmp_path / MODEL_TURNS).write_text(json.dumps({"turns": [{"request": 1, "surprise": True}]}))
     traj = load_trajectory(TrajectoryWriter(tmp_path, "r", "a").close(end="finished"))
     assert traj.model_turns == [] and (tmp_path / MODEL_TURNS).exists()
+
+
+# -- a confined harness's installation, read from its command line ------------------------
+
+
+def _exe(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def test_the_installation_of_an_npm_harness_and_its_interpreter_is_inferred(tmp_path):
+    from ale.agents.gateway.confine import infer_install
+
+    prefix = tmp_path / "opt" / "harness"
+    cli = _exe(prefix / "node_modules" / "@vendor" / "cli" / "bin" / "cli.js", "#!/usr/bin/env node\n")
+    (prefix / "node_modules" / ".bin").mkdir(parents=True)
+    (prefix / "node_modules" / ".bin" / "cli").symlink_to("../@vendor/cli/bin/cli.js")
+    node = _exe(tmp_path / "nvm" / "v22" / "bin" / "node", "\x7fELF")
+    folders, files = infer_install([str(prefix / "node_modules" / ".bin" / "cli"), "-p", str(cli)],
+                                   path_env=f"{node.parent}:/usr/bin")
+    assert folders == sorted([str(prefix), str(tmp_path / "nvm" / "v22")], key=len)
+    assert files == [str(cli)]
+
+
+def test_a_venv_harness_brings_its_venv_and_base_interpreter(tmp_path):
+    from ale.agents.gateway.confine import infer_install
+
+    base = _exe(tmp_path / "py" / "3.11" / "bin" / "python3.11", "\x7fELF")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text(f"home = {base.parent}\n")
+    (venv / "bin" / "python").symlink_to(base)
+    tool = _exe(venv / "bin" / "my-harness", f"#!{venv / 'bin' / 'python'}\n")
+    folders, _ = infer_install([str(tool)])
+    assert set(folders) == {str(venv), str(tmp_path / "py" / "3.11")}
+    assert infer_install(["/usr/bin/env", "true"]) == ([], [])  # /usr is bound anyway
+
+
+def test_an_installation_that_would_show_the_runs_folder_is_refused(tmp_path):
+    from ale.agents.command import CommandAgent
+    from ale.agents.errors import AgentConfigError
+
+    repo = tmp_path / "repo"
+    harness = _exe(repo / "bin" / "harness", "#!/bin/sh\n")
+    agent = CommandAgent({"command": [str(harness)]})  # confined by default; installation: repo/
+    assert agent.evidence()["confined"] is True
+    with pytest.raises(AgentConfigError, match=f"installation folder '{repo}' would show"):
+        agent.preflight(private=[repo / "runs", tmp_path / "task"])
+    agent.preflight(private=[tmp_path / "runs"])  # elsewhere: fine
+    named = CommandAgent({"command": [str(harness)], "confine": {"install": [str(repo / "bin")], "infer": False}})
+    named.preflight(private=[repo / "runs"])
+    assert CommandAgent({"command": [str(harness)], "confine": False}).evidence()["confined"] is False

@@ -27,9 +27,12 @@ Configuration (``AgentSpec.config``):
   the controller's environment) say where it forwards; ``harness_profile`` names
   harness-internal tools allowed besides the bridge's, each with its reason;
   ``prices`` is the price table for the run's cost.
-- ``confine``: run the harness in bubblewrap (``ale.agents.gateway.confine``):
-  ``true`` or ``{"install": [folders of the harness's installation], "python":
-  "/usr/bin/python3"}``. The confinement is recorded in ``agent/confinement.json``.
+- ``confine`` (default: true with the gateway): run the harness in bubblewrap
+  (``ale.agents.gateway.confine``): ``true``, ``false`` or ``{"install": [folders of
+  the harness's installation], "python": "/usr/bin/python3", "infer": true}``. The
+  installation is read from the command line too (``infer_install``: the program's
+  prefix, its interpreter's, the files its arguments name) unless ``infer`` is false.
+  The confinement is recorded in ``agent/confinement.json``.
 
 The harness also gets ``ALE_MCP_URL``, ``ALE_MCP_TOKEN`` and ``ALE_MCP_CONFIG``.
 Grader keys and cloud credentials are never passed (see ``secrets.py``). Its
@@ -53,7 +56,13 @@ from typing import Any
 
 from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
 from ale.agents.errors import AgentConfigError
-from ale.agents.gateway.confine import UnixRelay, bwrap_argv, bwrap_path
+from ale.agents.gateway.confine import (
+    UnixRelay,
+    bwrap_argv,
+    bwrap_path,
+    check_install,
+    infer_install,
+)
 from ale.agents.gateway.server import (
     KEY_VARS,
     UPSTREAM_VARS,
@@ -106,20 +115,46 @@ class CommandAgent:
         self.gateway = bool(self.config.get("gateway", True))
         self.profile = HarnessProfile.load(self.config.get("harness_profile"))
         self.prices = dict(self.config.get("prices") or {})
-        confine = self.config.get("confine", False)
+        if self.gateway:  # the operator's keys stay in the gateway: the harness gets the run's token
+            self.env_pass = [n for n in self.env_pass if n not in _OPERATOR_KEYS]
+        # Validate the environment now, so a forbidden name fails before any run starts.
+        build_agent_env(passthrough=self.env_pass, constants=self.env_constants)
+        # Confined by default (with the gateway): the harness sees its installation,
+        # its folders and the two loopback services, nothing else of the host.
+        confine = self.config.get("confine", self.gateway)
         if confine and not self.gateway:
             raise AgentConfigError("command agent: confine needs the gateway (the harness reaches nothing else)")
         if confine is True:
             confine = {}
         if confine is not False and not isinstance(confine, dict):
-            raise AgentConfigError("command agent: confine must be true, false or {\"install\": [...], \"python\": ...}")
+            raise AgentConfigError("command agent: confine must be true, false or {\"install\": [...], \"python\": ..., \"infer\": true}")
         self.confine: dict[str, Any] | None = confine if isinstance(confine, dict) else None
         if self.confine is not None:
-            bwrap_path()
-        if self.gateway:  # the operator's keys stay in the gateway: the harness gets the run's token
-            self.env_pass = [n for n in self.env_pass if n not in _OPERATOR_KEYS]
-        # Validate the environment now, so a forbidden name fails before any run starts.
-        build_agent_env(passthrough=self.env_pass, constants=self.env_constants)
+            try:
+                bwrap_path()
+            except AgentConfigError as e:
+                if "confine" in self.config:
+                    raise
+                raise AgentConfigError(f"{e}; or set confine: false to run the harness unconfined (recorded in the evidence)") from e
+            if "{" not in cmd[0]:
+                check_install(self._install(cmd)[0], private=[])  # a harness not found fails before any run starts
+
+    def preflight(self, *, private: list[Path]) -> None:
+        """Before a run: a confined harness's installation folders must not hold the
+        runs folder or the task folder (raises AgentConfigError, naming the folder)."""
+        if self.confine is not None and "{" not in self.argv_template[0]:
+            check_install(self._install(self.argv_template)[0], private=private)
+
+    def _install(self, argv: list[str], path_env: str | None = None) -> tuple[list[str], list[Path]]:
+        """The folders bound read-only for a confined harness: those named in
+        ``confine.install`` and, unless ``confine.infer`` is false, those its command
+        line shows (``infer_install``), with the files its arguments name."""
+        assert self.confine is not None
+        named = [str(p) for p in self.confine.get("install", [])]
+        if not self.confine.get("infer", True):
+            return named, []
+        folders, files = infer_install(argv, path_env=path_env)
+        return [*named, *(f for f in folders if f not in named)], [Path(f) for f in files]
 
     def evidence(self) -> dict[str, Any]:
         """What the harness is given, for the run's evidence (names, never values)."""
@@ -205,10 +240,13 @@ class CommandAgent:
             home = agent_dir / "home"
             home.mkdir(exist_ok=True)
             env["HOME"] = str(home)
+            install, named_files = self._install(argv, env.get("PATH"))
+            check_install(install, private=[Path(ctx.run_dir)])  # preflight checked the runs and task folders
             argv, record = bwrap_argv(
-                argv, cwd=cwd, home=home, install=[str(p) for p in self.confine.get("install", [])],
-                files=[prompt_file, config_path], sockets=sockets or {}, python=str(self.confine.get("python", "/usr/bin/python3")),
+                argv, cwd=cwd, home=home, install=install, files=[prompt_file, config_path, *named_files],
+                sockets=sockets or {}, python=str(self.confine.get("python", "/usr/bin/python3")),
             )
+            record["install_named"] = [str(p) for p in self.confine.get("install", [])]
             (agent_dir / "confinement.json").write_text(json.dumps(record, indent=2))
         (agent_dir / "command.json").write_text(
             json.dumps({"argv": argv, "cwd": str(cwd), "env_names": sorted(env)}, indent=2)

@@ -269,6 +269,11 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
         raise PreflightError(f"{plan.task_dir}: load() failed in the task process: {e}") from e
     try:
         agent = make_agent(plan.agent)
+        # An agent that checks its set-up against the run's private folders (the
+        # command agent: a confined harness's installation must not enclose them).
+        check = getattr(agent, "preflight", None)
+        if check is not None:
+            check(private=[Path(plan.runs_dir), Path(plan.task_dir)])
     except AgentConfigError as e:
         raise PreflightError(str(e)) from e
     data_spec = plan.data_source or task.card.data_source

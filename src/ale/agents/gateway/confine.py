@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
@@ -42,6 +43,107 @@ def bwrap_path() -> str:
     if path is None:
         raise AgentConfigError("command agent: confine needs bubblewrap (`apt-get install bubblewrap`; scripts/setup.sh installs it)")
     return path
+
+
+def infer_install(argv: list[str], *, path_env: str | None = None) -> tuple[list[str], list[str]]:
+    """The harness's installation, read from its command line: (folders, files).
+
+    Folders: for the program (found on ``PATH``) and, for a script, its interpreter
+    (``#!/usr/bin/env node``, a venv's ``python``), both where it is named and where
+    its links lead, the folder that holds it: the prefix above a ``bin``/``.bin``
+    folder, above the outermost ``node_modules``, or a venv's root (``pyvenv.cfg``).
+    Under ``/usr`` nothing is needed (bound anyway). Files: absolute paths of existing
+    files among the arguments (a script the interpreter runs).
+    Raises AgentConfigError when the program is not found."""
+    if not argv:
+        return [], []
+    exe = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=path_env)
+    if exe is None or not Path(exe).is_file():
+        raise AgentConfigError(f"command agent: cannot find the harness program {argv[0]!r} to confine it "
+                               "(name its installation in confine.install, or give a path)")
+    folders: list[str] = []
+    seen: set[str] = set()
+    todo = [os.path.abspath(exe)]
+    while todo and len(seen) < 8:
+        named = todo.pop()
+        if named in seen:
+            continue
+        seen.add(named)
+        for where in _link_chain(named):
+            root = _install_root(where)
+            if root is not None and root not in folders:
+                folders.append(root)
+        todo += _interpreters(os.path.realpath(named), path_env)
+    files = [a for a in argv[1:] if a.startswith("/") and Path(a).is_file()]
+    return _outermost(folders), files
+
+
+def _link_chain(path: str) -> list[str]:
+    """``path`` and every path its symbolic links lead through, to the real file."""
+    chain = [path]
+    for _ in range(16):
+        if not os.path.islink(chain[-1]):
+            break
+        chain.append(os.path.normpath(os.path.join(os.path.dirname(chain[-1]), os.readlink(chain[-1]))))
+    real = os.path.realpath(path)
+    return chain if real in chain else [*chain, real]
+
+
+def _install_root(path: str) -> str | None:
+    folder_real = os.path.realpath(os.path.dirname(path))
+    if folder_real == "/usr" or folder_real.startswith("/usr/"):
+        return None  # /usr, and Debian's /bin, /sbin, /lib links into it: bound anyway
+    parts = Path(path).parts
+    if "node_modules" in parts:
+        return str(Path(*parts[: parts.index("node_modules")]))
+    folder = Path(path).parent
+    for up in (folder, *folder.parents[:2]):
+        if (up / "pyvenv.cfg").is_file():
+            return str(up)
+    return str(folder.parent if folder.name in ("bin", ".bin", "sbin") else folder)
+
+
+def _interpreters(path: str, path_env: str | None) -> list[str]:
+    """The interpreter a script's ``#!`` line names (``env NAME`` looked up on PATH)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return []
+    if not first.startswith(b"#!"):
+        return []
+    words = first[2:].decode(errors="replace").split()
+    if not words:
+        return []
+    if os.path.basename(words[0]) == "env":
+        names = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+        found = shutil.which(names[0], path=path_env) if names else None
+        return [os.path.abspath(found)] if found else []
+    return [words[0]] if words[0].startswith("/") else []
+
+
+def _outermost(folders: list[str]) -> list[str]:
+    keep = []
+    for f in sorted(set(folders), key=len):
+        if not any(f == k or f.startswith(k.rstrip("/") + "/") for k in keep):
+            keep.append(f)
+    return keep
+
+
+def check_install(folders: list[str], *, private: list[Path]) -> None:
+    """Refuse installation folders that would show the sandbox what it must not see:
+    ``/``, the operator's home itself, or a folder holding one of ``private`` (the
+    run folder)."""
+    home = os.path.realpath(Path.home())
+    for f in folders:
+        real = os.path.realpath(f)
+        bad = real == "/" or real == home or home.startswith(real.rstrip("/") + "/")
+        bad = bad or any(os.path.realpath(p) == real or os.path.realpath(p).startswith(real.rstrip("/") + "/")
+                         for p in private)
+        if bad:
+            raise AgentConfigError(
+                f"command agent: the harness's installation folder {f!r} would show the confined harness the operator's "
+                "home or the run folder; name the installation in confine.install (or set confine: false)")
 
 
 def bwrap_version(bwrap: str) -> str:
