@@ -123,7 +123,7 @@ def _interpreters(path: str, path_env: str | None) -> list[str]:
 
 
 def _outermost(folders: list[str]) -> list[str]:
-    keep = []
+    keep: list[str] = []
     for f in sorted(set(folders), key=len):
         if not any(f == k or f.startswith(k.rstrip("/") + "/") for k in keep):
             keep.append(f)
