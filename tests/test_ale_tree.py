@@ -461,6 +461,34 @@ def test_machine_type_becomes_the_default_limits_capped_to_the_host(tree: Path) 
     assert explicit.cpus == 1.0  # the operator's own value wins
 
 
+def test_a_capped_memory_limit_is_whole_mib_and_noted_only_when_applied() -> None:
+    """75% of a host's memory is rarely a whole page: the kernel would round it down and
+    the seal check see another limit than asked (found: an invalid run on a 23.6 GB host)."""
+    from ale.sandbox.policy import IsolationPolicy
+    from ale.tasks.card import TaskCard, _fit, policy_for_card
+
+    card = TaskCard(timeout_s=None, resources={"cpus": 1.0, "memory": 64 * 1024**3 + 123}, data_source=None, raw={})
+    fitted, notes = _fit(card, 2, 25_276_510_208)  # 23.54 GiB, 75% = 18957382656 bytes: not page-aligned
+    assert fitted["memory_bytes"] % (1024 * 1024) == 0 and fitted["memory_bytes"] <= 18957382656
+    assert "memory_bytes" in notes
+    _, notes = policy_for_card(IsolationPolicy(memory_bytes=8 * 1024**3), card)
+    assert not any("memory" in n for n in notes)  # the policy's own limit: no cap applied, no note
+
+
+@pytest.mark.parametrize(("observed", "asked", "ok"), [
+    ("18957381632", 18957382656, True),   # rounded down to a 4 KiB page
+    ("268435456", 268435456, True),
+    ("268435455", 268435456, False),      # not a page
+    ("268300000", 268435456, False),      # more than a page below
+    ("max", 268435456, False),
+    (None, 268435456, False),
+])
+def test_the_memory_check_accepts_the_kernels_page_rounding_only(observed, asked, ok) -> None:
+    from ale.isolation.probes import _page_rounded
+
+    assert _page_rounded(observed, asked) is ok
+
+
 # -- whole runs (Docker) --------------------------------------------------------------
 def _run(tree: Path, name: str, agent: AgentSpec, tmp_path: Path, docker_client, data: str | None = None):
     plan = RunPlan(run_id=f"{name}-{agent.name}", task_dir=str(tree / "lab" / name), agent=agent, image=TOOLS_IMAGE,

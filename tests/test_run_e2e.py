@@ -315,3 +315,25 @@ def test_capped_workspace_stops_a_disk_filling_agent(docker_client, tmp_path):
     from ale.record.verify import verify_run_dir
 
     assert verify_run_dir(plan.run_dir).valid
+
+
+def test_an_error_with_brackets_is_printed_as_written(docker_client, tmp_path):
+    """A grader's message is any text: "[/output/x]" once crashed the status line's markup."""
+    task = tmp_path / "bracketed"
+    task.mkdir()
+    (task / "main.py").write_text(textwrap.dedent("""\
+        import cua_bench as cb
+
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="nothing to do", task_id="[b]id[/b]")]
+
+        @cb.evaluate_task
+        async def evaluate(cfg, session):
+            raise RuntimeError("[check] cannot read [/output/network.net.xml] [bold]")
+    """))
+    p = _ale("run", str(task), "--agent", "nop", "--runs-dir", str(tmp_path / "runs"), "--image", TOOLS_IMAGE)
+    assert "Traceback" not in p.stderr and "MarkupError" not in p.stderr, p.stderr
+    assert "[check] cannot read [/output/network.net.xml] [bold]" in p.stderr
+    assert "task=[b]id[/b]" in p.stderr
+    assert Path(p.stdout.strip().splitlines()[-1]).is_dir()

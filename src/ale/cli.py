@@ -10,6 +10,7 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ale.cli_output import err, fail
 from ale.defaults import DEFAULT_INPUT_DIR, DEFAULT_OUTPUT_DIR, DEFAULT_TOOLS_IMAGE
@@ -79,11 +80,13 @@ def _execute(plan):
 def _print_result(result, run_dir: Path) -> None:
     colour = {"scored": "green", "invalid_evaluation_environment": "red", "grading_failed": "red", "infrastructure_error": "red"}.get(result.status.value, "yellow")
     score = "-" if result.score is None else f"{result.score:.3f}"
-    err.print(f"[bold {colour}]{result.status.value}[/]  score={score}  scores={result.scores}  task={result.task_id} variant={result.variant} agent={result.agent}")
+    # Task ids, violations and errors are any text (a grader's "[name]" or "[/path]"): never markup.
+    err.print(f"[bold {colour}]{result.status.value}[/]  score={score}  scores={result.scores}  "
+              f"task={escape(str(result.task_id))} variant={result.variant} agent={escape(str(result.agent))}")
     for v in result.violations:
-        err.print(f"  [red]violation[/] {v}")
+        err.print(f"  [red]violation[/] {escape(v)}")
     if result.error and result.status.value != "scored":
-        err.print(f"  [yellow]{result.error.strip().splitlines()[0][:300]}[/]")
+        err.print(f"  [yellow]{escape(result.error.strip().splitlines()[0][:300])}[/]")
     print(run_dir)
 
 
@@ -159,7 +162,7 @@ def task_check(
                 and (all(s == 1.0 for s in result.scores) if agent == "oracle" else max(result.scores) <= 0.0)
             )
             mark = "[green]ok[/]" if ok else "[red]FAIL[/]"
-            err.print(f"{mark} variant {v} {agent}: {result.status.value} scores={result.scores}  {plan.run_dir}")
+            err.print(f"{mark} variant {v} {agent}: {result.status.value} scores={result.scores}  {escape(str(plan.run_dir))}")
             if not ok:
                 problems.append(f"variant {v} {agent}: {result.status.value} {result.scores} {result.error or ''}".strip())
             runs[agent] = (plan, result, ok)
@@ -182,11 +185,11 @@ def task_check(
         print(json.dumps({"task_dir": str(task_dir), "ok": not problems, "variants": variants, "problems": problems}, indent=1))
     if problems:
         for p in problems:
-            err.print(f"[red]- {p}[/]", highlight=False)
+            err.print(f"[red]- {escape(p)}[/]", highlight=False)
         raise typer.Exit(1)
     n = len(info.variants)
     tail = f"; no adversarial output beats nop ({tried} run(s))" if adversarial else ""
-    err.print(f"[green]{task_dir}: {n} variant(s) pass (oracle 1.0, nop 0){tail}[/]")
+    err.print(f"[green]{escape(str(task_dir))}: {n} variant(s) pass (oracle 1.0, nop 0){escape(tail)}[/]")
 
 
 def _check_adversarial(task_dir: Path, variant, oracle_plan, oracle_result, nop_result, strategies, jobs: int):
@@ -203,7 +206,7 @@ def _check_adversarial(task_dir: Path, variant, oracle_plan, oracle_result, nop_
 
     def say(o) -> None:
         colour = "red" if o.failed else ("yellow" if o.verdict in ("skipped", "solution", "note") else "green")
-        err.print(f"  [{colour}]{o.verdict}[/] variant {oracle_plan.variant} {o.strategy}: {o.status or '-'} scores={o.scores}",
+        err.print(f"  [{colour}]{o.verdict}[/] variant {oracle_plan.variant} {escape(o.strategy)}: {o.status or '-'} scores={o.scores}",
                   highlight=False)
 
     async def go():

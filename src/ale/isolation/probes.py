@@ -419,20 +419,20 @@ def parse_probes(
         lim = limits()
         if "memory.limit_in_bytes" in lim:  # cgroup v1
             obs = {k: lim.get(k) for k in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")}
-            ok = int(obs["memory.limit_in_bytes"] or -1) == policy.memory_bytes
+            ok = _page_rounded(obs["memory.limit_in_bytes"], policy.memory_bytes)
             if obs["memory.memsw.limit_in_bytes"] is None:
                 return ok, obs, "swap accounting is off in this kernel: the swap limit is unseen"
-            ok = ok and int(obs["memory.memsw.limit_in_bytes"]) == policy.memory_swap_bytes
+            ok = ok and _page_rounded(obs["memory.memsw.limit_in_bytes"], policy.memory_swap_bytes)
             return ok, obs, ""
         obs = {k: lim.get(k) for k in ("memory.max", "memory.swap.max")}
         if obs["memory.max"] is None:
             raise KeyError("memory.max")
-        ok = obs["memory.max"] == str(policy.memory_bytes)
+        ok = _page_rounded(obs["memory.max"], policy.memory_bytes)
         if obs["memory.swap.max"] is None:
             return ok, obs, "swap accounting is off in this kernel: the swap limit is unseen"
         # cgroup v2 limits swap alone, v1 and Docker memory plus swap.
         swap_room = policy.memory_swap_bytes - policy.memory_bytes
-        return ok and obs["memory.swap.max"] == str(swap_room), obs, ""
+        return ok and _page_rounded(obs["memory.swap.max"], swap_room), obs, ""
 
     add(_check("probe.cgroup_memory", policy.memory_bytes, cg_mem))
 
@@ -626,3 +626,16 @@ def workspace_empty_checks(
         checks.append(Check("ws.same_inode", inode == expected_inode, expected_inode, inode,
                             "" if inode == expected_inode else "the workspace folder was replaced"))
     return checks
+
+
+MAX_PAGE = 65536  # the largest page size Linux uses (arm64, ppc64)
+
+
+def _page_rounded(observed: Any, asked: int) -> bool:
+    """The kernel keeps a cgroup memory limit in whole pages, rounding the asked
+    bytes down: the observed limit is the asked one, or it rounded down to a page."""
+    try:
+        got = int(str(observed).strip())
+    except (TypeError, ValueError):
+        return False
+    return got == asked or (got % 4096 == 0 and asked - MAX_PAGE < got < asked)

@@ -21,6 +21,7 @@ import itertools
 import json
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import UnionType
@@ -454,10 +455,11 @@ def task_variants(task_dir: Path) -> int:
         raise ExperimentError(f"cannot count the variants of {task_dir}: {e}") from e
 
 
-def resolve_tasks(exp: Experiment) -> list[ResolvedTask]:
-    """The experiment's tasks, in file order, each once (first mention wins)."""
+def resolve_tasks(exp: Experiment, *, jobs: int = 4) -> list[ResolvedTask]:
+    """The experiment's tasks, in file order, each once (first mention wins).
+    ``variants: all`` loads the task to count them, `jobs` tasks at once."""
     root = exp.tasks_root_dir
-    out: dict[Path, ResolvedTask] = {}
+    mentioned: dict[Path, tuple[str, tuple[int, ...] | Literal["all"] | None]] = {}
 
     def add(path_text: str, variants: tuple[int, ...] | Literal["all"] | None, origin: str) -> None:
         p = Path(path_text).expanduser()
@@ -471,9 +473,7 @@ def resolve_tasks(exp: Experiment) -> list[ResolvedTask]:
             name = task_dir.relative_to(root.resolve()).as_posix()
         except ValueError:
             name = task_dir.name
-        vs = tuple(range(task_variants(task_dir))) if variants == "all" else variants or (0,)
-        if task_dir not in out:
-            out[task_dir] = ResolvedTask(name, task_dir, tuple(sorted(set(vs))))
+        mentioned.setdefault(task_dir, (name, variants))
 
     for i, entry in enumerate(exp.tasks):
         origin = f"tasks[{i}]"
@@ -494,7 +494,14 @@ def resolve_tasks(exp: Experiment) -> list[ResolvedTask]:
             for j, item in enumerate(read_task_list(list_path)):
                 assert item.path is not None
                 add(item.path, entry.variants or item.variants, f"{list_path} entry {j}")
-    return list(out.values())
+    counting = [d for d, (_, variants) in mentioned.items() if variants == "all"]
+    with ThreadPoolExecutor(max(1, min(jobs, len(counting) or 1))) as pool:
+        counts = dict(zip(counting, pool.map(task_variants, counting), strict=True))
+    out = []
+    for task_dir, (name, variants) in mentioned.items():
+        vs = tuple(range(counts[task_dir])) if variants == "all" else variants or (0,)
+        out.append(ResolvedTask(name, task_dir, tuple(sorted(set(vs)))))
+    return out
 
 
 def plan_units(exp: Experiment) -> list[PlannedUnit]:

@@ -45,6 +45,8 @@ _MEMORY_UNITS = {
 }
 _MEMORY_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
+MIB = 1024 * 1024
+
 
 class TaskCard(BaseModel):
     """What the harness takes from a task card.
@@ -246,31 +248,40 @@ def load_card(task_dir: str | Path) -> TaskCard:
 def fit_resources(card: TaskCard, host_cpus: int, host_memory: int) -> tuple[dict[str, Any], list[str]]:
     """The card's cpus/memory capped to what this host can give (Docker refuses
     ``--cpus`` above the host's count), and a note for each cap."""
+    out, notes = _fit(card, host_cpus, host_memory)
+    return out, list(notes.values())
+
+
+def _fit(card: TaskCard, host_cpus: int, host_memory: int) -> tuple[dict[str, Any], dict[str, str]]:
     out: dict[str, Any] = {}
-    notes: list[str] = []
+    notes: dict[str, str] = {}
     what = card.resources.get("machine_type") or "the task card"
     cpus = card.resources.get("cpus")
     if cpus is not None:
         out["cpus"] = min(float(cpus), float(host_cpus))
         if out["cpus"] < cpus:
-            notes.append(f"{what} asks for {cpus:g} CPUs; capped to the host's {host_cpus}")
+            notes["cpus"] = f"{what} asks for {cpus:g} CPUs; capped to the host's {host_cpus}"
     mem = card.resources.get("memory")
     if mem is not None:
-        cap = int(host_memory * 0.75)
-        out["memory_bytes"] = min(int(mem), cap)
-        if out["memory_bytes"] < mem:
-            notes.append(f"{what} asks for {mem / 1024**3:.1f} GiB of memory; capped to {cap / 1024**3:.1f} GiB (75% of the host)")
+        # Whole MiB: the kernel keeps a memory limit in pages, and the seal checks
+        # compare the limit the container got with the one asked for.
+        cap = int(host_memory * 0.75) // MIB * MIB
+        out["memory_bytes"] = max(MIB, min(int(mem), cap) // MIB * MIB)
+        if out["memory_bytes"] < int(mem) // MIB * MIB:
+            notes["memory_bytes"] = (f"{what} asks for {mem / 1024**3:.1f} GiB of memory; "
+                                     f"capped to {cap / 1024**3:.1f} GiB (75% of the host)")
     return out, notes
 
 
 def policy_for_card(policy: IsolationPolicy, card: TaskCard) -> tuple[IsolationPolicy, list[str]]:
     """The card's cpus and memory as the run's limits where the operator's policy
-    does not set them itself, capped to the host (see ``fit_resources``)."""
-    fitted, notes = fit_resources(card, os.cpu_count() or 1, _host_memory())
+    does not set them itself, capped to the host (see ``fit_resources``); a note
+    for each cap applied (none for what the policy sets itself)."""
+    fitted, notes = _fit(card, os.cpu_count() or 1, _host_memory())
     update = {k: v for k, v in fitted.items() if k not in policy.model_fields_set}
     if not update:
         return policy, []
-    return policy.model_copy(update=update), notes
+    return policy.model_copy(update=update), [n for k, n in notes.items() if k in update]
 
 
 def _host_memory() -> int:
