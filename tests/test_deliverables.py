@@ -20,9 +20,10 @@ def test_copies_regular_files_and_skips_everything_else(tmp_path):
     os.chmod(ws / "suid", 0o4755)
     m = extract_deliverables(ws, tmp_path / "out", max_files=100, max_bytes=10**6)
     paths = {f.path for f in m.files}
-    assert paths == {"sub/b.bin"}  # a.txt has a second hard link now, so it is skipped too
+    assert paths == {"a.txt", "hard", "sub/b.bin"}  # a hard-linked file: copied under each of its names
+    assert (tmp_path / "out" / "hard").read_text() == "alpha" and not (tmp_path / "out" / "hard").samefile(ws / "a.txt")
     reasons = {s.path: s.reason for s in m.skipped}
-    assert reasons["link"] == "symlink" and reasons["hard"] == "hard link" and reasons["a.txt"] == "hard link"
+    assert reasons["link"] == "symlink" and "hard" not in reasons and "a.txt" not in reasons
     assert "regular" in reasons["fifo"] and reasons["suid"] == "setuid/setgid"
     assert not (tmp_path / "out" / "link").exists()
     f = next(f for f in m.files if f.path == "sub/b.bin")

@@ -230,7 +230,8 @@ def test_special_files_modes_links_and_sparse(docker_client, tmp_path):
     assert reasons[b"fifo"] == "not a regular file (fifo)" and reasons[b"sock"] == "not a regular file (socket)"
     for link in (b"loopa", b"loopb", b"root", b"self", b"passwd"):
         assert reasons[link] == "symlink"
-    assert reasons[b"h1"] == reasons[b"h2"] == "hard link"
+    # Hard links: copied under each name (both inside the workspace, the candidate's own content).
+    assert b"h1" not in reasons and b"h2" not in reasons and files[b"h1"].sha256 == files[b"h2"].sha256
     assert reasons[b"suid"] == reasons[b"sgid"] == "setuid/setgid"
     assert "size cap" in reasons[b"sparse"] and skipped[b"sparse"].size == 100 * 1024**3
     assert time.monotonic() - t0 < 60  # the sparse file was never read
@@ -247,10 +248,11 @@ def test_special_files_modes_links_and_sparse(docker_client, tmp_path):
 def test_fifty_thousand_files(docker_client, tmp_path):
     result, _run_dir, m = _hostile_run(docker_client, tmp_path, [_py(BUILD_MANY)])
     assert result.status.value == "scored", result.error
-    assert len(m.files) == 10_000 and m.limits is not None and m.limits.max_files == 10_000
-    capped = [s for s in m.skipped if "file count cap" in s.reason]
-    assert len(m.files) + len(capped) == 50_001
+    # The default count cap is the copy's entry budget (100,000): every file is copied.
+    assert len(m.files) == 50_001 and m.limits is not None and m.limits.max_files == 100_000
+    assert m.files[0].path == "answer.json"  # a folder's files before its subfolders
     assert m.entries_visited == 50_002  # many/, its files and answer.json
+    assert "warnings" not in result.extra
 
 
 # -- extract_deliverables on the host: limits -------------------------------------------

@@ -337,3 +337,18 @@ def test_an_error_with_brackets_is_printed_as_written(docker_client, tmp_path):
     assert "[check] cannot read [/output/network.net.xml] [bold]" in p.stderr
     assert "task=[b]id[/b]" in p.stderr
     assert Path(p.stdout.strip().splitlines()[-1]).is_dir()
+
+
+def test_a_copy_limit_keeps_the_answer_beside_a_deep_cache_and_says_so(docker_client, tmp_path):
+    """A folder's files are copied before its subfolders; what a limit left out is a
+    warning in result.json and on the status line, not a silent 0."""
+    steps = [
+        shell("mkdir -p /workspace/a_cache && for i in $(seq 20); do echo $i > /workspace/a_cache/f$i; done"),
+        shell("cp /input/secret.txt /workspace/secret.txt"),
+    ]
+    plan = plan_for(EXAMPLES / "secrets" / "echo_secret", tmp_path, agent="replay", steps=steps)
+    plan = plan.model_copy(update={"limits": Limits(deliverable_max_files=5)})
+    result = run(plan, docker_client)
+    assert result.status is RunStatus.SCORED and result.scores == [1.0], (result.error, result.violations)
+    (warning,) = result.extra["warnings"]
+    assert "16 entries of the workspace not copied at a limit (file count cap of 5 reached" in warning

@@ -85,6 +85,8 @@ def _print_result(result, run_dir: Path) -> None:
               f"task={escape(str(result.task_id))} variant={result.variant} agent={escape(str(result.agent))}")
     for v in result.violations:
         err.print(f"  [red]violation[/] {escape(v)}")
+    for w in result.extra.get("warnings", []):
+        err.print(f"  [yellow]warning[/] {escape(str(w))}")
     if result.error and result.status.value != "scored":
         err.print(f"  [yellow]{escape(result.error.strip().splitlines()[0][:300])}[/]")
     print(run_dir)

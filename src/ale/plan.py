@@ -35,7 +35,7 @@ class Limits(BaseModel):
     # otherwise, and when None (the default limit: 20 GiB or half the free disk),
     # a watchdog ends the agent's turn at the limit (ale.runs.watchdog).
     workspace_max_bytes: int | None = Field(None, gt=0)
-    deliverable_max_files: int = 10_000
+    deliverable_max_files: int = 100_000  # as many as the copy looks at (its entry limit)
     deliverable_max_bytes: int = 2 * 1024**3
     grading_timeout_s: float = 3600.0  # evaluate() as a whole, and any one command it runs
 

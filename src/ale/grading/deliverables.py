@@ -6,12 +6,15 @@ and never raises because of it: every entry it meets is either copied
 failure to *write* the copy (the host's disk, not the workspace) raises
 ``DeliverablesWriteError``.
 
-What is copied: regular files with one link, neither setuid nor setgid, within
-the caps; each is hashed while it is copied and keeps the permission bits (and,
-as root, the owner) the candidate gave it. Folders are recreated (mode 0755).
-What is skipped, and why: symlinks (never followed), hard links, FIFOs, sockets,
-devices, setuid/setgid files, unreadable entries (each OSError is the entry's),
-and everything past a limit.
+What is copied: regular files, neither setuid nor setgid, within the caps; each
+is hashed while it is copied and keeps the permission bits (and, as root, the
+owner) the candidate gave it. A file with several names (hard links) is copied
+under each of them: the workspace is its own mount in the sandbox, so every name
+of such a file lies inside it (link(2) never crosses mounts), and its content is
+the candidate's own, as ``ln`` or ``cp -al`` leave it. Folders are recreated
+(mode 0755). What is skipped, and why: symlinks (never followed), FIFOs,
+sockets, devices, setuid/setgid files, unreadable entries (each OSError is the
+entry's), and everything past a limit.
 
 Limits (all recorded in the manifest's ``limits``):
 
@@ -40,6 +43,7 @@ in the signed run folder; such an entry is stored under a safe name
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -220,6 +224,7 @@ class _Extractor:
         """Read the folder's names (within the entry budget), choose each one's stored name."""
         budget = self.limits.max_entries - self.visited
         names: list[bytes] = []
+        folders: set[bytes] = set()
         more = False
         with os.scandir(frame.fd) as it:
             for i, entry in enumerate(it):
@@ -230,8 +235,13 @@ class _Extractor:
                     more = True
                     break
                 names.append(os.fsencode(entry.name))
+                with contextlib.suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.add(names[-1])
         self.visited += len(names)
-        names.sort()
+        # A folder's own files before its subfolders (each group by name): when a cap
+        # is reached, what a deep cache holds gives way to the answers beside it.
+        names.sort(key=lambda n: (n in folders, n))
         taken = {n for n in names if not _needs_safe_name(n)}
         for n in names:
             if _needs_safe_name(n):
@@ -271,8 +281,6 @@ class _Extractor:
             reason = "symlink"
         elif kind != "file":
             reason = f"not a regular file ({kind})"
-        elif st.st_nlink > 1:
-            reason = "hard link"
         elif st.st_mode & (stat.S_ISUID | stat.S_ISGID):
             reason = "setuid/setgid"
         elif len(self.files) >= self.limits.max_files:

@@ -132,6 +132,7 @@ class RunState:
     phases: list[PhaseTiming] = field(default_factory=list)
     checks: list[dict] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # result.extra["warnings"]: nothing void, worth a look
     sandbox: Sandbox | None = None
     grader: Grader | None = None
     source: Any = None
@@ -289,6 +290,10 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
     except SandboxError as e:
         raise PreflightError(str(e), retryable=True) from e
     return Prepared(plan, task, variant, data_spec, float(wall), provider, agent, process, desktop, image, image_record)
+
+
+# What a skipped deliverable's reason says when a copy limit, not its kind, kept it out.
+LIMIT_REASONS = ("cap of", "limit of", "path too long")
 
 
 # -- phases --------------------------------------------------------------------
@@ -592,6 +597,11 @@ async def collect_deliverables(state: RunState) -> None:
     )
     ev.write_json_new(state.run_dir / layout.DELIVERABLES, json.loads(manifest.model_dump_json()))
     state.events.append("deliverables.collected", files=len(manifest.files), skipped=len(manifest.skipped), digest=manifest.digest)
+    limited = [e for e in manifest.skipped if any(w in e.reason for w in LIMIT_REASONS)]
+    if limited:
+        state.warnings.append(
+            f"deliverables: {len(limited)} entr{'y' if len(limited) == 1 else 'ies'} of the workspace not copied at a limit "
+            f"({limited[0].reason}: {limited[0].path}); the grader saw the rest ({layout.DELIVERABLES})")
 
 
 async def remove_sandbox(state: RunState) -> None:
@@ -839,6 +849,8 @@ async def execute_run(
     if state.agent_outcome and state.agent_outcome.usage:
         extra["usage"] = state.agent_outcome.usage
     extra["costs"] = {k: round(v, 4) for k, v in state.costs.items()}
+    if state.warnings:
+        extra["warnings"] = list(state.warnings)
     result = RunResult(
         run_id=plan.run_id,
         task_id=prep.variant.task_id,
