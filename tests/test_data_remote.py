@@ -253,3 +253,46 @@ def test_gcs_code_path_on_a_mocked_file_system(tmp_path: Path, monkeypatch) -> N
     with pytest.raises(ReferenceError, match="does not match manifest.json|does not match the archive"):
         src2.stage_reference(KEY, tmp_path / "g2" / "ref", c)
     assert fsspec  # imported for the memory implementation
+
+
+def test_an_object_store_keeps_no_modes_so_scripts_and_binaries_are_made_runnable(s3, tmp_path: Path) -> None:
+    """S3/GCS/HF keep no file modes: staged files that start with #! or are ELF are
+    0755 (input and reference), the rest 0644 (ALE's graders chmod +x what GCS
+    stripped, which the grading sandbox's read-only mount refuses)."""
+    import stat
+
+    fs, bucket = s3
+    v = make_variant(tmp_path / "data", software=True)
+    (v / "input" / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (v / "reference" / "bin").mkdir()
+    (v / "reference" / "bin" / "judge").write_bytes(b"\x7fELF\x02\x01\x01")
+    (v / "reference" / "bin" / "notes.txt").write_text("#not a shebang\n")
+    upload_tree(fs, tmp_path / "data", f"{bucket}/modes")
+    src = open_source(f"s3://{bucket}/modes")
+    src.stage_input(KEY, tmp_path / "run" / "input")
+    src.stage_reference(KEY, tmp_path / "grade" / "reference", src.commit_reference(KEY))
+
+    def mode(p: Path) -> int:
+        return stat.S_IMODE(p.stat().st_mode)
+
+    assert mode(tmp_path / "run" / "input" / "run.sh") == 0o755
+    assert mode(tmp_path / "grade" / "reference" / "bin" / "judge") == 0o755
+    assert mode(tmp_path / "grade" / "reference" / "bin" / "notes.txt") == 0o644
+
+
+def test_restore_runnable_keeps_execute_bits_and_sniffs_the_rest(tmp_path: Path) -> None:
+    import stat
+
+    from ale.data.hashing import restore_runnable
+
+    (tmp_path / "d").mkdir(mode=0o700)
+    (tmp_path / "d" / "tool").write_text("plain text, but executable\n")
+    os.chmod(tmp_path / "d" / "tool", 0o700)
+    (tmp_path / "d" / "script.py").write_text("#!/usr/bin/env python3\n")
+    os.chmod(tmp_path / "d" / "script.py", 0o600)
+    (tmp_path / "d" / "data.csv").write_text("a,b\n")
+    os.chmod(tmp_path / "d" / "data.csv", 0o600)
+    restore_runnable(tmp_path / "d")
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "d").iterdir()}
+    assert modes == {"tool": 0o755, "script.py": 0o755, "data.csv": 0o644}
+    assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o755

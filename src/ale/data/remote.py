@@ -42,7 +42,7 @@ from ale.data.base import (
     TreeHash,
     VariantKey,
 )
-from ale.data.hashing import CHUNK, copy_hashing, make_tree_hash
+from ale.data.hashing import CHUNK, copy_hashing, make_tree_hash, runnable_mode
 from ale.data.roots import choose_layout, list_variants, resolve_layout, split_spec, with_layout
 from ale.data.sealing import (
     ARCHIVE_NAME,
@@ -521,7 +521,9 @@ class RemoteSource:
                 (dest / f.rel[len(strip) :]).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
 
             def one(f: RemoteFile) -> tuple[str, str, int]:
-                digest, size = self._place(fs, f, dest / f.rel[len(strip) :], mode=mode)
+                target = dest / f.rel[len(strip) :]
+                digest, size = self._place(fs, f, target, mode=mode)
+                os.chmod(target, runnable_mode(target))  # an object store keeps no modes: scripts and binaries run
                 progress.advance(size)
                 return f.rel[len(strip) :], digest, size
 

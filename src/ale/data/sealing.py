@@ -28,7 +28,7 @@ import py7zr.exceptions
 import py7zr.io
 
 from ale.data.base import DataError, ReferenceError
-from ale.data.hashing import hash_tree, sha256_file, walk_tree
+from ale.data.hashing import hash_tree, runnable_mode, sha256_file, walk_tree
 from ale.paths import config_dir
 
 ARCHIVE_NAME = "reference.7z"
@@ -509,7 +509,7 @@ def extract_archive(
                 os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
         result = hash_tree(staging)
         for rel, _kind in walk_tree(staging):
-            os.chmod(staging / rel, 0o755 if (staging / rel).is_dir() else 0o644)
+            os.chmod(staging / rel, 0o755 if (staging / rel).is_dir() else runnable_mode(staging / rel))
         os.chmod(staging, 0o755)
         if dest.exists():
             dest.rmdir()

@@ -35,6 +35,7 @@ from ale.agents.gateway.record import evidence_record as gateway_evidence
 from ale.agents.registry import agent_evidence, make_agent
 from ale.agents.trajectory import TrajectoryWriter
 from ale.data.base import DataError, ReferenceCommitment
+from ale.data.hashing import restore_runnable
 from ale.data.sources import open_source
 from ale.defaults import DEFAULT_TOOLS_IMAGE  # desktop (ale-desktop)
 from ale.grading.deliverables import extract_deliverables
@@ -636,11 +637,9 @@ async def stage_reference(state: RunState) -> None:
             raise GradingError(f"start() wrote {rel} into the reference, which the data source also holds")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(state.setup_reference_host / rel, target)
-    # The grading container reads it as the candidate uid: readable, on the trusted side only.
-    for root, _dirs, files in os.walk(dest):
-        os.chmod(root, 0o755)
-        for f in files:
-            os.chmod(os.path.join(root, f), 0o644)
+    # The grading container reads it as the candidate uid: readable, on the trusted side
+    # only; what is meant to run (execute bits, #!, ELF) stays runnable on its read-only mount.
+    restore_runnable(dest)
     state.store.write_json(
         Evidence.REFERENCE_CHECK,
         {
