@@ -352,3 +352,40 @@ def test_a_copy_limit_keeps_the_answer_beside_a_deep_cache_and_says_so(docker_cl
     assert result.status is RunStatus.SCORED and result.scores == [1.0], (result.error, result.violations)
     (warning,) = result.extra["warnings"]
     assert "16 entries of the workspace not copied at a limit (file count cap of 5 reached" in warning
+
+
+def test_the_grader_works_on_a_writable_copy_of_the_output(docker_client, tmp_path):
+    """ALE graders delete, regenerate and re-run files in output/ (as on ALE's VM): the
+    grading sandbox and the host calls share a writable working copy; the signed
+    deliverables stay as the candidate left them."""
+    task = tmp_path / "regrade"
+    task.mkdir()
+    (task / "main.py").write_text(textwrap.dedent("""\
+        import cua_bench as cb
+
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="write 'first' to /workspace/answer.txt", metadata={"out": "/workspace"})]
+
+        @cb.solve_task(split="train")
+        async def solve(cfg, session):
+            await session.write_file("/workspace/answer.txt", "first")
+            await session.run_command("mkdir -p /workspace/sub && echo keep > /workspace/sub/k.txt", check=True)
+
+        @cb.evaluate_task
+        async def evaluate(cfg, session):
+            r = await session.run_command(
+                "rm /workspace/answer.txt && echo regenerated > /workspace/answer.txt && mkdir /workspace/artifacts "
+                "&& cat /workspace/sub/k.txt")
+            seen = (await session.read_file("/workspace/answer.txt")).strip()
+            await session.write_file("/workspace/artifacts/host.txt", "from the host")
+            back = await session.run_command("cat /workspace/artifacts/host.txt")
+            ok = r["return_code"] == 0 and r["stdout"].strip() == "keep" and seen == "regenerated"
+            return [1.0 if ok and back["stdout"] == "from the host" else 0.0]
+    """))
+    plan = plan_for(task, tmp_path / "runs", agent="oracle")
+    result = run(plan, docker_client)
+    assert result.status is RunStatus.SCORED and result.scores == [1.0], (result.error, result.violations)
+    assert (plan.run_dir / "deliverables" / "answer.txt").read_text() == "first"
+    assert not (plan.run_dir / "deliverables" / "artifacts").exists()
+    assert _ale("verify", str(plan.run_dir)).returncode == 0

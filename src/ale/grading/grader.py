@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,25 @@ class GradingInputs:
 GRADER_HOME = "/home/user"
 
 
+def working_copy(src: Path, dest: Path, *, owner: tuple[int, int] | None) -> Path:
+    """A copy of ``src`` (regular files and folders only, as the deliverables are)
+    that the grading sandbox's user may change: owned by ``owner`` when given (as
+    root), else writable by everyone. Never a hard link: a write must not reach
+    ``src``."""
+    shutil.copytree(src, dest, symlinks=True, copy_function=shutil.copy2)
+    for dirpath, dirs, files in os.walk(dest):
+        for name in [*dirs, *files]:
+            path = os.path.join(dirpath, name)
+            if owner is not None:
+                os.lchown(path, *owner)
+            folder = name in dirs
+            os.chmod(path, os.lstat(path).st_mode | ((0o700 if folder else 0o600) if owner else (0o777 if folder else 0o666)))
+    if owner is not None:
+        os.chown(dest, *owner)
+    os.chmod(dest, 0o755 if owner else 0o777)
+    return dest.resolve()
+
+
 class InvalidScores(GradingError):
     """evaluate() returned, but not a non-empty list of numbers in [0, 1]."""
 
@@ -125,6 +145,19 @@ class Grader:
         self.command_timeout = command_timeout
         self.gui = gui  # GUI calls' session: the candidate's live desktop (desktop tasks), else None
         self.container: Sandbox | None = None
+        self._output: Path | None = None
+
+    def output_host(self) -> Path:
+        """The output folder evaluate() sees: with a scratch folder, a writable working
+        copy of the deliverables (ALE graders delete, regenerate and re-run files in
+        output/, as on ALE's VM), read by host calls and mounted in the grading sandbox
+        alike; the signed deliverables stay as collected. Without one, the deliverables."""
+        if self.inputs.scratch_host is None:
+            return self.inputs.deliverables_host
+        if self._output is None:
+            self._output = working_copy(self.inputs.deliverables_host, self.inputs.scratch_host / "output",
+                                        owner=(self.policy.uid, self.policy.gid) if os.geteuid() == 0 else None)
+        return self._output
 
     def workdir(self) -> str:
         """Where grader commands start: ``/tmp``, or ``/`` should a task put one of
@@ -140,7 +173,7 @@ class Grader:
             labels[LABEL_EXPERIMENT] = self.experiment
         mounts = [
             Mount(str(i.input_host), i.input_dir, True),
-            Mount(str(i.deliverables_host), i.output_dir, True),
+            Mount(str(self.output_host()), i.output_dir, i.scratch_host is None),
             Mount(str(i.reference_host), i.reference_dir, True),
         ]
         if i.software_host is not None and i.software_dir is not None:
@@ -195,7 +228,7 @@ class Grader:
         i = self.inputs
         routes = [
             Route(i.input_dir, i.input_host, writable=False),
-            Route(i.output_dir, i.deliverables_host, writable=False),
+            Route(i.output_dir, self.output_host(), writable=i.scratch_host is not None),
             Route(i.reference_dir, i.reference_host, writable=False),
         ]
         if i.software_host is not None and i.software_dir is not None:
