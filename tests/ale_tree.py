@@ -72,6 +72,7 @@ ALLOWED_OUTPUT_DIRS = {"output", "output_test_pos", "output_test_neg"}
 class GeneralTaskConfig:
     TASK_NAME: str = ""
     REMOTE_OUTPUT_DIR: str = os.environ.get("REMOTE_OUTPUT_DIR", "output")
+    REQUIRES_TASK_DATA: bool = True
 
     def __post_init__(self):
         if self.REMOTE_OUTPUT_DIR not in ALLOWED_OUTPUT_DIRS:
@@ -87,6 +88,7 @@ class GeneralTaskConfig:
             "software_dir": self.software_dir,
             "remote_output_dir": self.remote_output_dir,
             "reference_dir": self.reference_dir,
+            "requires_task_data": self.REQUIRES_TASK_DATA,
         }
 '''
 

@@ -567,6 +567,50 @@ def test_an_ale_sealed_reference_archive_opens_with_the_ale_password(tree, tmp_p
 
 
 @pytest.mark.docker
+@pytest.mark.parametrize("data", [None, "cards"], ids=["no-source", "a-source-without-the-task"])
+def test_a_task_that_requires_no_data_runs_with_or_without_a_source(tmp_path, docker_client, data) -> None:
+    """ALE's REQUIRES_TASK_DATA = False (demo/tool_smoke): no data is looked up, the
+    input folder is empty, the workspace is mounted at the task folder's output/."""
+    tasks = make_tree(tmp_path / "ale", data_root=make_data(tmp_path / "data") if data else None)
+    d = write(tasks / "lab" / "nodata" / "main.py", '''
+        from dataclasses import dataclass
+
+        import cua_bench as cb
+        from tasks.linux_runtime import LinuxTaskConfig
+
+        @dataclass
+        class Config(LinuxTaskConfig):
+            REQUIRES_TASK_DATA: bool = False
+
+        @cb.tasks_config
+        def load():
+            cfg = Config(DOMAIN_NAME="lab", TASK_NAME="nodata")
+            return [cb.Task(description="write ok to output/ok.txt", metadata=cfg.to_metadata())]
+
+        @cb.solve_task(split="train")
+        async def solve(task_cfg, session):
+            await session.write_file(task_cfg.metadata["remote_output_dir"] + "/ok.txt", "ok")
+
+        @cb.evaluate_task
+        async def evaluate(task_cfg, session):
+            listing = await session.run_command("ls -A " + task_cfg.metadata["input_dir"])
+            answer = task_cfg.metadata["remote_output_dir"] + "/ok.txt"
+            ok = await session.file_exists(answer) and (await session.read_file(answer)).strip() == "ok"
+            return [1.0 if ok and listing["stdout"] == "" else 0.0]
+    ''').parent
+    card = '{"vm": {"snapshot": "cpu-free-ubuntu"}' + (f', "data_source": "local:{tmp_path / "data"}"' if data else "") + "}"
+    write(d / "task_card.json", card)
+    for agent, expected in (("oracle", [1.0]), ("nop", [0.0])):
+        plan = RunPlan(run_id=f"nodata-{agent}", task_dir=str(d), agent=AgentSpec(name=agent), image=TOOLS_IMAGE,
+                       runs_dir=str(tmp_path / "runs"))
+        result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+        assert result.status is RunStatus.SCORED and result.scores == expected, (result.error, result.violations)
+        staged = json.loads((plan.run_dir / "evidence" / "input-staged.json").read_text())
+        assert staged["source"] is None and "note" in staged
+        assert not verify_run_dir(plan.run_dir).reasons
+
+
+@pytest.mark.docker
 def test_the_grading_sandbox_fits_ale_graders(tmp_path, docker_client) -> None:
     """Large reads and outputs, scratch above the task folder and in the VM user's
     home, /tmp on disk, and Python that never imports from the current folder."""

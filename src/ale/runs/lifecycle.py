@@ -319,8 +319,13 @@ def _make_dirs(state: RunState) -> None:
 
 async def stage_input(state: RunState) -> None:
     spec = state.prep.data_spec
-    if spec is None:
-        state.store.write_json(Evidence.INPUT_STAGED, {"source": None, "note": "task has no data source"})
+    if spec is None or state.variant.metadata.get("requires_task_data") is False:
+        # No data: ALE's REQUIRES_TASK_DATA = False (its config's metadata says
+        # requires_task_data: false), or no source at all. An empty input folder.
+        note = "task has no data source" if spec is None else "the task stages no data (requires_task_data: false)"
+        state.input_host.mkdir(parents=True, exist_ok=True, mode=0o755)
+        _make_workspace_mount_point(state)
+        state.store.write_json(Evidence.INPUT_STAGED, {"source": None, "note": note})
         return
     state.source = open_source(spec, base_dir=state.prep.task.path, image_store=state.prep.provider.image_store())
     tree = await asyncio.to_thread(state.source.stage_input, state.variant.data_key, state.input_host)
