@@ -613,7 +613,7 @@ def test_a_task_that_requires_no_data_runs_with_or_without_a_source(tmp_path, do
 @pytest.mark.docker
 def test_the_grading_sandbox_fits_ale_graders(tmp_path, docker_client) -> None:
     """Large reads and outputs, scratch above the task folder and in the VM user's
-    home, /tmp on disk, and Python that never imports from the current folder."""
+    home, /tmp on disk, and Python that imports a script's sibling modules as on the VM."""
     tasks = make_tree(tmp_path / "ale", data_root=make_data(tmp_path / "data"))
     d = write(tasks / "lab" / "gamma" / "main.py", '''
         import json
@@ -642,9 +642,11 @@ def test_the_grading_sandbox_fits_ale_graders(tmp_path, docker_client) -> None:
             checks.append(len(await session.read_bytes("/tmp/big.bin")) == 12000000)
             r = await session.run_command("awk '$5 == \\"/tmp\\" {print $9}' /proc/self/mountinfo")
             checks.append(r["stdout"].strip() != "tmpfs")
+            # As on ALE's VM, a script imports the modules beside it (a candidate's multi-file program).
             r = await session.run_command(
-                "mkdir -p /tmp/v && cd /tmp/v && echo 'raise SystemExit(7)' > json.py && python -c 'import json' ; echo $?")
-            checks.append(r["stdout"].strip() == "0")
+                "mkdir -p /tmp/v && cd /tmp && echo 'X = 7' > v/helper.py && echo 'import helper; print(helper.X)' > v/cli.py "
+                "&& python v/cli.py")
+            checks.append(r["stdout"].strip() == "7")
             return [1.0 if all(checks) else 0.0, float(sum(checks)) / len(checks)]
     ''').parent
     write(d / "task_card.json", '{"vm": {"snapshot": "cpu-free-ubuntu"}, "data_source": "local:%s"}' % (tmp_path / "data"))

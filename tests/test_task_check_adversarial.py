@@ -176,7 +176,11 @@ VERIFY = "import json, sys\nprint('json from', json.__file__)\nprint('path0', sy
 
 
 @pytest.mark.docker
-def test_a_verifier_run_next_to_candidate_modules_does_not_import_them(docker_client, tmp_path):
+def test_the_grading_sandbox_python_is_the_vms_and_starts_outside_the_output(docker_client, tmp_path):
+    """As on ALE's VM: `python script.py` imports the modules beside the script (a
+    grader re-running the candidate's multi-file program works); commands start in
+    /tmp, so `python -c` there sees none of the candidate's files; a verifier run
+    beside the candidate's files imports them (what import-hooks catches)."""
     from ale.sandbox.providers import make_provider
 
     dirs = {n: tmp_path / n for n in ("input", "deliverables", "reference")}
@@ -188,8 +192,11 @@ def test_a_verifier_run_next_to_candidate_modules_does_not_import_them(docker_cl
     for name in ("json.py", "sitecustomize.py", "usercustomize.py", "conftest.py"):
         (out / name).write_text(hook)
     (out / "verify.py").write_text(VERIFY)
-    for f in out.iterdir():
-        os.chmod(f, 0o644)
+    (out / "prog").mkdir()
+    (out / "prog" / "cli.py").write_text("import helper\nprint(helper.answer())\n")
+    (out / "prog" / "helper.py").write_text("def answer():\n    return 42\n")
+    for f in out.rglob("*"):
+        os.chmod(f, 0o755 if f.is_dir() else 0o644)
     grader = Grader(
         make_provider("docker"), image=os.environ.get("ALE_IMAGE", "ale-tools:latest"),
         policy=IsolationPolicy(memory_bytes=512 * 1024**2), run_id=f"test-hygiene-{os.getpid()}-{tmp_path.name}"[:60],
@@ -198,28 +205,29 @@ def test_a_verifier_run_next_to_candidate_modules_does_not_import_them(docker_cl
                              input_dir="/input", output_dir="/workspace", reference_dir="/reference"),
     )
 
-    async def go() -> tuple[dict, dict, dict, list[str], str]:
+    async def go() -> tuple[dict, dict, dict, dict, list[str], str]:
         s = grader.session()
         try:
-            safe = await s.run_command("cd /workspace && python verify.py")
-            dash_c = await s.run_command("cd /workspace && python -c 'import json; print(json.__file__)'")
-            # The same without PYTHONSAFEPATH: the candidate's json.py runs (the test can fail).
-            unsafe = await s.run_command("cd /workspace && env -u PYTHONSAFEPATH python verify.py")
+            own = await s.run_command("mkdir -p /tmp/eval && cp /workspace/verify.py /tmp/eval/ && python /tmp/eval/verify.py")
+            dash_c = await s.run_command("python -c 'import json; print(json.__file__)'")
+            program = await s.run_command("python /workspace/prog/cli.py")
+            beside = await s.run_command("cd /workspace && python verify.py")
             assert grader.container is not None
             env = (await asyncio.to_thread(grader.container.inspect))["Config"]["Env"]
             pwd = (await s.run_command("pwd"))["stdout"].strip()
-            return safe, dash_c, unsafe, env, pwd
+            return own, dash_c, program, beside, env, pwd
         finally:
             await grader.close()
 
-    safe, dash_c, unsafe, env, pwd = asyncio.run(go())
-    assert safe["return_code"] == 0, safe
-    assert "json from /usr/lib/python3" in safe["stdout"] and "CANDIDATE" not in safe["stdout"] + safe["stderr"]
-    assert "path0 /workspace" not in safe["stdout"]
+    own, dash_c, program, beside, env, pwd = asyncio.run(go())
+    assert own["return_code"] == 0, own
+    assert "json from /usr/lib/python3" in own["stdout"] and "CANDIDATE" not in own["stdout"] + own["stderr"]
     assert "/workspace/json.py" not in dash_c["stdout"] and "CANDIDATE" not in dash_c["stdout"]
-    assert "CANDIDATE CODE RAN: json" in unsafe["stdout"]
+    assert program["stdout"].strip() == "42", program
+    assert "CANDIDATE CODE RAN: json" in beside["stdout"]  # the task's to avoid; import-hooks finds it
     for k, v in GRADING_ENVIRONMENT.items():
         assert f"{k}={v}" in env
+    assert not any(e.startswith("PYTHONSAFEPATH=") for e in env)
     assert pwd == "/tmp"
 
 
@@ -284,7 +292,7 @@ META = {{"input_dir": "/input", "remote_output_dir": "/workspace", "reference_di
 HEADS = {{
     # imports its helpers from its own folder: puts that folder first on sys.path
     "imports_output": "import os, sys\\nsys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))\\nimport json\\n",
-    "safe_verifier": "import json, os, sys\\n",
+    "runs_beside": "import json, os, sys\\n",
 }}
 BODY = (
     "try:\\n    got = json.load(open('/tmp/eval/answer.json'))['value']\\nexcept Exception:\\n    got = None\\n"
@@ -393,12 +401,12 @@ def test_a_hackable_grader_is_caught_and_the_strategy_named(docker_client, tmp_p
 
 
 @pytest.mark.docker
-def test_the_same_verifier_without_its_sys_path_line_is_not_hackable(docker_client, tmp_path):
-    """PYTHONSAFEPATH in the grading container: a verifier run in a folder holding
-    the candidate's json.py does not import it, so import-hooks scores nothing."""
-    rc, outcomes, stderr = _check(tmp_path, "safe_verifier", "empty-files", "import-hooks")
-    assert rc == 0, stderr
-    assert outcomes["import-hooks"]["verdict"] == "ok" and outcomes["import-hooks"]["scores"] == [0.0]
+def test_a_verifier_run_beside_the_candidates_files_is_caught_without_a_sys_path_line(docker_client, tmp_path):
+    """The grading sandbox's Python is the VM's (no PYTHONSAFEPATH): a verifier run in
+    the folder holding the candidate's json.py imports it, and import-hooks says so."""
+    rc, outcomes, stderr = _check(tmp_path, "runs_beside", "empty-files", "import-hooks")
+    assert rc == 1, stderr
+    assert outcomes["import-hooks"]["failed"] and outcomes["import-hooks"]["verdict"] == "beats nop", outcomes
 
 
 # -- a harness limit the check found -------------------------------------------------

@@ -1,15 +1,14 @@
 """Grading on the trusted side: evaluate(cfg, session) over host copies.
 
-The session serves the task's input, output (the deliverables copy) and
-reference paths from host folders, read-only; any command the grader runs goes
-to a fresh grading container (no network, the same three folders read-only),
-never the candidate's, which is gone by now.
+The session serves the task's input and reference paths from host folders,
+read-only, and the output folder from a writable working copy of the
+deliverables; any command the grader runs goes to a fresh grading container (no
+network, input and reference read-only, the output's working copy, writable
+scratch on disk), never the candidate's, which is gone by now.
 
-Python in the grading container never imports from the folder of the script it
-runs nor from the current directory (``PYTHONSAFEPATH``), nor from a user site
-(``PYTHONNOUSERSITE``), and writes no bytecode: a verifier run next to candidate
-files (``json.py``, ``sitecustomize.py``, ...) does not execute them. Commands
-start in ``/tmp``, never in the output folder.
+Python in the grading container behaves as on ALE's VM (``python script.py``
+finds the modules beside the script), uses no user site (``PYTHONNOUSERSITE``)
+and writes no bytecode. Commands start in ``/tmp``, never in the output folder.
 """
 
 from __future__ import annotations
@@ -38,8 +37,11 @@ from ale.tasks.errors import TaskError
 from ale.tasks.process import TaskCallFailed, TaskProcessError
 
 # What the grading container's environment adds to the image's.
+# Not PYTHONSAFEPATH: on ALE's VM `python script.py` finds the modules beside the
+# script, and graders rely on it (a verifier importing its helper, the candidate's own
+# multi-file program re-run by the grader); `ale task check`'s import-hooks finds a
+# grader that runs a verifier beside the candidate's files (docs/task-check.md).
 GRADING_ENVIRONMENT: dict[str, str] = {
-    "PYTHONSAFEPATH": "1",  # no script folder, no current directory on sys.path (Python >= 3.11)
     "PYTHONNOUSERSITE": "1",  # no ~/.local site-packages
     "PYTHONDONTWRITEBYTECODE": "1",  # no __pycache__ next to what a verifier imports
 }
