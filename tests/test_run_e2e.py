@@ -370,17 +370,18 @@ def test_the_grader_works_on_a_writable_copy_of_the_output(docker_client, tmp_pa
         @cb.solve_task(split="train")
         async def solve(cfg, session):
             await session.write_file("/workspace/answer.txt", "first")
-            await session.run_command("mkdir -p /workspace/sub && echo keep > /workspace/sub/k.txt", check=True)
+            await session.run_command("mkdir -p /workspace/sub && echo keep > /workspace/sub/k.txt && chmod 440 /workspace/sub/k.txt",
+                                      check=True)
 
         @cb.evaluate_task
         async def evaluate(cfg, session):
             r = await session.run_command(
                 "rm /workspace/answer.txt && echo regenerated > /workspace/answer.txt && mkdir /workspace/artifacts "
-                "&& cat /workspace/sub/k.txt")
+                "&& cat /workspace/sub/k.txt && stat -c %a /workspace/sub/k.txt")
             seen = (await session.read_file("/workspace/answer.txt")).strip()
             await session.write_file("/workspace/artifacts/host.txt", "from the host")
             back = await session.run_command("cat /workspace/artifacts/host.txt")
-            ok = r["return_code"] == 0 and r["stdout"].strip() == "keep" and seen == "regenerated"
+            ok = r["return_code"] == 0 and r["stdout"].split() == ["keep", "440"] and seen == "regenerated"  # modes kept
             return [1.0 if ok and back["stdout"] == "from the host" else 0.0]
     """))
     plan = plan_for(task, tmp_path / "runs", agent="oracle")

@@ -81,20 +81,24 @@ GRADER_HOME = "/home/user"
 
 def working_copy(src: Path, dest: Path, *, owner: tuple[int, int] | None) -> Path:
     """A copy of ``src`` (regular files and folders only, as the deliverables are)
-    that the grading sandbox's user may change: owned by ``owner`` when given (as
-    root), else writable by everyone. Never a hard link: a write must not reach
-    ``src``."""
+    that the grading sandbox's user may change. Files keep their exact mode (graders
+    check the permissions the candidate set). As root the copy belongs to ``owner``,
+    the sandbox's user, as the candidate's files did; otherwise its folders are
+    writable by everyone, so files can be removed and made anew. Never a hard link: a
+    write must not reach ``src``."""
     shutil.copytree(src, dest, symlinks=True, copy_function=shutil.copy2)
     for dirpath, dirs, files in os.walk(dest):
         for name in [*dirs, *files]:
             path = os.path.join(dirpath, name)
             if owner is not None:
                 os.lchown(path, *owner)
-            folder = name in dirs
-            os.chmod(path, os.lstat(path).st_mode | ((0o700 if folder else 0o600) if owner else (0o777 if folder else 0o666)))
+            elif name in dirs:
+                os.chmod(path, os.lstat(path).st_mode | 0o777)
     if owner is not None:
         os.chown(dest, *owner)
-    os.chmod(dest, 0o755 if owner else 0o777)
+        os.chmod(dest, 0o755)
+    else:
+        os.chmod(dest, 0o777)
     return dest.resolve()
 
 
