@@ -421,3 +421,30 @@ def test_an_output_too_large_for_the_task_channel_is_scored_not_an_infrastructur
             json.dumps({"steps": steps}), "--runs-dir", str(tmp_path))
     result = json.loads((Path(p.stdout.strip().splitlines()[-1]) / "result.json").read_text())
     assert result["status"] == "scored" and result["scores"] == [0.0], result["error"]
+
+
+def test_the_outputs_working_copy_is_made_on_first_use_and_never_touches_the_deliverables(tmp_path):
+    from ale.sandbox.providers import make_provider
+
+    dirs = {n: tmp_path / n for n in ("input", "deliverables", "reference", "scratch")}
+    for d in dirs.values():
+        d.mkdir()
+    (dirs["input"] / "q.txt").write_text("question")
+    (dirs["deliverables"] / "a.txt").write_text("answer")
+    grader = Grader(
+        make_provider("docker"), image="unused", policy=IsolationPolicy(), run_id="lazy", experiment=None, command_timeout=5,
+        inputs=GradingInputs(input_host=dirs["input"], deliverables_host=dirs["deliverables"], reference_host=dirs["reference"],
+                             input_dir="/input", output_dir="/workspace", reference_dir="/reference",
+                             scratch_host=dirs["scratch"]),
+    )
+
+    async def go() -> None:
+        s = grader.session()
+        assert await s.read_file("/input/q.txt") == "question"
+        assert not (dirs["scratch"] / "output").exists()  # a grader that reads only the input copies nothing
+        assert await s.read_file("/workspace/a.txt") == "answer"
+        await s.write_file("/workspace/a.txt", "changed by the grader")
+        assert await s.read_file("/workspace/a.txt") == "changed by the grader"
+
+    asyncio.run(go())
+    assert (dirs["deliverables"] / "a.txt").read_text() == "answer"

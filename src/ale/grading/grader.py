@@ -234,7 +234,9 @@ class Grader:
         i = self.inputs
         routes = [
             Route(i.input_dir, i.input_host, writable=False),
-            Route(i.output_dir, self.output_host(), writable=i.scratch_host is not None),
+            # The working copy is made when first used (a grader reading only the input copies nothing).
+            Route(i.output_dir, i.scratch_host / "output", writable=True, ready=self.output_host)
+            if i.scratch_host is not None else Route(i.output_dir, i.deliverables_host, writable=False),
             Route(i.reference_dir, i.reference_host, writable=False),
         ]
         if i.software_host is not None and i.software_dir is not None:

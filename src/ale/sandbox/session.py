@@ -298,11 +298,13 @@ class ContainerSession(GuiMethods):
 
 @dataclass(frozen=True)
 class Route:
-    """Container path prefix `target` is served from host folder `host`."""
+    """Container path prefix `target` is served from host folder `host`; `ready`,
+    if given, is called before each use (e.g. to make `host` on first use)."""
 
     target: str
     host: Path
     writable: bool
+    ready: Callable[[], object] | None = None
 
 
 class RoutedSession(GuiMethods):
@@ -328,6 +330,8 @@ class RoutedSession(GuiMethods):
         norm = posixpath.normpath(path)
         for r in self.routes:
             if norm == r.target or norm.startswith(r.target.rstrip("/") + "/"):
+                if r.ready is not None:
+                    r.ready()
                 rel = posixpath.relpath(norm, r.target)
                 host = (r.host / rel) if rel != "." else r.host
                 # Never leave the routed folder, even through a symlink.
