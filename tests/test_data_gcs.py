@@ -136,7 +136,8 @@ def test_gcs_end_to_end_tree_reference(gcs, emulator: Emulator, tmp_path: Path) 
     assert tree == hash_tree(v / "input") and tree["count"] == 3
     assert tree_of(tmp_path / "run" / "input") == tree_of(v / "input")
     assert (tmp_path / "run" / "software" / "tool.py").read_text() == "print('tool')\n"
-    assert (tmp_path / "run" / "input" / "run.sh").stat().st_mode & 0o777 == 0o644
+    # GCS keeps no modes: a file starting with #! is made runnable (its 0700 is not carried over).
+    assert (tmp_path / "run" / "input" / "run.sh").stat().st_mode & 0o777 == 0o755
     c = src.commit_reference(KEY)
     assert c is not None and c.kind == "tree" and c.sha256 == hash_tree(v / "reference")["digest"]
     src.stage_reference(KEY, tmp_path / "grade" / "reference", c)
