@@ -16,7 +16,6 @@ in the harness for unit tests of task code (``ale.tasks.loader``).
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import inspect
 import itertools
@@ -210,6 +209,8 @@ def call_load(load_fn: Callable[..., Any], main: Path) -> list[Any]:
     try:
         result = load_fn()
         if inspect.isawaitable(result):
+            import asyncio  # only for an async load(): a task process starts faster without it
+
             try:
                 asyncio.get_running_loop()
             except RuntimeError:
