@@ -169,3 +169,18 @@ def test_load_report_from_folders(tmp_path: Path) -> None:
     assert rep.runs[0].trajectory == f"runs/{rep.runs[0].run_id}/trajectory.json"
     with pytest.raises(FileNotFoundError):
         load_report(tmp_path / "nope")
+
+
+def test_runs_with_warnings_are_listed_beside_the_numbers() -> None:
+    """A run scored with part of its deliverables left out at a limit counts as it is,
+    and the report says which runs carry warnings (JSON, HTML)."""
+    results, units = build()
+    warned = next(r for r in results if r.run_id == "t1-v0-A-r0-a1")
+    warned.extra["warnings"] = ["deliverables: 16 entries of the workspace not copied at a limit (<cap>: a/b)"]
+    rep = aggregate(results, units=units, run_paths={r.run_id: f"runs/{r.run_id}" for r in results})
+    assert [r.run_id for r in rep.warned_runs] == ["t1-v0-A-r0-a1"]
+    assert next(a for a in rep.agents if a.agent == "A").mean == next(
+        a for a in aggregate(build()[0], units=units).agents if a.agent == "A").mean  # counted as it is
+    assert json.loads(to_json(rep))["warned_runs"][0]["warnings"][0].startswith("deliverables: 16 entries")
+    html = to_html(rep)
+    assert "Runs with warnings (1)" in html and "&lt;cap&gt;" in html

@@ -13,6 +13,7 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ale import layout
@@ -187,6 +188,9 @@ def report_command(
         if others:
             console.print(f"[red]{len(others)} invalid run(s)[/] charged to the harness or the controller (excluded): "
                           + ", ".join(r.run_id for r in others[:10]))
+        if report.warned_runs:
+            console.print(f"[yellow]{len(report.warned_runs)} run(s) with warnings[/] (scored as they are; look at them): "
+                          + escape("; ".join(f"{r.run_id}: {r.warnings[0]}" for r in report.warned_runs[:5])), highlight=False)
         console.print(report.counting_policy, markup=False, highlight=False)
 
 

@@ -82,6 +82,7 @@ class RunRow(BaseModel):
     error: str | None = None
     path: str | None = None  # the run folder, relative to the experiment folder
     trajectory: str | None = None  # trajectory.json, relative to the experiment folder
+    warnings: list[str] = Field(default_factory=list)  # result.extra["warnings"]: counted, worth a look
 
 
 class AgentSummary(BaseModel):
@@ -136,6 +137,7 @@ class Report(BaseModel):
     invalid_runs: list[RunRow]
     runs: list[RunRow]
     flagged_runs: list[RunRow] = Field(default_factory=list)  # invalid after the agent started: review them
+    warned_runs: list[RunRow] = Field(default_factory=list)  # runs whose result carries warnings (e.g. deliverables cut at a limit)
     counting_policy: str = COUNTING_POLICY
 
 
@@ -232,6 +234,7 @@ def aggregate(
                 error=r.error,
                 path=path,
                 trajectory=trajectory,
+                warnings=[str(w) for w in (r.extra or {}).get("warnings", [])],
             )
         )
 
@@ -339,6 +342,7 @@ def aggregate(
         invalid_runs=[row for row in rows if row.status is RunStatus.INVALID_EVALUATION_ENVIRONMENT],
         runs=rows,
         flagged_runs=[row for row in rows if _flagged(row)],
+        warned_runs=[row for row in rows if row.warnings],
     )
 
 

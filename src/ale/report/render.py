@@ -266,6 +266,15 @@ def to_html(report: Report, *, link_base: str = "") -> str:
     else:
         out.append("<p class='ok'>none</p>")
 
+    # warnings (scored as they are)
+    if report.warned_runs:
+        out.append(f"<h2>Runs with warnings ({len(report.warned_runs)})</h2>")
+        out.append("<table id='warnings'><tr><th>run</th><th>agent</th><th>task</th><th>warning</th></tr>")
+        for r in report.warned_runs:
+            out.append(f"<tr><td>{link(r.path, r.run_id)}</td><td>{escape(r.agent)}</td><td>{escape(r.item)}</td>"
+                       f"<td>{escape('; '.join(r.warnings))}</td></tr>")
+        out.append("</table>")
+
     # every run
     out.append("<h2>All runs</h2><div class='scroll'><table id='runs'><tr><th>run</th><th>agent</th><th>task</th>"
                "<th>repeat</th><th>attempt</th><th>status</th><th>score</th><th>trajectory</th></tr>")
