@@ -46,3 +46,30 @@ def test_refuses_existing_destination(tmp_path):
     (tmp_path / "out").mkdir()
     with pytest.raises(FileExistsError):
         extract_deliverables(tmp_path / "ws", tmp_path / "out", max_files=1, max_bytes=1)
+
+
+def test_a_link_to_a_file_inside_the_workspace_is_copied_as_that_file(tmp_path):
+    """As the grader would read it on ALE's VM; a link that leaves the workspace
+    (to the reference, the host, a loop, a folder, another link) is still skipped."""
+    ws = tmp_path / "ws"
+    (ws / "final").mkdir(parents=True)
+    (ws / "final" / "answer.json").write_text('{"v": 1}')
+    (ws / "submission.json").symlink_to("final/answer.json")
+    (ws / "final" / "again.json").symlink_to("../final/./answer.json")
+    (ws / "abs.json").symlink_to("/workspace/final/answer.json")
+    (ws / "ref.json").symlink_to("../reference/answer.json")
+    (ws / "host").symlink_to("/etc/passwd")
+    (ws / "chain").symlink_to("submission.json")
+    (ws / "folder").symlink_to("final")
+    (ws / "loop").symlink_to("loop")
+    (ws / "up").symlink_to("final/../../ws/final/answer.json")
+    m = extract_deliverables(ws, tmp_path / "out", max_files=100, max_bytes=10**6, mount_point="/workspace")
+    copied = {f.path for f in m.files}
+    assert copied == {"final/answer.json", "submission.json", "final/again.json", "abs.json"}
+    assert (tmp_path / "out" / "submission.json").read_text() == '{"v": 1}'
+    assert not (tmp_path / "out" / "submission.json").is_symlink()
+    reasons = {s.path: s.reason for s in m.skipped}
+    assert reasons == {n: "symlink" for n in ("ref.json", "host", "chain", "folder", "loop", "up")}
+    # Without the mount point an absolute target is never resolved.
+    m2 = extract_deliverables(ws, tmp_path / "out2", max_files=100, max_bytes=10**6)
+    assert "abs.json" not in {f.path for f in m2.files}

@@ -12,9 +12,12 @@ owner) the candidate gave it. A file with several names (hard links) is copied
 under each of them: the workspace is its own mount in the sandbox, so every name
 of such a file lies inside it (link(2) never crosses mounts), and its content is
 the candidate's own, as ``ln`` or ``cp -al`` leave it. Folders are recreated
-(mode 0755). What is skipped, and why: symlinks (never followed), FIFOs,
-sockets, devices, setuid/setgid files, unreadable entries (each OSError is the
-entry's), and everything past a limit.
+(mode 0755). A symlink to a regular file inside the workspace (relative, or
+absolute under the workspace's mount point) is copied as that file, resolved on
+the workspace's own tree one real folder at a time. What is skipped, and why:
+every other symlink (out of the workspace, to a folder or another link; never
+followed), FIFOs, sockets, devices, setuid/setgid files, unreadable entries (each
+OSError is the entry's), and everything past a limit.
 
 Limits (all recorded in the manifest's ``limits``):
 
@@ -188,8 +191,11 @@ class _Frame:
 
 
 class _Extractor:
-    def __init__(self, dest_fd: int, limits: DeliverableLimits, owner: tuple[int, int] | None, deadline: float):
+    def __init__(self, dest_fd: int, limits: DeliverableLimits, owner: tuple[int, int] | None, deadline: float,
+                 mount_point: bytes | None = None):
         self.dest_fd = dest_fd
+        self.root_fd = -1
+        self.mount_point = mount_point.rstrip(b"/") if mount_point else None
         self.limits = limits
         self.owner = owner
         self.deadline = deadline
@@ -276,10 +282,15 @@ class _Extractor:
             return None
         if kind == "dir":
             return self.enter(frame, name, rel, stored, st)
-        reason = None
+        src_dir, src_name = frame.fd, name
         if kind == "symlink":
-            reason = "symlink"
-        elif kind != "file":
+            target = self._link_inside(rel, name, frame.fd)
+            if target is None:
+                self.skip(rel, "symlink", kind=kind)
+                return None
+            src_dir, src_name, st, kind = target
+        reason = None
+        if kind != "file":
             reason = f"not a regular file ({kind})"
         elif st.st_mode & (stat.S_ISUID | stat.S_ISGID):
             reason = "setuid/setgid"
@@ -290,8 +301,52 @@ class _Extractor:
         if reason:
             self.skip(rel, reason, kind=kind, size=st.st_size if kind == "file" else None)
             return None
-        self.copy(frame, name, rel, stored, st)
+        try:
+            self.copy(src_dir, src_name, rel, stored, st)
+        finally:
+            if src_dir != frame.fd:
+                os.close(src_dir)
         return None
+
+    def _link_inside(self, rel: bytes, name: bytes, dir_fd: int) -> tuple[int, bytes, os.stat_result, str] | None:
+        """A symlink to a regular file inside the workspace, as its target: (the
+        target's folder fd, its name, its stat, its kind), else None (the link is
+        skipped). Relative targets, and absolute ones under the workspace's mount
+        point in the sandbox, are resolved on the workspace's own tree, one real
+        folder at a time (no link followed further): a link can never reach out of
+        the workspace (on ALE's VM, ``answer.json -> ../reference/answer.json``
+        dangles during the run and resolves to the reference at grading)."""
+        try:
+            text = os.readlink(name, dir_fd=dir_fd)
+        except OSError:
+            return None
+        text = os.fsencode(text)
+        if text.startswith(b"/"):
+            if self.mount_point is None or not (text == self.mount_point or text.startswith(self.mount_point + b"/")):
+                return None
+            joined = text[len(self.mount_point):].lstrip(b"/")
+        else:
+            parent = rel.rpartition(b"/")[0]
+            joined = parent + b"/" + text if parent else text
+        norm = os.path.normpath(joined)
+        if norm in (b".", b"..") or norm.startswith((b"../", b"/")) or self.root_fd < 0:
+            return None
+        *folders, leaf = norm.split(b"/")
+        fd = os.dup(self.root_fd)
+        try:
+            for part in folders:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NOCTTY, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            st = os.stat(leaf, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            os.close(fd)
+            return None
+        kind = _kind(st.st_mode)
+        if kind != "file":  # a link to a folder, to another link, to a FIFO...: never followed
+            os.close(fd)
+            return None
+        return fd, leaf, st, kind
 
     def enter(self, frame: _Frame, name: bytes, rel: bytes, stored: bytes, st: os.stat_result) -> _Frame | None:
         if frame.depth + 1 > self.limits.max_depth:
@@ -324,9 +379,9 @@ class _Extractor:
                                         stored_as=None if stored == rel else stored.decode()))
         return sub
 
-    def copy(self, frame: _Frame, name: bytes, rel: bytes, stored: bytes, st: os.stat_result) -> None:
+    def copy(self, dir_fd: int, name: bytes, rel: bytes, stored: bytes, st: os.stat_result) -> None:
         try:
-            src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=frame.fd)
+            src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dir_fd)
         except OSError as e:
             self.skip(rel, f"unreadable: {_strerror(e)}", kind="file", size=st.st_size)
             return
@@ -450,7 +505,7 @@ class _Changed(Exception):
 def extract_deliverables(
     workspace: Path, dest: Path, *, max_files: int, max_bytes: int, owner: tuple[int, int] | None = None,
     max_depth: int = DEFAULT_MAX_DEPTH, max_entries: int = DEFAULT_MAX_ENTRIES,
-    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S, mount_point: str | None = None,
 ) -> DeliverablesManifest:
     """Copy regular files from `workspace` into `dest` (which must not exist; its
     parent must) and return the manifest of what was copied and skipped.
@@ -462,7 +517,9 @@ def extract_deliverables(
     candidate's uid:gid, when the harness may chown), its owner too: a grader
     running as the candidate user sees the files as the candidate left them (ALE
     graders check outputs made read-only, for one). Without ``owner`` the copy
-    stays readable by the harness (owner-read is added)."""
+    stays readable by the harness (owner-read is added). ``mount_point`` is where
+    the workspace is mounted in the sandbox: a symlink whose absolute target lies
+    under it is resolved inside the workspace like a relative one."""
     started = time.monotonic()
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=False, mode=0o755)
@@ -470,7 +527,7 @@ def extract_deliverables(
     limits = DeliverableLimits(max_files=max_files, max_bytes=max_bytes, max_depth=max_depth,
                                max_entries=max_entries, time_limit_s=time_limit_s, max_path_bytes=max(0, max_path))
     dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    x = _Extractor(dest_fd, limits, owner, started + time_limit_s)
+    x = _Extractor(dest_fd, limits, owner, started + time_limit_s, os.fsencode(mount_point) if mount_point else None)
     try:
         try:
             root_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -478,6 +535,7 @@ def extract_deliverables(
             x.skip(b"", f"the workspace cannot be opened: {_strerror(e)}")
             root_fd = -1
         if root_fd >= 0:
+            x.root_fd = root_fd
             root = _Frame(fd=root_fd, rel=b"", stored=b"", depth=0)
             try:
                 x.list_dir(root)

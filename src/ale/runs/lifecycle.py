@@ -600,6 +600,7 @@ async def collect_deliverables(state: RunState) -> None:
         extract_deliverables,
         state.workspace_host, state.run_dir / layout.DELIVERABLES_DIR, max_files=lim.deliverable_max_files,
         max_bytes=lim.deliverable_max_bytes, owner=(state.plan.policy.uid, state.plan.policy.gid) if os.geteuid() == 0 else None,
+        mount_point=state.variant.output_dir,
     )
     ev.write_json_new(state.run_dir / layout.DELIVERABLES, json.loads(manifest.model_dump_json()))
     state.events.append("deliverables.collected", files=len(manifest.files), skipped=len(manifest.skipped), digest=manifest.digest)
