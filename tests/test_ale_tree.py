@@ -661,3 +661,36 @@ def test_judge_credentials_are_selected_by_name() -> None:
     env = {"ALE_JUDGE_OPENAI_API_KEY": "k1", "ALE_JUDGE_ANTHROPIC_API_KEY": "k2", "OPENAI_API_KEY": "operator", "ALE_JUDGE_": "x"}
     assert judge_env(env) == {"OPENAI_API_KEY": "k1", "ANTHROPIC_API_KEY": "k2"}
     assert judge_env(env, names=("OPENAI_API_KEY",)) == {"OPENAI_API_KEY": "k1"}
+
+
+def test_task_code_runs_jailed_away_from_the_harness_files(tmp_path: Path) -> None:
+    """A host-side grader may run what the candidate wrote (ALE's dit_pipeline imports
+    the candidate's module): the task process sees its interpreter, the runtime, its
+    tree and home, never the runs folder, another task's data or /etc/shadow."""
+    secret = tmp_path / "runs" / "other-run" / "reference.json"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("the other run's reference")
+    d = write(tmp_path / "tasks" / "dom" / "jailed" / "main.py", f'''
+        import os
+        import cua_bench as cb
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="x")]
+        @cb.evaluate_task
+        async def evaluate(cfg, session):
+            seen = {{}}
+            for p in ({str(secret)!r}, "/etc/shadow", {str(tmp_path / "runs")!r}, os.path.expanduser("~/../..")):
+                try:
+                    seen[p] = open(p).read()[:10] if os.path.isfile(p) else sorted(os.listdir(p))[:3]
+                except OSError as e:
+                    seen[p] = type(e).__name__
+            return seen
+    ''').parent
+
+    async def go():
+        async with TaskProcess(d) as proc:
+            return await proc.call("evaluate", 0, FakeSession())
+
+    seen = asyncio.run(go())
+    assert seen[str(secret)] == "FileNotFoundError" and seen[str(tmp_path / "runs")] == "FileNotFoundError", seen
+    assert seen["/etc/shadow"] == "FileNotFoundError", seen

@@ -35,6 +35,7 @@ from typing import Any
 from ale.tasks.card import TaskCard, load_card
 from ale.tasks.environment import TaskEnvironment, resolve_environment
 from ale.tasks.errors import TaskError
+from ale.tasks.jail import jail_argv
 from ale.tasks.loader import TaskVariant, describe_variant, task_code_hash
 from ale.tasks.runtime._ale_task_worker import protocol
 from ale.tasks.runtime._ale_task_worker.importer import find_tree_root
@@ -186,9 +187,13 @@ class TaskProcess:
     async def _spawn_and_load(self, main: Path, card: TaskCard, code_hash: str) -> TaskInfo:
         assert self._home is not None
         python = self.environment.python
+        argv = [python, "-I", "-B", str(SERVE), str(self.path)]
+        root = find_tree_root(self.path)
+        tree = [root / "tasks"] if root is not None else []  # the namespace package, never the folder around it
+        jailed = jail_argv(argv, python=python, read_only=[RUNTIME_DIR, *tree, self.path], home=self._home, cwd=self.path)
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                python, "-I", "-B", str(SERVE), str(self.path),
+                *(jailed or argv),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 cwd=str(self.path), env=task_process_env(python, self._home), start_new_session=True,
                 limit=protocol.MAX_LINE,

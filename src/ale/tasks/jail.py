@@ -1,0 +1,82 @@
+"""The task process's jail: bubblewrap around the task's interpreter.
+
+Task code is the task author's, but graders run what the candidate wrote: a host
+side grader that imports or executes a file from the output (ALE's
+``dit_pipeline_cfg_alignment`` runs the candidate's pipeline with
+``sys.executable``) would otherwise run it as the harness's user, beside the
+signing key, the runs folder and every task's data. In the jail the task process
+sees only what it needs: ``/usr`` and a few files of ``/etc`` (read-only), its
+interpreter (the tree's venv and the base installation it points at), the harness's
+task runtime and the task tree (read-only), its own home (read-write) and a fresh
+``/tmp``, ``/proc`` and ``/dev``. The network stays (LLM judges). Its own PID, IPC
+and UTS namespaces; it dies with its parent.
+
+``ALE_TASK_SANDBOX=off`` runs the task process unjailed (also when bubblewrap is
+missing, with a warning in the task log).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+ETC_FILES = ("passwd", "group", "nsswitch.conf", "hosts", "resolv.conf", "localtime", "ssl", "ca-certificates",
+             "ld.so.cache", "alternatives", "mime.types", "gai.conf")
+
+
+def jail_enabled() -> bool:
+    return os.environ.get("ALE_TASK_SANDBOX", "on").lower() not in ("off", "0", "false", "no")
+
+
+def interpreter_roots(python: str) -> list[str]:
+    """The folders an interpreter needs: a venv's root and the installation its
+    ``pyvenv.cfg`` names, or the interpreter's own prefix; nothing under /usr."""
+    roots: list[str] = []
+    exe = Path(os.path.abspath(python))
+    candidates = [exe.parent.parent]
+    cfg = exe.parent.parent / "pyvenv.cfg"
+    if cfg.is_file():
+        for line in cfg.read_text(errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                candidates.append(Path(value.strip()).parent)
+    candidates.append(Path(os.path.realpath(exe)).parent.parent)
+    for c in candidates:
+        real = os.path.realpath(c)
+        if real == "/" or real == "/usr" or real.startswith("/usr/"):
+            continue
+        if real not in roots:
+            roots.append(real)
+    return roots
+
+
+def jail_argv(argv: list[str], *, python: str, read_only: list[Path], home: Path, cwd: Path) -> list[str] | None:
+    """``argv`` inside bubblewrap, or None when the jail is off or bubblewrap missing."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None or not jail_enabled():
+        return None
+    a = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+         "--ro-bind", "/usr", "/usr"]
+    for link in ("bin", "lib", "lib32", "lib64", "sbin"):
+        p = Path("/" + link)
+        if p.is_symlink():
+            a += ["--symlink", str(p.readlink()), str(p)]
+        elif p.is_dir():
+            a += ["--ro-bind", str(p), str(p)]
+    for name in ETC_FILES:
+        p = Path("/etc") / name
+        if p.exists():
+            a += ["--ro-bind", str(p), str(p)]
+    a += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    seen: set[str] = set()
+    for q in [*interpreter_roots(python), *map(str, read_only)]:
+        real = os.path.realpath(q)
+        if real in seen or not os.path.exists(real):
+            continue
+        seen.add(real)
+        a += ["--ro-bind", real, real]
+        if os.path.abspath(q) != real:  # the path as named, too (a venv under a symlinked folder)
+            a += ["--ro-bind", real, os.path.abspath(q)]
+    a += ["--bind", str(home), str(home), "--chdir", str(cwd), "--", *argv]
+    return a
