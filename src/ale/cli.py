@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -161,7 +162,7 @@ def task_check(
             ok = (
                 result.status.value == "scored"
                 and result.scores is not None
-                and (all(s == 1.0 for s in result.scores) if agent == "oracle" else max(result.scores) <= 0.0)
+                and (all(math.isclose(s, 1.0, abs_tol=1e-9) for s in result.scores) if agent == "oracle" else max(result.scores) <= 0.0)
             )
             mark = "[green]ok[/]" if ok else "[red]FAIL[/]"
             err.print(f"{mark} variant {v} {agent}: {result.status.value} scores={result.scores}  {escape(str(plan.run_dir))}")

@@ -11,10 +11,11 @@ tree root importable, and serves the session calls the task makes. So:
   call with ``TaskProcessError``, nothing else;
 - task code sees none of the harness's environment: only the variables below,
   the ALE defaults (``REMOTE_ROOT_DIR``, ``REMOTE_OUTPUT_DIR``, ``OS_TYPE``), and,
-  for ``evaluate()`` alone, the judge credentials passed to that call.
+  for ``evaluate()`` alone, the judge credentials passed to that call;
+- and none of the harness's files: it runs in a bubblewrap jail (``ale.tasks.jail``).
 
-Limits: one message at most 256 MiB; the task log (its stdout and stderr) is kept
-up to 8 MiB, the rest dropped.
+Limits: one message at most 2 GiB (``protocol.MAX_LINE``: a 1 GiB read, base64);
+the task log (its stdout and stderr) is kept up to 8 MiB, the rest dropped.
 """
 
 from __future__ import annotations
