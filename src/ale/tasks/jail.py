@@ -51,23 +51,30 @@ def interpreter_roots(python: str) -> list[str]:
     return roots
 
 
-def jail_argv(argv: list[str], *, python: str, read_only: list[Path], home: Path, cwd: Path) -> list[str] | None:
-    """``argv`` inside bubblewrap, or None when the jail is off or bubblewrap missing."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None or not jail_enabled():
-        return None
-    a = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-         "--ro-bind", "/usr", "/usr"]
+def system_binds(etc_files: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """bwrap arguments for the host's system, read-only: ``/usr``, Debian's ``/bin``,
+    ``/lib``, ``/lib32``, ``/lib64``, ``/sbin`` (links into it, or folders), and the
+    named files of ``/etc`` that exist; and the ``/etc`` paths bound."""
+    a = ["--ro-bind", "/usr", "/usr"]
     for link in ("bin", "lib", "lib32", "lib64", "sbin"):
         p = Path("/" + link)
         if p.is_symlink():
             a += ["--symlink", str(p.readlink()), str(p)]
         elif p.is_dir():
             a += ["--ro-bind", str(p), str(p)]
-    for name in ETC_FILES:
-        p = Path("/etc") / name
-        if p.exists():
-            a += ["--ro-bind", str(p), str(p)]
+    etc = [f"/etc/{n}" for n in etc_files if Path(f"/etc/{n}").exists()]
+    for e in etc:
+        a += ["--ro-bind", e, e]
+    return a, etc
+
+
+def jail_argv(argv: list[str], *, python: str, read_only: list[Path], home: Path, cwd: Path) -> list[str] | None:
+    """``argv`` inside bubblewrap, or None when the jail is off or bubblewrap missing."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None or not jail_enabled():
+        return None
+    a = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+         *system_binds(ETC_FILES)[0]]
     a += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     seen: set[str] = set()
     for q in [*interpreter_roots(python), *map(str, read_only)]:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ale.agents.errors import AgentConfigError
+from ale.tasks.jail import system_binds
 
 RELAY = Path(__file__).with_name("netns_relay.py")
 ETC_FILES = ("passwd", "group", "nsswitch.conf", "hosts", "localtime", "ssl", "ca-certificates", "ld.so.cache")
@@ -165,16 +166,9 @@ def bwrap_argv(
 ) -> tuple[list[str], dict[str, Any]]:
     """The command line that runs ``argv`` confined, and its record for the evidence."""
     bwrap = bwrap_path()
+    system, etc = system_binds(ETC_FILES)
     a = [bwrap, "--die-with-parent", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-         "--hostname", "ale-harness", "--ro-bind", "/usr", "/usr"]
-    for link in ("bin", "lib", "lib64", "sbin"):
-        if Path("/" + link).is_symlink():
-            a += ["--symlink", str(Path("/" + link).readlink()), "/" + link]
-        elif Path("/" + link).is_dir():
-            a += ["--ro-bind", "/" + link, "/" + link]
-    etc = [f"/etc/{n}" for n in ETC_FILES if Path(f"/etc/{n}").exists()]
-    for p in etc:
-        a += ["--ro-bind", p, p]
+         "--hostname", "ale-harness", *system]
     a += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run", "--dir", SANDBOX_RUN]
     ro = []
     for p in install:
