@@ -4,6 +4,7 @@ the Docker-specific behaviour the suite does not state."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -72,3 +73,27 @@ def test_unreachable_engine_is_a_sandbox_error(tmp_path):
     provider = DockerProvider(base_url=f"unix://{tmp_path}/no-docker.sock")
     with pytest.raises(SandboxError, match="cannot reach the Docker engine"):
         provider.engine_record()
+
+
+def test_timeout_kill_spares_no_env_cleared_descendant_on_a_slow_engine(provider, conformance_env, monkeypatch):
+    """The kill after a timeout finds env-cleared descendants by their start time.
+    A slow engine (a loaded host) delays the kill's exec: the command's start must
+    still map onto the container's clock from below, or a descendant forked just
+    after the start is spared (seen in CI: `sleep 36` outlived its timed-out command)."""
+    from tests.sandbox_conformance import assert_no_processes, running
+
+    async def go():
+        async with running(provider, conformance_env) as sb:
+            create = sb.client.api.exec_create
+
+            def slow_create(container, cmd, *a, **kw):
+                if "kill-tagged" in cmd:
+                    time.sleep(1.5)
+                return create(container, cmd, *a, **kw)
+
+            monkeypatch.setattr(sb.client.api, "exec_create", slow_create)
+            r = await sb.exec(["sh", "-c", "(env -i setsid sleep 36 >/dev/null 2>&1 &) ; sleep 30"], timeout=1.0)
+            assert r.timed_out, r
+            await assert_no_processes(sb, "after a timeout on a slow engine", grace_s=1)
+
+    asyncio.run(go())

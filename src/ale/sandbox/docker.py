@@ -147,6 +147,7 @@ class DockerSandbox:
         self.policy = policy
         self.name: str = container.name
         self.id: str = container.id
+        self._uptime_offset: float | None = None
 
     shares_host_filesystem = True
 
@@ -296,7 +297,7 @@ class DockerSandbox:
         if collector.error is not None and not forced:
             raise SandboxError(f"exec stream from {self.name} failed: {collector.error}")
         if timed_out and wrapped and not forced:
-            await self._kill_tagged(tag, time.monotonic() - started)
+            await self._kill_tagged(tag, started)
         if not forced and not timed_out and (exit_code == -1 or exit_code >= 128):
             await self._raise_if_gone()
         return ExecResult(
@@ -360,14 +361,30 @@ class DockerSandbox:
             with suppress(Exception):
                 collector.sock.close()
 
-    async def _kill_tagged(self, tag: str, age_s: float) -> None:
+    async def _container_uptime_offset(self) -> float:
+        """A lower bound on (container uptime - host monotonic clock), in seconds:
+        the container's /proc/uptime is read somewhere inside one exec's round trip,
+        so subtracting the host's clock at the round trip's end never overstates it.
+        Measured once per sandbox (the two clocks run at the same rate)."""
+        if self._uptime_offset is None:
+            r = await self.exec(["cat", "/proc/uptime"], timeout=30, wrap_timeout=False)
+            back = time.monotonic()
+            try:
+                up = float(r.stdout.split()[0])
+            except (IndexError, ValueError) as e:
+                raise SandboxError(f"cannot read /proc/uptime in {self.name}: {r.stdout[:80]!r}") from e
+            self._uptime_offset = up - back
+        return self._uptime_offset
+
+    async def _kill_tagged(self, tag: str, started: float) -> None:
         """Kill every process whose environment carries this command's tag, and
         every process with no tag at all (it cleared its environment) that started
-        since the command did (``age_s`` ago, measured by the host: never less)."""
+        since the command did (``started``, on the host's monotonic clock, mapped to
+        the container's uptime by a lower bound: an untagged process that started a
+        round trip before the command may die too, one after it never survives)."""
+        since_cs = int((started + await self._container_uptime_offset()) * 100) - 2
         script = (
-            'var=$1 tag=$2 age_cs=$3; hz=$(getconf CLK_TCK 2>/dev/null || echo 100); '
-            'read -r up _ < /proc/uptime; cs=${up#*.}; cs=${cs#0}; '
-            'since_cs=$(( ${up%.*} * 100 + cs - age_cs )); '
+            'var=$1 tag=$2 since_cs=$3; hz=$(getconf CLK_TCK 2>/dev/null || echo 100); '
             # Sweep until a sweep (after the third) finds nothing alive to kill, a
             # second at most: a descendant still being forked is caught too.
             'i=0; while [ $i -lt 20 ]; do i=$((i+1)); k=0; for p in /proc/[0-9]*; do pid=${p#/proc/}; '
@@ -379,9 +396,8 @@ class DockerSandbox:
             '[ $(( ${20} * 100 / hz )) -ge "$since_cs" ] && kill -9 "$pid" 2>/dev/null && k=1; '
             "done; [ $k = 0 ] && [ $i -ge 3 ] && break; sleep 0.05; done; true"
         )
-        age_cs = str(int(age_s * 100) + 2)
         await self.exec(
-            ["sh", "-c", script, "kill-tagged", EXEC_TAG_VAR, tag, age_cs], timeout=30, wrap_timeout=False
+            ["sh", "-c", script, "kill-tagged", EXEC_TAG_VAR, tag, str(since_cs)], timeout=30, wrap_timeout=False
         )
 
     async def kill_user_processes(self) -> int:
