@@ -265,7 +265,7 @@ def test_time_limit_skips_the_rest_with_its_reason(tmp_path):
     m = extract_deliverables(ws, tmp_path / "out", max_files=100, max_bytes=10**6, time_limit_s=0)
     assert m.files == [] and m.stopped == "time limit"
     assert {s.path for s in m.skipped} == {f"f{i}" for i in range(5)} | {"sub"}
-    assert all("time limit" in s.reason for s in m.skipped)
+    assert all("time limit" in s.reason and s.limit == "time" for s in m.skipped)
 
 
 def test_entry_limit_bounds_the_walk(tmp_path):
@@ -279,6 +279,7 @@ def test_entry_limit_bounds_the_walk(tmp_path):
     assert m.entries_visited == 500 and m.stopped == "entry limit"
     assert len(m.directories) == 500
     assert [s.path for s in m.skipped if "entry limit" in s.reason] == ["."]
+    assert [s.path for s in m.skipped if s.limit == "entries"] == ["."]
 
 
 def test_a_missing_workspace_is_recorded_not_raised(tmp_path):
@@ -295,6 +296,23 @@ def test_a_file_larger_than_what_is_left_is_never_read(tmp_path):
     m = extract_deliverables(ws, tmp_path / "out", max_files=10, max_bytes=1 << 30)
     assert time.monotonic() - t0 < 5
     assert m.skipped[0].reason == f"total size cap of {1 << 30} bytes reached" and m.skipped[0].size == 1 << 40
+    assert m.skipped[0].limit == "bytes"
+
+
+def test_each_skip_names_the_limit_that_kept_it_out_or_none(tmp_path):
+    """The run's warning is raised from ``limit``, never from the reason's wording."""
+    ws = tmp_path / "ws"
+    (ws / "a" / "b" / "c").mkdir(parents=True)
+    (ws / "link").symlink_to("/etc/passwd")
+    os.mkfifo(ws / "fifo")
+    for i in range(3):
+        (ws / f"f{i}").write_text("x")
+    (ws / ("n" * 200)).write_text("y")
+    m = extract_deliverables(ws, tmp_path / "out", max_files=2, max_bytes=10**6, max_depth=2)
+    limits = {s.path: s.limit for s in m.skipped}
+    assert limits["link"] is None and limits["fifo"] is None
+    assert limits["a/b/c"] == "depth"
+    assert sorted(p for p, v in limits.items() if v == "files") == ["f2", "n" * 200]
 
 
 # -- (b) property: any workspace -----------------------------------------------------------

@@ -137,13 +137,18 @@ class CommandAgent:
                     raise
                 raise AgentConfigError(f"{e}; or set confine: false to run the harness unconfined (recorded in the evidence)") from e
             if "{" not in cmd[0]:
-                check_install(self._install(cmd)[0], private=[])  # a harness not found fails before any run starts
+                # A harness not found fails before any run starts; the folders are
+                # kept for every run's preflight (same command line, same PATH).
+                self._template_install = self._install(cmd)[0]
+                check_install(self._template_install, private=[])
+
+    _template_install: list[str] | None = None
 
     def preflight(self, *, private: list[Path]) -> None:
         """Before a run: a confined harness's installation folders must not hold the
         runs folder or the task folder (raises AgentConfigError, naming the folder)."""
-        if self.confine is not None and "{" not in self.argv_template[0]:
-            check_install(self._install(self.argv_template)[0], private=private)
+        if self._template_install is not None:
+            check_install(self._template_install, private=private)
 
     def _install(self, argv: list[str], path_env: str | None = None) -> tuple[list[str], list[Path]]:
         """The folders bound read-only for a confined harness: those named in

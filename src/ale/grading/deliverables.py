@@ -110,6 +110,9 @@ class SkippedEntry(BaseModel):
     path_b64: str | None = None
     kind: str | None = None
     size: int | None = None  # st_size, for files refused by size
+    #: The copy limit that kept it out (files, bytes, entries, depth, time, path);
+    #: None when its kind or state did.
+    limit: str | None = None
 
 
 class DeliverableLimits(BaseModel):
@@ -190,6 +193,14 @@ class _Frame:
     entries: list[tuple[bytes, bytes]] = field(default_factory=list)  # (name, stored name), in order
 
 
+@dataclass(frozen=True)
+class _Abandoned:
+    """Why a file's copy was given up part way; ``limit`` names the copy limit, if one."""
+
+    reason: str
+    limit: str | None = None
+
+
 class _Extractor:
     def __init__(self, dest_fd: int, limits: DeliverableLimits, owner: tuple[int, int] | None, deadline: float,
                  mount_point: bytes | None = None):
@@ -208,9 +219,10 @@ class _Extractor:
         self.entry_limited = False
 
     # -- recording ------------------------------------------------------------
-    def skip(self, rel: bytes, reason: str, kind: str | None = None, size: int | None = None) -> None:
+    def skip(self, rel: bytes, reason: str, kind: str | None = None, size: int | None = None,
+             limit: str | None = None) -> None:
         path, b64 = name_fields(rel or b".")
-        self.skipped.append(SkippedEntry(path=path, path_b64=b64, reason=reason, kind=kind, size=size))
+        self.skipped.append(SkippedEntry(path=path, path_b64=b64, reason=reason, kind=kind, size=size, limit=limit))
 
     def out_of_time(self) -> bool:
         if not self.timed_out and time.monotonic() > self.deadline:
@@ -259,11 +271,11 @@ class _Extractor:
         frame.entries.reverse()  # popped from the end, so handled in sorted order
         if more:
             if self.timed_out:
-                why = self.time_reason.replace("not visited", "the rest of this folder was not visited")
+                why, limit = self.time_reason.replace("not visited", "the rest of this folder was not visited"), "time"
             else:
                 self.entry_limited = True
-                why = f"entry limit of {self.limits.max_entries} reached: the rest of this folder was not visited"
-            self.skip(frame.rel, why, kind="dir")
+                why, limit = f"entry limit of {self.limits.max_entries} reached: the rest of this folder was not visited", "entries"
+            self.skip(frame.rel, why, kind="dir", limit=limit)
 
     # -- one entry ------------------------------------------------------------------
     def handle(self, frame: _Frame, name: bytes, stored_name: bytes) -> _Frame | None:
@@ -278,7 +290,7 @@ class _Extractor:
         kind = _kind(st.st_mode)
         if len(stored) > self.limits.max_path_bytes:
             self.skip(rel, f"path too long: its copy would need {len(stored)} bytes under the deliverables "
-                           f"folder, the limit is {self.limits.max_path_bytes}", kind=kind)
+                           f"folder, the limit is {self.limits.max_path_bytes}", kind=kind, limit="path")
             return None
         if kind == "dir":
             return self.enter(frame, name, rel, stored, st)
@@ -289,17 +301,17 @@ class _Extractor:
                 self.skip(rel, "symlink", kind=kind)
                 return None
             src_dir, src_name, st, kind = target
-        reason = None
+        reason, limit = None, None
         if kind != "file":
             reason = f"not a regular file ({kind})"
         elif st.st_mode & (stat.S_ISUID | stat.S_ISGID):
             reason = "setuid/setgid"
         elif len(self.files) >= self.limits.max_files:
-            reason = f"file count cap of {self.limits.max_files} reached"
+            reason, limit = f"file count cap of {self.limits.max_files} reached", "files"
         elif self.total + st.st_size > self.limits.max_bytes:
-            reason = f"total size cap of {self.limits.max_bytes} bytes reached"
+            reason, limit = f"total size cap of {self.limits.max_bytes} bytes reached", "bytes"
         if reason:
-            self.skip(rel, reason, kind=kind, size=st.st_size if kind == "file" else None)
+            self.skip(rel, reason, kind=kind, size=st.st_size if kind == "file" else None, limit=limit)
             return None
         try:
             self.copy(src_dir, src_name, rel, stored, st)
@@ -350,7 +362,7 @@ class _Extractor:
 
     def enter(self, frame: _Frame, name: bytes, rel: bytes, stored: bytes, st: os.stat_result) -> _Frame | None:
         if frame.depth + 1 > self.limits.max_depth:
-            self.skip(rel, f"depth limit of {self.limits.max_depth} reached: not visited", kind="dir")
+            self.skip(rel, f"depth limit of {self.limits.max_depth} reached: not visited", kind="dir", limit="depth")
             return None
         try:
             fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NOCTTY, dir_fd=frame.fd)
@@ -394,15 +406,15 @@ class _Extractor:
             dst = self._create(stored)
             try:
                 outcome = self._copy_hashing(src, dst, self.limits.max_bytes - self.total)
-                if not isinstance(outcome, str):
+                if not isinstance(outcome, _Abandoned):
                     self._keep_mode(dst, mode)
             finally:
                 os.close(dst)
         finally:
             os.close(src)
-        if isinstance(outcome, str):
+        if isinstance(outcome, _Abandoned):
             self._unlink(stored)
-            self.skip(rel, outcome, kind="file", size=st.st_size)
+            self.skip(rel, outcome.reason, kind="file", size=st.st_size, limit=outcome.limit)
             return
         digest, size = outcome
         self.total += size
@@ -410,22 +422,22 @@ class _Extractor:
         self.files.append(DeliverableFile(path=path, path_b64=b64, size=size, sha256=digest, mode=mode,
                                           stored_as=None if stored == rel else stored.decode()))
 
-    def _copy_hashing(self, src: int, dst: int, limit: int) -> tuple[str, int] | str:
-        """(sha256, size) of what was copied, or the reason the copy was abandoned."""
+    def _copy_hashing(self, src: int, dst: int, limit: int) -> tuple[str, int] | _Abandoned:
+        """(sha256, size) of what was copied, or why the copy was abandoned."""
         h = hashlib.sha256()
         n = 0
         while True:
             if self.out_of_time():
-                return f"time limit of {self.limits.time_limit_s:g} s reached while copying"
+                return _Abandoned(f"time limit of {self.limits.time_limit_s:g} s reached while copying", "time")
             try:
                 chunk = os.read(src, _CHUNK)
             except OSError as e:
-                return f"read error: {_strerror(e)}"
+                return _Abandoned(f"read error: {_strerror(e)}")
             if not chunk:
                 return h.hexdigest(), n
             n += len(chunk)
             if n > limit:
-                return f"total size cap of {self.limits.max_bytes} bytes reached"
+                return _Abandoned(f"total size cap of {self.limits.max_bytes} bytes reached", "bytes")
             h.update(chunk)
             view = memoryview(chunk)
             try:
@@ -480,7 +492,7 @@ class _Extractor:
                 name, stored_name = frame.entries.pop()
                 if self.out_of_time():
                     rel = frame.rel + b"/" + name if frame.rel else name
-                    self.skip(rel, self.time_reason)
+                    self.skip(rel, self.time_reason, limit="time")
                     continue
                 try:
                     sub = self.handle(frame, name, stored_name)

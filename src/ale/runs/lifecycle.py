@@ -293,10 +293,6 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
     return Prepared(plan, task, variant, data_spec, float(wall), provider, agent, process, desktop, image, image_record)
 
 
-# What a skipped deliverable's reason says when a copy limit, not its kind, kept it out.
-LIMIT_REASONS = ("cap of", "limit of", "path too long")
-
-
 # -- phases --------------------------------------------------------------------
 def _make_dirs(state: RunState) -> None:
     state.scratch.mkdir(parents=True, mode=0o700)
@@ -604,7 +600,7 @@ async def collect_deliverables(state: RunState) -> None:
     )
     ev.write_json_new(state.run_dir / layout.DELIVERABLES, json.loads(manifest.model_dump_json()))
     state.events.append("deliverables.collected", files=len(manifest.files), skipped=len(manifest.skipped), digest=manifest.digest)
-    limited = [e for e in manifest.skipped if any(w in e.reason for w in LIMIT_REASONS)]
+    limited = [e for e in manifest.skipped if e.limit is not None]
     if limited:
         state.warnings.append(
             f"deliverables: {len(limited)} entr{'y' if len(limited) == 1 else 'ies'} of the workspace not copied at a limit "
