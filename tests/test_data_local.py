@@ -69,16 +69,19 @@ def test_missing_variant_and_input(tmp_path: Path) -> None:
     src = LocalSource(tmp_path / "data")
     with pytest.raises(DataError, match=r"variant folder for dom/task/v9 not found: neither .*/data/dom/task/v9 \(ALE layout\) nor .*/data/tasks/dom/task/v9 \(tasks layout\) exists \(available: v0\)") as e:
         src.stage_input(VariantKey("dom", "task", "v9"), tmp_path / "d")
-    assert e.value.status is RunStatus.INFRASTRUCTURE_ERROR
-    with pytest.raises(DataError, match="no task folder"):
+    assert e.value.status is RunStatus.INFRASTRUCTURE_ERROR and not e.value.retryable
+    with pytest.raises(DataError, match="no task folder") as e:
         src.stage_input(VariantKey("dom", "nope", "v0"), tmp_path / "d")
-    with pytest.raises(DataError, match="data root .* not found"):
+    assert not e.value.retryable
+    with pytest.raises(DataError, match="data root .* not found") as e:
         LocalSource(tmp_path / "nothing").stage_input(KEY, tmp_path / "d")
+    assert not e.value.retryable
     import shutil
 
     shutil.rmtree(v / "input")
-    with pytest.raises(DataError, match=rf"input folder {v / 'input'} not found"):
+    with pytest.raises(DataError, match=rf"input folder {v / 'input'} not found") as e:
         src.stage_input(KEY, tmp_path / "d")
+    assert not e.value.retryable
 
 
 def test_tree_reference_commit_and_stage(tmp_path: Path) -> None:

@@ -264,6 +264,7 @@ def test_missing_data_is_an_infrastructure_error_naming_the_folder(docker_client
     result = run(plan, docker_client)
     assert result.status is RunStatus.INFRASTRUCTURE_ERROR
     assert "nowhere" in (result.error or "")
+    assert not result.retryable  # another attempt finds the same: recorded once
 
 
 def test_missing_variant_folder_is_a_clear_error(docker_client, tmp_path):
@@ -273,6 +274,7 @@ def test_missing_variant_folder_is_a_clear_error(docker_client, tmp_path):
     result = run(plan, docker_client)
     assert result.status is RunStatus.INFRASTRUCTURE_ERROR
     assert "essay" in (result.error or ""), result.error
+    assert not result.retryable
 
 
 def test_preflight_error_creates_nothing(docker_client, tmp_path):

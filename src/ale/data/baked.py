@@ -33,6 +33,7 @@ from typing import Any
 
 from ale.data.base import (
     DataError,
+    DataMissing,
     ImageNotFound,
     ImageReader,
     ImageStore,
@@ -99,7 +100,7 @@ def bake_image(
             f"{data_root}/{'tasks/' if lay == 'tasks' else ''}<domain>/<task>/<variant>"
             for lay in (("ale", "tasks") if layout == "auto" else (layout,))
         )
-        raise DataError(f"no variants under {data_root} (looked for {looked})")
+        raise DataMissing(f"no variants under {data_root} (looked for {looked})")
     try:
         store.lookup(base_image)
     except ImageNotFound as exc:
@@ -119,7 +120,7 @@ def bake_image(
                     "(a baked image never holds a clear reference)"
                 )
             if not (vdir / "input").is_dir():
-                raise DataError(f"input folder {vdir / 'input'} not found")
+                raise DataMissing(f"input folder {vdir / 'input'} not found")
             out = data / rel
             out.mkdir(parents=True)
             for part in ("input", "software"):
@@ -374,8 +375,8 @@ class ImageSource:
             chunks = reader.get_tar(self._path(key, "input"))
             if chunks is None:
                 if not reader.exists(self._path(key)):
-                    raise DataError(f"variant folder {where} not found in the image")
-                raise DataError(f"input folder {self.ref}:{self._path(key, 'input')} not found")
+                    raise DataMissing(f"variant folder {where} not found in the image")
+                raise DataMissing(f"input folder {self.ref}:{self._path(key, 'input')} not found")
             prepare_dest(dest)
             tree = extract_tar_stream(chunks, "input", dest, what=f"{self.ref}:{self._path(key, 'input')}")
             manifest = self._manifest(reader, key)
@@ -396,7 +397,7 @@ class ImageSource:
             chunks = reader.get_tar(self._path(key, ARCHIVE_NAME))
             if chunks is None:
                 if not reader.exists(self._path(key)):
-                    raise DataError(f"variant folder {self.location(key)} not found in the image")
+                    raise DataMissing(f"variant folder {self.location(key)} not found in the image")
                 return None
             return extract_tar_stream_file(chunks, ARCHIVE_NAME, target, what=self.ref, mode=0o600)
 

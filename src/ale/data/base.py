@@ -44,11 +44,22 @@ class DataError(RuntimeError):
     """
 
     status: RunStatus = RunStatus.INFRASTRUCTURE_ERROR
+    #: Whether another attempt may succeed (an unreachable store may answer later).
+    retryable: bool = True
 
-    def __init__(self, message: str, *, status: RunStatus | None = None) -> None:
+    def __init__(self, message: str, *, status: RunStatus | None = None, retryable: bool | None = None) -> None:
         super().__init__(message)
         if status is not None:
             self.status = status
+        if retryable is not None:
+            self.retryable = retryable
+
+
+class DataMissing(DataError):
+    """The source answered, and the folder or file is not there. Trying again
+    finds the same: a run it stops is recorded once, never retried."""
+
+    retryable = False
 
 
 class ReferenceError(DataError):  # noqa: A001 - the name the lifecycle catches

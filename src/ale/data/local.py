@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ale.data.base import (
     DataError,
+    DataMissing,
     Layout,
     LayoutChoice,
     ReferenceCommitment,
@@ -70,7 +71,7 @@ class LocalSource:
     def layout_of(self, key: VariantKey) -> Layout:
         if key not in self._layouts:
             if not self.root.is_dir():
-                raise DataError(f"data root {self.root} not found")
+                raise DataMissing(f"data root {self.root} not found")
             self._layouts[key] = resolve_layout(
                 key,
                 self.layout,
@@ -100,7 +101,7 @@ class LocalSource:
 
     def variants(self) -> list[VariantKey]:
         if not self.root.is_dir():
-            raise DataError(f"data root {self.root} not found")
+            raise DataMissing(f"data root {self.root} not found")
 
         def subdirs(rel: str) -> list[str]:
             here = self.root / rel if rel else self.root
@@ -117,7 +118,7 @@ class LocalSource:
         """Nothing to fetch: checks the variant and its input/ exist."""
         vdir = self.variant_dir(key)
         if not (vdir / "input").is_dir():
-            raise DataError(f"input folder {vdir / 'input'} not found")
+            raise DataMissing(f"input folder {vdir / 'input'} not found")
         return 0
 
     # ------------------------------------------------------------------ input
@@ -126,7 +127,7 @@ class LocalSource:
         vdir = self.variant_dir(key)
         src = vdir / "input"
         if src.is_symlink() or not src.is_dir():
-            raise DataError(f"input folder {src} not found")
+            raise DataMissing(f"input folder {src} not found")
         dest = Path(dest)
         prepare_dest(dest)
         tree = copy_tree_hashing(src, dest, workers=self.workers)

@@ -35,6 +35,7 @@ from typing import Any
 
 from ale.data.base import (
     DataError,
+    DataMissing,
     Layout,
     LayoutChoice,
     ReferenceCommitment,
@@ -566,7 +567,7 @@ class RemoteSource:
         self.variant_exists(key)
         inputs = self.list_part(key, "input")
         if not inputs and not self._isdir(self.fs, f"{self.vroot(key)}/input"):
-            raise DataError(f"input folder {self.url(self.vroot(key))}/input not found")
+            raise DataMissing(f"input folder {self.url(self.vroot(key))}/input not found")
         dest = Path(dest)
         prepare_dest(dest)
         manifest = self.manifest(key)

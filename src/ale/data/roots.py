@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from ale.data.base import (
     DataError,
+    DataMissing,
     Layout,
     LayoutChoice,
     VariantKey,
@@ -110,12 +111,13 @@ def resolve_layout(
         raise DataError(
             f"variant {key.name} is under both layouts: {location('ale')} ({LAYOUT_NAMES['ale']}) and "
             f"{location('tasks')} ({LAYOUT_NAMES['tasks']}); choose one with layout='ale' or "
-            "layout='tasks' (a spec suffix #layout=ale or #layout=tasks), or remove the other folder"
+            "layout='tasks' (a spec suffix #layout=ale or #layout=tasks), or remove the other folder",
+            retryable=False,
         )
     hints = {layout: available(layout) for layout in tried}
     if len(tried) == 1:
         (layout,) = tried
-        raise DataError(f"variant folder {location(layout)} not found (available: {hints[layout][1]})")
+        raise DataMissing(f"variant folder {location(layout)} not found (available: {hints[layout][1]})")
     deepest = max(level for level, _ in hints.values())
     best = [layout for layout in tried if hints[layout][0] == deepest]
     if len(best) == 1:
@@ -123,7 +125,7 @@ def resolve_layout(
     else:
         hint = "; ".join(f"{LAYOUT_NAMES[layout]}: {hints[layout][1]}" for layout in tried)
     paths = " nor ".join(f"{location(layout)} ({LAYOUT_NAMES[layout]})" for layout in tried)
-    raise DataError(f"variant folder for {key.name} not found: neither {paths} exists (available: {hint})")
+    raise DataMissing(f"variant folder for {key.name} not found: neither {paths} exists (available: {hint})")
 
 
 def list_variants(choice: LayoutChoice, subdirs: Callable[[str], list[str]]) -> list[VariantKey]:

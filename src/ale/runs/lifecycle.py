@@ -744,8 +744,9 @@ def _classify_failure(e: Exception, state: RunState) -> tuple[RunStatus, str, di
         if state.agent_started:
             return RunStatus.GRADING_FAILED, f"{type(e).__name__}: {e}", {}
         # A reference failing its digest, password or limits is grading_failed;
-        # an unreachable or missing input is infrastructure_error (retryable).
-        return RunStatus(e.status), f"{type(e).__name__}: {e}", {}
+        # an unreachable input is infrastructure_error (retryable), a missing one
+        # too, recorded once (another attempt finds the same).
+        return RunStatus(e.status), f"{type(e).__name__}: {e}", ({} if e.retryable else {"retryable": False})
     detail = f"{type(e).__name__}: {e}"
     if state.agent_started and not _engine_down(state):
         state.violations.append(f"[after-agent] run.checks_completed: the run's checks could not be completed ({detail})")
