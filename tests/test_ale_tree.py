@@ -694,3 +694,40 @@ def test_task_code_runs_jailed_away_from_the_harness_files(tmp_path: Path) -> No
     seen = asyncio.run(go())
     assert seen[str(secret)] == "FileNotFoundError" and seen[str(tmp_path / "runs")] == "FileNotFoundError", seen
     assert seen["/etc/shadow"] == "FileNotFoundError", seen
+
+
+def test_jailed_task_code_has_no_capabilities_even_under_root(tmp_path: Path) -> None:
+    """Run by root, bubblewrap keeps root's capabilities unless told: with
+    CAP_SYS_ADMIN and CAP_MKNOD, candidate code a grader imports could make the
+    host's disk a device node and mount it. The jail drops them all."""
+    d = write(tmp_path / "tasks" / "dom" / "caps" / "main.py", """
+        import os, subprocess
+        import cua_bench as cb
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="x")]
+        @cb.evaluate_task
+        async def evaluate(cfg, session):
+            def caps(text):
+                status = dict(l.split(":", 1) for l in text.splitlines() if ":" in l)
+                return status["CapEff"].strip() + "/" + status["CapPrm"].strip()
+            out = {"self": caps(open("/proc/self/status").read()),
+                   # an exec'd program, as uid 0, would regain root's capabilities unless dropped for good
+                   "child": caps(subprocess.run(["cat", "/proc/self/status"], capture_output=True, text=True).stdout)}
+            try:
+                os.mknod("/tmp/disk", 0o600 | 0o060000, os.makedev(8, 0))
+                out["mknod"] = "made"
+            except OSError as e:
+                out["mknod"] = type(e).__name__
+            r = subprocess.run(["mount", "-t", "tmpfs", "none", "/tmp"], capture_output=True)
+            out["mount"] = r.returncode
+            return out
+    """).parent
+
+    async def go():
+        async with TaskProcess(d) as proc:
+            return await proc.call("evaluate", 0, FakeSession())
+
+    out = asyncio.run(go())
+    assert out["self"] == out["child"] == "0000000000000000/0000000000000000", out
+    assert out["mknod"] == "PermissionError" and out["mount"] != 0, out

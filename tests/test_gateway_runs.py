@@ -136,11 +136,12 @@ def test_a_confined_harness_reads_no_host_file_and_reaches_no_other_address(dock
     listener.close()
     log = (plan.run_dir / "agent" / "stdout.log").read_text()
     attacks = [x for x in log.splitlines() if x.startswith("ATTACK")]
-    assert len(attacks) == len(files) + 3 and all(x.endswith(("failed FileNotFoundError", "failed PermissionError",
+    assert len(attacks) == len(files) + 3 + 1 and all(x.endswith(("failed FileNotFoundError", "failed PermissionError",
                                                               "failed ConnectionRefusedError", "failed OSError", "failed TimeoutError"))
                                                    for x in attacks), attacks
     assert result.status is RunStatus.SCORED and result.scores is not None, (result.error, result.violations)
     doc = json.loads((plan.run_dir / "evidence" / "controller.json").read_text())
     assert doc["confinement"]["kind"] == "bubblewrap" and "net" in doc["confinement"]["namespaces"]
+    assert doc["confinement"]["capabilities"] == []
     report = verify_run_dir(plan.run_dir)
     assert report.valid, report.reasons

@@ -9,7 +9,8 @@ sees only what it needs: ``/usr`` and a few files of ``/etc`` (read-only), its
 interpreter (the tree's venv and the base installation it points at), the harness's
 task runtime and the task tree (read-only), its own home (read-write) and a fresh
 ``/tmp``, ``/proc`` and ``/dev``. The network stays (LLM judges). Its own PID, IPC
-and UTS namespaces; it dies with its parent.
+and UTS namespaces, no capabilities (also when the harness runs as root); it dies
+with its parent.
 
 ``ALE_TASK_SANDBOX=off`` runs the task process unjailed (also when bubblewrap is
 missing, with a warning in the task log).
@@ -73,8 +74,11 @@ def jail_argv(argv: list[str], *, python: str, read_only: list[Path], home: Path
     bwrap = shutil.which("bwrap")
     if bwrap is None or not jail_enabled():
         return None
-    a = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-         *system_binds(ETC_FILES)[0]]
+    # --cap-drop ALL: run by root, bubblewrap would keep root's capabilities, and a
+    # process with CAP_SYS_ADMIN and CAP_MKNOD can make the host's disk a device
+    # node and mount it; without them the binds are all it sees.
+    a = [bwrap, "--die-with-parent", "--cap-drop", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+         "--unshare-cgroup-try", *system_binds(ETC_FILES)[0]]
     a += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     seen: set[str] = set()
     for q in [*interpreter_roots(python), *map(str, read_only)]:

@@ -167,8 +167,9 @@ def bwrap_argv(
     """The command line that runs ``argv`` confined, and its record for the evidence."""
     bwrap = bwrap_path()
     system, etc = system_binds(ETC_FILES)
-    a = [bwrap, "--die-with-parent", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-         "--hostname", "ale-harness", *system]
+    # No capabilities, also when ale runs as root (bubblewrap would keep root's).
+    a = [bwrap, "--die-with-parent", "--cap-drop", "ALL", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+         "--unshare-cgroup-try", "--hostname", "ale-harness", *system]
     a += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run", "--dir", SANDBOX_RUN]
     ro = []
     for p in install:
@@ -194,6 +195,7 @@ def bwrap_argv(
         "bwrap": bwrap,
         "version": bwrap_version(bwrap),
         "namespaces": ["net", "pid", "ipc", "uts", "cgroup"],
+        "capabilities": [],
         "network": {"interfaces": ["lo"], "reachable": {f"127.0.0.1:{p}": "relayed to a unix socket of the trusted side" for p in sockets}},
         "read_only": ["/usr", *etc, *ro, *map(str, files)],
         "read_write": rw,
