@@ -731,3 +731,48 @@ def test_jailed_task_code_has_no_capabilities_even_under_root(tmp_path: Path) ->
     out = asyncio.run(go())
     assert out["self"] == out["child"] == "0000000000000000/0000000000000000", out
     assert out["mknod"] == "PermissionError" and out["mount"] != 0, out
+
+
+def test_jailed_task_code_reaches_no_host_service_unless_a_judge_needs_the_network(tmp_path: Path, monkeypatch) -> None:
+    """Candidate code a grader runs could otherwise reach the host's loopback: a
+    Ray head, the model gateway, the cloud's metadata address. The jail gets a
+    network namespace of its own unless the run hands evaluate() judge credentials
+    (or ALE_TASK_NETWORK=on)."""
+    import socket
+
+    from ale.tasks.jail import task_network
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    port = listener.getsockname()[1]
+    d = write(tmp_path / "tasks" / "dom" / "net" / "main.py", f"""
+        import socket
+        import cua_bench as cb
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="x")]
+        @cb.evaluate_task
+        async def evaluate(cfg, session):
+            try:
+                socket.create_connection(("127.0.0.1", {port}), timeout=3).close()
+                return "reached"
+            except OSError as e:
+                return type(e).__name__
+    """).parent
+
+    async def go(network: bool):
+        async with TaskProcess(d, network=network) as proc:
+            return await proc.call("evaluate", 0, FakeSession())
+
+    try:
+        assert asyncio.run(go(False)) == "ConnectionRefusedError"
+        assert asyncio.run(go(True)) == "reached"
+    finally:
+        listener.close()
+    monkeypatch.delenv("ALE_TASK_NETWORK", raising=False)
+    assert task_network({}) is False and task_network({"OPENAI_API_KEY": "k"}) is True
+    monkeypatch.setenv("ALE_TASK_NETWORK", "on")
+    assert task_network({}) is True
+    monkeypatch.setenv("ALE_TASK_NETWORK", "off")
+    assert task_network({"OPENAI_API_KEY": "k"}) is False

@@ -81,6 +81,7 @@ from ale.status import InvalidAttribution, RunStatus
 from ale.tasks.card import load_card
 from ale.tasks.environment import EnvironmentBuildError, TaskEnvironment, resolve_environment
 from ale.tasks.errors import TaskError
+from ale.tasks.jail import task_network
 from ale.tasks.loader import TaskVariant, select_variant
 from ale.tasks.process import (
     TaskCallFailed,
@@ -249,7 +250,8 @@ async def prepare(
             environment = await asyncio.to_thread(resolve_environment, plan.task_dir)
     except (TaskError, EnvironmentBuildError) as e:
         raise PreflightError(str(e)) from e
-    process = TaskProcess(plan.task_dir, environment=environment, card=card)
+    process = TaskProcess(plan.task_dir, environment=environment, card=card,
+                          network=task_network(judge_env(names=plan.judge_env)))
     try:
         return await _prepare(plan, provider, process)
     except BaseException:

@@ -8,9 +8,11 @@ signing key, the runs folder and every task's data. In the jail the task process
 sees only what it needs: ``/usr`` and a few files of ``/etc`` (read-only), its
 interpreter (the tree's venv and the base installation it points at), the harness's
 task runtime and the task tree (read-only), its own home (read-write) and a fresh
-``/tmp``, ``/proc`` and ``/dev``. The network stays (LLM judges). Its own PID, IPC
-and UTS namespaces, no capabilities (also when the harness runs as root); it dies
-with its parent.
+``/tmp``, ``/proc`` and ``/dev``. Its own PID, IPC and UTS namespaces, no
+capabilities (also when the harness runs as root); it dies with its parent. Its own
+network namespace too (loopback only), unless the run gives ``evaluate()`` judge
+credentials or ``ALE_TASK_NETWORK=on`` (``task_network``): an LLM judge needs the
+network, and nothing else in a task process does.
 
 ``ALE_TASK_SANDBOX=off`` runs the task process unjailed (also when bubblewrap is
 missing, with a warning in the task log).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 ETC_FILES = ("passwd", "group", "nsswitch.conf", "hosts", "resolv.conf", "localtime", "ssl", "ca-certificates",
@@ -69,8 +72,26 @@ def system_binds(etc_files: tuple[str, ...]) -> tuple[list[str], list[str]]:
     return a, etc
 
 
-def jail_argv(argv: list[str], *, python: str, read_only: list[Path], home: Path, cwd: Path) -> list[str] | None:
-    """``argv`` inside bubblewrap, or None when the jail is off or bubblewrap missing."""
+def task_network(judge: Mapping[str, str]) -> bool:
+    """Whether the task process keeps the host's network: when the run hands
+    ``evaluate()`` judge credentials (an LLM judge on the network), or when
+    ``ALE_TASK_NETWORK=on``; ``ALE_TASK_NETWORK=off`` never. Without it the jail
+    has a network namespace of its own, loopback only: candidate code a grader
+    runs reaches no service of the host (a Ray head, a gateway, the cloud's
+    metadata address)."""
+    value = os.environ.get("ALE_TASK_NETWORK", "").strip().lower()
+    if value in ("on", "1", "true", "yes"):
+        return True
+    if value in ("off", "0", "false", "no"):
+        return False
+    return bool(judge)
+
+
+def jail_argv(
+    argv: list[str], *, python: str, read_only: list[Path], home: Path, cwd: Path, network: bool = False
+) -> list[str] | None:
+    """``argv`` inside bubblewrap, or None when the jail is off or bubblewrap missing;
+    with ``network`` false, in a network namespace of its own (loopback only)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None or not jail_enabled():
         return None
@@ -78,7 +99,7 @@ def jail_argv(argv: list[str], *, python: str, read_only: list[Path], home: Path
     # process with CAP_SYS_ADMIN and CAP_MKNOD can make the host's disk a device
     # node and mount it; without them the binds are all it sees.
     a = [bwrap, "--die-with-parent", "--cap-drop", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-         "--unshare-cgroup-try", *system_binds(ETC_FILES)[0]]
+         "--unshare-cgroup-try", *([] if network else ["--unshare-net"]), *system_binds(ETC_FILES)[0]]
     a += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     seen: set[str] = set()
     for q in [*interpreter_roots(python), *map(str, read_only)]:

@@ -147,9 +147,11 @@ class TaskProcess:
 
     def __init__(
         self, task_dir: str | Path, *, environment: TaskEnvironment | None = None, log_path: Path | None = None,
-        card: TaskCard | None = None,
+        card: TaskCard | None = None, network: bool = False,
     ):
         self.path = Path(task_dir).expanduser().resolve()
+        self.network = network  # the host's network in the jail (an LLM judge): ale.tasks.jail.task_network
+        self._jailed = False
         self.environment = environment or TaskEnvironment()
         self.log_path = log_path
         self._card = card  # the task card, when the caller has read it already
@@ -191,7 +193,9 @@ class TaskProcess:
         argv = [python, "-I", "-B", str(SERVE), str(self.path)]
         root = find_tree_root(self.path)
         tree = [root / "tasks"] if root is not None else []  # the namespace package, never the folder around it
-        jailed = jail_argv(argv, python=python, read_only=[RUNTIME_DIR, *tree, self.path], home=self._home, cwd=self.path)
+        jailed = jail_argv(argv, python=python, read_only=[RUNTIME_DIR, *tree, self.path], home=self._home, cwd=self.path,
+                            network=self.network)
+        self._jailed = jailed is not None
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *(jailed or argv),
@@ -269,6 +273,9 @@ class TaskProcess:
             "ale_defaults": ALE_TASK_ENV,
             "tree_root": None if (root := find_tree_root(self.path)) is None else str(root),
             "pid": None if self._proc is None else self._proc.pid,
+            # ale.tasks.jail: None when the process ran unjailed (ALE_TASK_SANDBOX=off, no bwrap)
+            "jail": None if not self._jailed else {
+                "kind": "bubblewrap", "capabilities": [], "network": "host" if self.network else "loopback only"},
         }
 
     # -- calls ------------------------------------------------------------------
