@@ -776,3 +776,26 @@ def test_jailed_task_code_reaches_no_host_service_unless_a_judge_needs_the_netwo
     assert task_network({}) is True
     monkeypatch.setenv("ALE_TASK_NETWORK", "off")
     assert task_network({"OPENAI_API_KEY": "k"}) is False
+
+
+def test_the_task_process_is_the_first_the_kernel_kills_when_memory_runs_out(tmp_path: Path) -> None:
+    """Candidate code a host-side grader imports can allocate without bound: the
+    task process (and all it starts) carries oom_score_adj 1000, the harness not."""
+    d = write(tmp_path / "tasks" / "dom" / "oom" / "main.py", """
+        import subprocess
+        import cua_bench as cb
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="x")]
+        @cb.evaluate_task
+        async def evaluate(cfg, session):
+            child = subprocess.run(["cat", "/proc/self/oom_score_adj"], capture_output=True, text=True).stdout
+            return [open("/proc/self/oom_score_adj").read().strip(), child.strip()]
+    """).parent
+
+    async def go():
+        async with TaskProcess(d) as proc:
+            return await proc.call("evaluate", 0, FakeSession())
+
+    assert asyncio.run(go()) == ["1000", "1000"]
+    assert open("/proc/self/oom_score_adj").read().strip() != "1000"

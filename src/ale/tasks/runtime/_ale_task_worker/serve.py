@@ -239,6 +239,11 @@ def serve(task_dir: str, channel: Channel) -> None:
 
 
 def main() -> None:
+    # Should the host run out of memory (candidate code a grader imports can
+    # allocate without bound), the kernel kills this process and what it starts
+    # first, never the harness or another run's controller.
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")
     # The channel is the original stdin/stdout; the task's prints go to stderr.
     sys.stdout.flush()
     out = os.fdopen(os.dup(1), "wb", buffering=0)
