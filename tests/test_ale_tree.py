@@ -798,4 +798,67 @@ def test_the_task_process_is_the_first_the_kernel_kills_when_memory_runs_out(tmp
             return await proc.call("evaluate", 0, FakeSession())
 
     assert asyncio.run(go()) == ["1000", "1000"]
-    assert open("/proc/self/oom_score_adj").read().strip() != "1000"
+    assert Path("/proc/self/oom_score_adj").read_text().strip() != "1000"
+
+
+def test_every_command_and_failed_session_call_is_noted_in_the_task_log(tmp_path: Path) -> None:
+    """A grader that swallows a failing command's stderr (mpc_control_building's
+    `uv run` exits 127) leaves a silent 0 unless the harness notes the call."""
+
+    class CommandSession(FakeSession):
+        async def run_command(self, command: str, **kw):
+            return {"stdout": "", "stderr": "sh: 1: uv: not found", "return_code": 127}
+
+    d = write(tmp_path / "tasks" / "dom" / "noted" / "main.py", """
+        import cua_bench as cb
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="x")]
+        @cb.evaluate_task
+        async def evaluate(cfg, session):
+            r = await session.run_command("uv run verify.py")
+            try:
+                await session.read_file("/output/missing.json")
+            except FileNotFoundError:
+                pass
+            await session.file_exists("/output/x")  # a call that answered: not noted
+            return [0.0 if r["return_code"] else 1.0]
+    """).parent
+    log = tmp_path / "task.log"
+
+    async def go():
+        async with TaskProcess(d, log_path=log) as proc:
+            return await proc.call("evaluate", 0, CommandSession())
+
+    assert asyncio.run(go()) == [0.0]
+    lines = [x for x in log.read_text().splitlines() if x.startswith("[ale] session")]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("[ale] session run_command('uv run verify.py') -> exit 127") and "uv: not found" in lines[0]
+    assert lines[1].startswith("[ale] session read_file('/output/missing.json') raised FileNotFoundError")
+
+
+def test_the_jails_tmp_is_on_disk_in_the_process_home(tmp_path: Path) -> None:
+    """Graders copy whole outputs to /tmp/agenthle_eval: in the jail /tmp is a folder
+    of the task process's home (on disk, dropped with it), not a tmpfs in memory."""
+    d = write(tmp_path / "tasks" / "dom" / "tmp" / "main.py", """
+        import os
+        import cua_bench as cb
+        @cb.tasks_config
+        def load():
+            return [cb.Task(description="x")]
+        @cb.evaluate_task
+        async def evaluate(cfg, session):
+            os.makedirs("/tmp/agenthle_eval", exist_ok=True)
+            open("/tmp/agenthle_eval/x", "w").write("x")
+            fs = [l.split()[2] for l in open("/proc/self/mounts") if l.split()[1] == "/tmp"]
+            return [fs, os.path.exists(os.path.expanduser("~/.tmp/agenthle_eval/x"))]
+    """).parent
+
+    async def go():
+        async with TaskProcess(d) as proc:
+            home = proc._home
+            return await proc.call("evaluate", 0, FakeSession()), home
+
+    (fs, seen), home = asyncio.run(go())
+    assert "tmpfs" not in fs and seen, (fs, seen)
+    assert home is not None and not home.exists()  # dropped with the process

@@ -282,6 +282,25 @@ def test_entry_limit_bounds_the_walk(tmp_path):
     assert [s.path for s in m.skipped if s.limit == "entries"] == ["."]
 
 
+def test_an_environment_that_sorts_first_never_starves_a_nested_answer(tmp_path):
+    """hg002 writes its answers under output/submission/; a tool environment beside it
+    (.conda_env, node_modules, a venv) that fills the entry budget is visited after
+    the ordinary folders, wherever its name sorts (round 4: a correct answer scored 0)."""
+    ws = tmp_path / "ws"
+    for heavy in (".conda_env", "node_modules", "env", "Cache"):
+        (ws / heavy).mkdir(parents=True)
+        for i in range(60):
+            (ws / heavy / f"f{i:03d}").write_text("x")
+    (ws / "submission" / "calls").mkdir(parents=True)
+    (ws / "submission" / "calls" / "hg002.vcf").write_text("answer")
+    (ws / "report.md").write_text("r")
+    m = extract_deliverables(ws, tmp_path / "out", max_files=1000, max_bytes=10**6, max_entries=100)
+    copied = {f.path for f in m.files}
+    assert {"report.md", "submission/calls/hg002.vcf"} <= copied, sorted(copied)[:5]
+    assert m.stopped == "entry limit" and any(s.limit == "entries" for s in m.skipped)
+    assert [d.path for d in m.directories][:2] == ["submission", "submission/calls"]
+
+
 def test_a_missing_workspace_is_recorded_not_raised(tmp_path):
     m = extract_deliverables(tmp_path / "gone", tmp_path / "out", max_files=1, max_bytes=1)
     assert m.files == [] and m.skipped[0].path == "." and "cannot be opened" in m.skipped[0].reason

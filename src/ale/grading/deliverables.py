@@ -182,6 +182,16 @@ def _strerror(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+#: Folder names agents fill with tools, not answers (besides any hidden folder).
+BULKY_FOLDERS = frozenset({b"node_modules", b"__pycache__", b"site-packages", b"dist-packages", b"venv", b"env",
+                           b"envs", b"conda", b"miniconda3", b"anaconda3", b"micromamba", b"cache", b"target"})
+
+
+def _bulky(name: bytes) -> bool:
+    """A folder visited after its ordinary siblings: hidden, or a tool's."""
+    return name.startswith(b".") or name.lower() in BULKY_FOLDERS
+
+
 @dataclass
 class _Frame:
     """One folder being walked: its descriptor and the entries still to handle."""
@@ -257,9 +267,11 @@ class _Extractor:
                     if entry.is_dir(follow_symlinks=False):
                         folders.add(names[-1])
         self.visited += len(names)
-        # A folder's own files before its subfolders (each group by name): when a cap
-        # is reached, what a deep cache holds gives way to the answers beside it.
-        names.sort(key=lambda n: (n in folders, n))
+        # A folder's own files before its subfolders, and hidden or tool folders
+        # (.conda_env, node_modules, a venv, a cache) after the others, each group by
+        # name: when a cap is reached, what an environment holds gives way to the
+        # answers beside it, wherever they sort.
+        names.sort(key=lambda n: (n in folders, n in folders and _bulky(n), n))
         taken = {n for n in names if not _needs_safe_name(n)}
         for n in names:
             if _needs_safe_name(n):

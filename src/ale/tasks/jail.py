@@ -8,7 +8,7 @@ signing key, the runs folder and every task's data. In the jail the task process
 sees only what it needs: ``/usr`` and a few files of ``/etc`` (read-only), its
 interpreter (the tree's venv and the base installation it points at), the harness's
 task runtime and the task tree (read-only), its own home (read-write) and a fresh
-``/tmp``, ``/proc`` and ``/dev``. Its own PID, IPC and UTS namespaces, no
+``/tmp`` (a folder of that home: on disk, not in memory), ``/proc`` and ``/dev``. Its own PID, IPC and UTS namespaces, no
 capabilities (also when the harness runs as root); it dies with its parent. Its own
 network namespace too (loopback only), unless the run gives ``evaluate()`` judge
 credentials or ``ALE_TASK_NETWORK=on`` (``task_network``): an LLM judge needs the
@@ -100,7 +100,11 @@ def jail_argv(
     # node and mount it; without them the binds are all it sees.
     a = [bwrap, "--die-with-parent", "--cap-drop", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
          "--unshare-cgroup-try", *([] if network else ["--unshare-net"]), *system_binds(ETC_FILES)[0]]
-    a += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # /tmp on disk, inside the process's home: graders copy whole outputs to
+    # /tmp/agenthle_eval, and a tmpfs would hold them in the host's memory.
+    tmp = home / ".tmp"
+    tmp.mkdir(mode=0o700, exist_ok=True)
+    a += ["--proc", "/proc", "--dev", "/dev", "--bind", str(tmp), "/tmp"]
     seen: set[str] = set()
     for q in [*interpreter_roots(python), *map(str, read_only)]:
         real = os.path.realpath(q)

@@ -28,6 +28,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,7 @@ ALE_TASK_ENV = {
 }
 JUDGE_ENV_PREFIX = "ALE_JUDGE_"
 LOG_LIMIT = 8 * 1024 * 1024
+MAX_NOTED_CALLS = 2000  # session calls noted in the task log (commands, and calls that raised)
 
 # The session methods a task function may call (cua-bench's names); the
 # harness's session object serves each one it has.
@@ -152,6 +154,7 @@ class TaskProcess:
         self.path = Path(task_dir).expanduser().resolve()
         self.network = network  # the host's network in the jail (an LLM judge): ale.tasks.jail.task_network
         self._jailed = False
+        self._noted = 0  # session calls noted in the task log
         self.environment = environment or TaskEnvironment()
         self.log_path = log_path
         self._card = card  # the task card, when the caller has read it already
@@ -260,6 +263,38 @@ class TaskProcess:
             if room > 0:
                 self._log.extend(chunk[:room])
 
+    def _note_call(self, request: dict[str, Any], answer: dict[str, Any], took: float) -> None:
+        """Into the task log: every command the task ran and every session call that
+        raised, with its outcome (a grader that swallows a failing command's stderr
+        would otherwise leave a silent 0 no one can explain)."""
+        method = str(request.get("method", ""))
+        if method != "run_command" and answer.get("ok"):
+            return
+        self._noted += 1
+        if self._noted > MAX_NOTED_CALLS:
+            if self._noted == MAX_NOTED_CALLS + 1:
+                self._log_line(f"[ale] further session calls are not noted (over {MAX_NOTED_CALLS})")
+            return
+        args = request.get("args") or []
+        what = repr(_clip(str(args[0]), 300)) if args else ""
+        if not answer.get("ok"):
+            err = answer.get("error") or {}
+            self._log_line(f"[ale] session {method}({what}) raised {err.get('type')}: {_clip(str(err.get('message')), 300)}"
+                           f" ({took:.2f} s)")
+            return
+        raw = answer.get("value")
+        value: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        code = value.get("return_code", value.get("returncode"))
+        stderr = _clip(str(value.get("stderr") or "").strip(), 500)
+        self._log_line(f"[ale] session run_command({what}) -> exit {code} in {took:.2f} s"
+                       + (f"; stderr: {stderr}" if stderr and code not in (0, None) else ""))
+
+    def _log_line(self, text: str) -> None:
+        data = (text + "\n").encode("utf-8", errors="replace")
+        room = LOG_LIMIT - len(self._log)
+        if room > 0:
+            self._log.extend(data[:room])
+
     def log_tail(self, n: int = 4000) -> str:
         return bytes(self._log[-n:]).decode("utf-8", errors="replace")
 
@@ -327,7 +362,9 @@ class TaskProcess:
                     f"{reply.get('type')}: {reply.get('message')}", str(reply.get("type")), str(reply.get("traceback") or "")
                 )
             if op == "session":
+                t0 = time.monotonic()
                 answer = await serve_session_call(session, reply)
+                self._note_call(reply, answer, time.monotonic() - t0)
                 data = protocol.dumps(answer)
                 if len(data) > protocol.MAX_LINE:
                     # Too large for the channel (a candidate's huge file read whole): the
@@ -377,6 +414,10 @@ async def serve_session_call(session: Any, request: dict[str, Any]) -> dict[str,
     except Exception as e:
         return _error(sid, e)
     return {"op": "session_result", "sid": sid, "ok": True, "value": value}
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n // 2] + " … " + text[-n // 2:]
 
 
 def _error(sid: Any, e: BaseException) -> dict[str, Any]:
