@@ -163,11 +163,13 @@ def test_verdicts(tmp_path):
 
 
 def test_invalid_score_lists_are_recognisable():
-    for value in ([float("nan")], [1.5], [-0.1], [], [True], ["1"], None, [float("inf")]):
+    for value in ([float("nan")], [1.5], [-0.1], [], [True], ["1"], None, [float("inf")], [1.000001], [-1e-6]):
         with pytest.raises(InvalidScores) as e:
             validate_scores(value)
         assert is_invalid_scores(str(e.value))
     assert validate_scores([0, 1, 0.5]) == [0.0, 1.0, 0.5]
+    # float noise at the bounds (ten partial credits of 0.1 summed another way) is the bound
+    assert validate_scores([1.0000000000000002, -1e-17]) == [1.0, 0.0]
     assert not is_invalid_scores("evaluate() raised ValueError: x") and not is_invalid_scores(None)
 
 

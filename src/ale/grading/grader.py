@@ -102,13 +102,17 @@ def working_copy(src: Path, dest: Path, *, owner: tuple[int, int] | None) -> Pat
     return dest.resolve()
 
 
+SCORE_EPSILON = 1e-9  # how far past 0 or 1 a score may be and still be that bound
+
+
 class InvalidScores(GradingError):
     """evaluate() returned, but not a non-empty list of numbers in [0, 1]."""
 
 
 def validate_scores(value: Any) -> list[float]:
     """A non-empty list of floats in [0, 1], or InvalidScores saying what came back
-    (NaN, infinities, values outside [0, 1], booleans, non-numbers, an empty list)."""
+    (NaN, infinities, values outside [0, 1], booleans, non-numbers, an empty list).
+    Within ``SCORE_EPSILON`` of 0 or 1 outside them, a score is that bound."""
     if not isinstance(value, list | tuple) or len(value) == 0:
         raise InvalidScores(f"{INVALID_SCORES}: expected a non-empty list of floats in [0, 1], got {value!r:.200}")
     out = []
@@ -116,6 +120,12 @@ def validate_scores(value: Any) -> list[float]:
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise InvalidScores(f"{INVALID_SCORES}: a non-number at index {i}: {v!r:.100}")
         f = float(v)
+        # Float noise at the ends (partial credits summing to 1.0000000000000002)
+        # is the bound it missed, not an invalid score.
+        if -SCORE_EPSILON <= f < 0.0:
+            f = 0.0
+        elif 1.0 < f <= 1.0 + SCORE_EPSILON:
+            f = 1.0
         if math.isnan(f) or not 0.0 <= f <= 1.0:
             raise InvalidScores(f"{INVALID_SCORES}: {f} at index {i}; scores must lie in [0, 1]")
         out.append(f)

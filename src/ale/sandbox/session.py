@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import os
 import posixpath
+import shlex
 import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ale.sandbox.base import SandboxError
 from ale.sandbox.computer import ComputerError
 from ale.sandbox.tools import TRUNCATION_MARKER, ToolBox, ToolRefused
 
@@ -219,9 +221,22 @@ class ContainerSession(GuiMethods):
         self.tools = tools
         self.default_timeout = default_timeout
         self.interface = Interface(self)
+        self._bash: bool | None = None  # whether the container has bash (looked up once)
+
+    async def _has_bash(self) -> bool:
+        if self._bash is None:
+            try:
+                r = await self.tools.sandbox.exec(["sh", "-c", "command -v bash"], timeout=30)
+                self._bash = r.ok
+            except SandboxError:
+                return False
+        return self._bash
 
     async def run_command(self, command: str, *, check: bool | None = None, timeout: float | None = None, **_: Any) -> CommandResult:
-        out = await self.tools.call("shell", {"command": command, "timeout": timeout or self.default_timeout})
+        # ALE's driver runs a task's command with bash (`bash cmd.sh`): `[[ ]]`, brace
+        # expansion and `echo` behave as there; plain `sh` where an image has no bash.
+        run = f"exec bash -c {shlex.quote(command)}" if await self._has_bash() else command
+        out = await self.tools.call("shell", {"command": run, "timeout": timeout or self.default_timeout})
         if out.error and out.exit_code is None:
             raise CommandFailed(out.error)
         marker = TRUNCATION_MARKER.format(limit=self.tools.output_limit)
