@@ -1,4 +1,4 @@
-"""Ctrl-C during `ale run` removes the run's containers."""
+"""Ctrl-C, SIGTERM or SIGHUP during `ale run` removes the run's containers."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ from tests.conftest import EXAMPLES, REPO, our_containers
 pytestmark = pytest.mark.docker
 
 
-def test_sigint_mid_agent_leaves_no_container(docker_client, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["INT", "TERM", "HUP"])
+def test_a_signal_mid_agent_leaves_no_container(docker_client, tmp_path, sig):
+    """SIGTERM is what `timeout`, systemd, CI cancellation and `docker stop` send; it
+    once killed `ale run` on the spot with the run's container still running."""
     script = tmp_path / "sleepy.json"
     script.write_text(json.dumps([{"tool": "shell", "args": {"command": "sleep 120"}}]))
     before = {c.id for c in our_containers(docker_client)}
@@ -33,7 +36,7 @@ def test_sigint_mid_agent_leaves_no_container(docker_client, tmp_path):
             time.sleep(0.2)
         assert mine, "the run never created its container"
         time.sleep(1.5)  # the agent is now inside `sleep 120`
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

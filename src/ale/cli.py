@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -66,11 +69,35 @@ def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: 
     )
 
 
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP end a command as Ctrl-C does (what `timeout`, systemd,
+    `docker stop` and a closed terminal send): asyncio cancels the run, whose
+    cleanup removes its containers and scratch, instead of the process dying with
+    them still running."""
+
+    def handler(signum: int, frame: object) -> None:
+        signal.raise_signal(signal.SIGINT)
+
+    sigs = [signal.SIGTERM, signal.SIGHUP]
+    try:
+        old = {sig: signal.signal(sig, handler) for sig in sigs}
+    except ValueError:  # not the main thread: leave the process's handlers alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
 def _execute(plan):
     from ale.runs.lifecycle import PreflightError, execute_run
 
     try:
-        return asyncio.run(execute_run(plan))
+        with terminate_as_interrupt():
+            return asyncio.run(execute_run(plan))
     except PreflightError as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -224,7 +251,8 @@ def _check_adversarial(task_dir: Path, variant, oracle_plan, oracle_result, nop_
         return [*outcomes, probe]
 
     try:
-        report.outcomes = asyncio.run(go())
+        with terminate_as_interrupt():
+            report.outcomes = asyncio.run(go())
     except KeyboardInterrupt:
         err.print("interrupted: the run's containers were removed")
         raise typer.Exit(130) from None
