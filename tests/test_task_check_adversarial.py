@@ -450,3 +450,21 @@ def test_the_outputs_working_copy_is_made_on_first_use_and_never_touches_the_del
 
     asyncio.run(go())
     assert (dirs["deliverables"] / "a.txt").read_text() == "answer"
+
+
+def test_a_replay_script_stands_in_for_a_missing_solve(docker_client, tmp_path):
+    """ALE's tasks define no solve(): --oracle-script gives task check the oracle as a
+    replay script ('{variant}' in its path is the variant's index), and the
+    adversarial stage builds its outputs from that run."""
+    script = tmp_path / "solve-0.json"
+    script.write_text(json.dumps([{"tool": "shell", "args": {"command": "cp /input/secret.txt /workspace/secret.txt"}}]))
+    p = ale("task", "check", str(EXAMPLES / "secrets" / "echo_secret"), "--runs-dir", str(tmp_path / "runs"),
+            "--oracle-script", str(tmp_path / "solve-{variant}.json"), "--json", "--jobs", "3")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    (v,) = doc["variants"]
+    assert v["oracle"]["ok"] and v["oracle"]["scores"] == [1.0] and "-replay-" in v["oracle"]["run_dir"]
+    assert v["adversarial"] is not None and v["adversarial"]["outcomes"]
+    p = ale("task", "check", str(EXAMPLES / "secrets" / "echo_secret"), "--runs-dir", str(tmp_path / "runs"),
+            "--oracle-script", str(tmp_path / "nowhere.json"))
+    assert p.returncode == 2 and "nowhere.json (variant 0) is not a file" in p.stderr, p.stderr

@@ -160,6 +160,10 @@ def task_check(
     strategy: Annotated[list[str] | None, typer.Option("--strategy", "-s", help="Run only this adversarial strategy (repeatable; default: all).")] = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Adversarial runs at once.")] = 2,
     json_out: Annotated[bool, typer.Option("--json", help="Print the whole check as JSON on stdout.")] = False,
+    oracle_script: Annotated[str | None, typer.Option(
+        "--oracle-script",
+        help="A replay script (JSON tool calls) that solves the task, as the oracle, for tasks without solve() "
+             "(ALE's); '{variant}' in the path is the variant's index.")] = None,
 ) -> None:
     """Oracle must score 1.0 on every component, nop must score 0, on every variant;
     then no adversarial output may score above nop and the grader must raise
@@ -184,7 +188,13 @@ def task_check(
         record: dict = {"variant": v, "task_id": variant.task_id}
         runs = {}
         for agent in ("oracle", "nop"):
-            plan = _plan(task_dir, agent, v, data, runs_dir, None, image, policy, None, None)
+            script = None
+            if agent == "oracle" and oracle_script is not None:
+                script = Path(oracle_script.replace("{variant}", str(v)))
+                if not script.is_file():
+                    _fail(f"--oracle-script: {script} (variant {v}) is not a file")
+            name = "replay" if script is not None else agent
+            plan = _plan(task_dir, name, v, data, runs_dir, script, image, policy, None, None)
             result = _execute(plan)
             ok = (
                 result.status.value == "scored"
