@@ -100,3 +100,25 @@ def test_published_schemas_are_current(tmp_path):
     for name in ("result.schema.json", "trajectory.schema.json"):
         published = json.loads((REPO / "schemas" / name).read_text())
         assert published == json.loads((tmp_path / name).read_text()), f"schemas/{name} is stale: run `ale schema`"
+
+
+def test_sigterm_and_sighup_become_an_interrupt_but_an_ignored_signal_stays_ignored():
+    """`ale run` cleans up on SIGTERM/SIGHUP as on Ctrl-C; under `nohup` SIGHUP is
+    ignored on purpose and must stay so."""
+    import signal
+
+    from ale.cli import terminate_as_interrupt
+
+    old_hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    old_term = signal.getsignal(signal.SIGTERM)
+    try:
+        with terminate_as_interrupt():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert callable(signal.getsignal(signal.SIGTERM))
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(100):  # the handler runs between bytecodes
+                    pass
+        assert signal.getsignal(signal.SIGTERM) is old_term
+    finally:
+        signal.signal(signal.SIGHUP, old_hup)

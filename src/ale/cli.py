@@ -79,7 +79,8 @@ def terminate_as_interrupt() -> Iterator[None]:
     def handler(signum: int, frame: object) -> None:
         signal.raise_signal(signal.SIGINT)
 
-    sigs = [signal.SIGTERM, signal.SIGHUP]
+    # A signal the process was started ignoring (`nohup` ignores SIGHUP) stays ignored.
+    sigs = [sig for sig in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) is not signal.SIG_IGN]
     try:
         old = {sig: signal.signal(sig, handler) for sig in sigs}
     except ValueError:  # not the main thread: leave the process's handlers alone

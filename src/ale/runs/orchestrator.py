@@ -147,6 +147,7 @@ class Orchestrator:
         self.progress: ProgressSink = progress or NullProgress()
         self.cancel = asyncio.Event()
         self._stop_requests = 0
+        self._handled: list[signal.Signals] = []  # signals this run handles (install_signal_handlers)
         self._changed: asyncio.Event | None = None
         self._lock = OutputLock(self.output)
         # Observed by tests and the bench: the largest number of runs in flight.
@@ -167,13 +168,17 @@ class Orchestrator:
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is signal.SIG_IGN:  # `nohup ale exp run`: SIGHUP stays ignored
+                continue
+            self._handled.append(sig)
             loop.add_signal_handler(sig, self.request_stop)
 
     def remove_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for sig in self._handled:
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
+        self._handled = []
 
     # -- preparation ---------------------------------------------------------
     # -- running -------------------------------------------------------------
