@@ -10,9 +10,11 @@ import hashlib
 import json
 import subprocess
 import sys
+import textwrap
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -663,6 +665,34 @@ def test_judge_credentials_are_selected_by_name() -> None:
     assert judge_env(env, names=("OPENAI_API_KEY",)) == {"OPENAI_API_KEY": "k1"}
 
 
+EVALUATE_ONLY = """\
+import os, socket, subprocess
+import cua_bench as cb
+@cb.tasks_config
+def load():
+    return [cb.Task(description="x")]
+@cb.evaluate_task
+async def evaluate(cfg, session):
+{body}
+"""
+
+
+def evaluate_only_task(tmp_path: Path, name: str, body: str) -> Path:
+    """A one-variant task folder whose evaluate() runs ``body`` (any indentation)."""
+    indented = textwrap.indent(textwrap.dedent(body).strip("\n"), "    ")
+    return write(tmp_path / "tasks" / "dom" / name / "main.py", EVALUATE_ONLY.format(body=indented)).parent
+
+
+def evaluate_in_process(d: Path, session: Any = None, **process_kw: Any) -> Any:
+    """evaluate() of variant 0, in the task's own (jailed) process."""
+
+    async def go() -> Any:
+        async with TaskProcess(d, **process_kw) as proc:
+            return await proc.call("evaluate", 0, session or FakeSession())
+
+    return asyncio.run(go())
+
+
 def test_task_code_runs_jailed_away_from_the_harness_files(tmp_path: Path) -> None:
     """A host-side grader may run what the candidate wrote (ALE's dit_pipeline imports
     the candidate's module): the task process sees its interpreter, the runtime, its
@@ -670,28 +700,16 @@ def test_task_code_runs_jailed_away_from_the_harness_files(tmp_path: Path) -> No
     secret = tmp_path / "runs" / "other-run" / "reference.json"
     secret.parent.mkdir(parents=True)
     secret.write_text("the other run's reference")
-    d = write(tmp_path / "tasks" / "dom" / "jailed" / "main.py", f'''
-        import os
-        import cua_bench as cb
-        @cb.tasks_config
-        def load():
-            return [cb.Task(description="x")]
-        @cb.evaluate_task
-        async def evaluate(cfg, session):
-            seen = {{}}
-            for p in ({str(secret)!r}, "/etc/shadow", {str(tmp_path / "runs")!r}, os.path.expanduser("~/../..")):
-                try:
-                    seen[p] = open(p).read()[:10] if os.path.isfile(p) else sorted(os.listdir(p))[:3]
-                except OSError as e:
-                    seen[p] = type(e).__name__
-            return seen
-    ''').parent
-
-    async def go():
-        async with TaskProcess(d) as proc:
-            return await proc.call("evaluate", 0, FakeSession())
-
-    seen = asyncio.run(go())
+    d = evaluate_only_task(tmp_path, "jailed", f"""
+        seen = {{}}
+        for p in ({str(secret)!r}, "/etc/shadow", {str(tmp_path / "runs")!r}, os.path.expanduser("~/../..")):
+            try:
+                seen[p] = open(p).read()[:10] if os.path.isfile(p) else sorted(os.listdir(p))[:3]
+            except OSError as e:
+                seen[p] = type(e).__name__
+        return seen
+    """)
+    seen = evaluate_in_process(d)
     assert seen[str(secret)] == "FileNotFoundError" and seen[str(tmp_path / "runs")] == "FileNotFoundError", seen
     assert seen["/etc/shadow"] == "FileNotFoundError", seen
 
@@ -700,35 +718,23 @@ def test_jailed_task_code_has_no_capabilities_even_under_root(tmp_path: Path) ->
     """Run by root, bubblewrap keeps root's capabilities unless told: with
     CAP_SYS_ADMIN and CAP_MKNOD, candidate code a grader imports could make the
     host's disk a device node and mount it. The jail drops them all."""
-    d = write(tmp_path / "tasks" / "dom" / "caps" / "main.py", """
-        import os, subprocess
-        import cua_bench as cb
-        @cb.tasks_config
-        def load():
-            return [cb.Task(description="x")]
-        @cb.evaluate_task
-        async def evaluate(cfg, session):
-            def caps(text):
-                status = dict(l.split(":", 1) for l in text.splitlines() if ":" in l)
-                return status["CapEff"].strip() + "/" + status["CapPrm"].strip()
-            out = {"self": caps(open("/proc/self/status").read()),
-                   # an exec'd program, as uid 0, would regain root's capabilities unless dropped for good
-                   "child": caps(subprocess.run(["cat", "/proc/self/status"], capture_output=True, text=True).stdout)}
-            try:
-                os.mknod("/tmp/disk", 0o600 | 0o060000, os.makedev(8, 0))
-                out["mknod"] = "made"
-            except OSError as e:
-                out["mknod"] = type(e).__name__
-            r = subprocess.run(["mount", "-t", "tmpfs", "none", "/tmp"], capture_output=True)
-            out["mount"] = r.returncode
-            return out
-    """).parent
-
-    async def go():
-        async with TaskProcess(d) as proc:
-            return await proc.call("evaluate", 0, FakeSession())
-
-    out = asyncio.run(go())
+    d = evaluate_only_task(tmp_path, "caps", """
+        def caps(text):
+            status = dict(l.split(":", 1) for l in text.splitlines() if ":" in l)
+            return status["CapEff"].strip() + "/" + status["CapPrm"].strip()
+        out = {"self": caps(open("/proc/self/status").read()),
+               # an exec'd program, as uid 0, would regain root's capabilities unless dropped for good
+               "child": caps(subprocess.run(["cat", "/proc/self/status"], capture_output=True, text=True).stdout)}
+        try:
+            os.mknod("/tmp/disk", 0o600 | 0o060000, os.makedev(8, 0))
+            out["mknod"] = "made"
+        except OSError as e:
+            out["mknod"] = type(e).__name__
+        r = subprocess.run(["mount", "-t", "tmpfs", "none", "/tmp"], capture_output=True)
+        out["mount"] = r.returncode
+        return out
+    """)
+    out = evaluate_in_process(d)
     assert out["self"] == out["child"] == "0000000000000000/0000000000000000", out
     assert out["mknod"] == "PermissionError" and out["mount"] != 0, out
 
@@ -746,28 +752,16 @@ def test_jailed_task_code_reaches_no_host_service_unless_a_judge_needs_the_netwo
     listener.bind(("127.0.0.1", 0))
     listener.listen(4)
     port = listener.getsockname()[1]
-    d = write(tmp_path / "tasks" / "dom" / "net" / "main.py", f"""
-        import socket
-        import cua_bench as cb
-        @cb.tasks_config
-        def load():
-            return [cb.Task(description="x")]
-        @cb.evaluate_task
-        async def evaluate(cfg, session):
-            try:
-                socket.create_connection(("127.0.0.1", {port}), timeout=3).close()
-                return "reached"
-            except OSError as e:
-                return type(e).__name__
-    """).parent
-
-    async def go(network: bool):
-        async with TaskProcess(d, network=network) as proc:
-            return await proc.call("evaluate", 0, FakeSession())
-
+    d = evaluate_only_task(tmp_path, "net", f"""
+        try:
+            socket.create_connection(("127.0.0.1", {port}), timeout=3).close()
+            return "reached"
+        except OSError as e:
+            return type(e).__name__
+    """)
     try:
-        assert asyncio.run(go(False)) == "ConnectionRefusedError"
-        assert asyncio.run(go(True)) == "reached"
+        assert evaluate_in_process(d, network=False) == "ConnectionRefusedError"
+        assert evaluate_in_process(d, network=True) == "reached"
     finally:
         listener.close()
     monkeypatch.delenv("ALE_TASK_NETWORK", raising=False)
@@ -781,23 +775,11 @@ def test_jailed_task_code_reaches_no_host_service_unless_a_judge_needs_the_netwo
 def test_the_task_process_is_the_first_the_kernel_kills_when_memory_runs_out(tmp_path: Path) -> None:
     """Candidate code a host-side grader imports can allocate without bound: the
     task process (and all it starts) carries oom_score_adj 1000, the harness not."""
-    d = write(tmp_path / "tasks" / "dom" / "oom" / "main.py", """
-        import subprocess
-        import cua_bench as cb
-        @cb.tasks_config
-        def load():
-            return [cb.Task(description="x")]
-        @cb.evaluate_task
-        async def evaluate(cfg, session):
-            child = subprocess.run(["cat", "/proc/self/oom_score_adj"], capture_output=True, text=True).stdout
-            return [open("/proc/self/oom_score_adj").read().strip(), child.strip()]
-    """).parent
-
-    async def go():
-        async with TaskProcess(d) as proc:
-            return await proc.call("evaluate", 0, FakeSession())
-
-    assert asyncio.run(go()) == ["1000", "1000"]
+    d = evaluate_only_task(tmp_path, "oom", """
+        child = subprocess.run(["cat", "/proc/self/oom_score_adj"], capture_output=True, text=True).stdout
+        return [open("/proc/self/oom_score_adj").read().strip(), child.strip()]
+    """)
+    assert evaluate_in_process(d) == ["1000", "1000"]
     assert Path("/proc/self/oom_score_adj").read_text().strip() != "1000"
 
 
@@ -809,28 +791,17 @@ def test_every_command_and_failed_session_call_is_noted_in_the_task_log(tmp_path
         async def run_command(self, command: str, **kw):
             return {"stdout": "", "stderr": "sh: 1: uv: not found", "return_code": 127}
 
-    d = write(tmp_path / "tasks" / "dom" / "noted" / "main.py", """
-        import cua_bench as cb
-        @cb.tasks_config
-        def load():
-            return [cb.Task(description="x")]
-        @cb.evaluate_task
-        async def evaluate(cfg, session):
-            r = await session.run_command("uv run verify.py")
-            try:
-                await session.read_file("/output/missing.json")
-            except FileNotFoundError:
-                pass
-            await session.file_exists("/output/x")  # a call that answered: not noted
-            return [0.0 if r["return_code"] else 1.0]
-    """).parent
+    d = evaluate_only_task(tmp_path, "noted", """
+        r = await session.run_command("uv run verify.py")
+        try:
+            await session.read_file("/output/missing.json")
+        except FileNotFoundError:
+            pass
+        await session.file_exists("/output/x")  # a call that answered: not noted
+        return [0.0 if r["return_code"] else 1.0]
+    """)
     log = tmp_path / "task.log"
-
-    async def go():
-        async with TaskProcess(d, log_path=log) as proc:
-            return await proc.call("evaluate", 0, CommandSession())
-
-    assert asyncio.run(go()) == [0.0]
+    assert evaluate_in_process(d, CommandSession(), log_path=log) == [0.0]
     lines = [x for x in log.read_text().splitlines() if x.startswith("[ale] session")]
     assert len(lines) == 2, lines
     assert lines[0].startswith("[ale] session run_command('uv run verify.py') -> exit 127") and "uv: not found" in lines[0]
@@ -840,19 +811,12 @@ def test_every_command_and_failed_session_call_is_noted_in_the_task_log(tmp_path
 def test_the_jails_tmp_is_on_disk_in_the_process_home(tmp_path: Path) -> None:
     """Graders copy whole outputs to /tmp/agenthle_eval: in the jail /tmp is a folder
     of the task process's home (on disk, dropped with it), not a tmpfs in memory."""
-    d = write(tmp_path / "tasks" / "dom" / "tmp" / "main.py", """
-        import os
-        import cua_bench as cb
-        @cb.tasks_config
-        def load():
-            return [cb.Task(description="x")]
-        @cb.evaluate_task
-        async def evaluate(cfg, session):
-            os.makedirs("/tmp/agenthle_eval", exist_ok=True)
-            open("/tmp/agenthle_eval/x", "w").write("x")
-            fs = [l.split()[2] for l in open("/proc/self/mounts") if l.split()[1] == "/tmp"]
-            return [fs, os.path.exists(os.path.expanduser("~/.tmp/agenthle_eval/x"))]
-    """).parent
+    d = evaluate_only_task(tmp_path, "tmp", """
+        os.makedirs("/tmp/agenthle_eval", exist_ok=True)
+        open("/tmp/agenthle_eval/x", "w").write("x")
+        fs = [l.split()[2] for l in open("/proc/self/mounts") if l.split()[1] == "/tmp"]
+        return [fs, os.path.exists(os.path.expanduser("~/.tmp/agenthle_eval/x"))]
+    """)
 
     async def go():
         async with TaskProcess(d) as proc:
