@@ -170,6 +170,7 @@ def task_check(
     then no adversarial output may score above nop and the grader must raise
     without its reference. Exit 1 on any failure."""
     from ale.grading.adversarial import select_strategies
+    from ale.grading.grader import SCORE_EPSILON
     from ale.runs.lifecycle import PreflightError
     from ale.tasks.errors import TaskError
     from ale.tasks.process import TaskProcessError, inspect_task_sync
@@ -200,7 +201,7 @@ def task_check(
             ok = (
                 result.status.value == "scored"
                 and result.scores is not None
-                and (all(math.isclose(s, 1.0, abs_tol=1e-9) for s in result.scores) if agent == "oracle" else max(result.scores) <= 0.0)
+                and (all(math.isclose(s, 1.0, abs_tol=SCORE_EPSILON) for s in result.scores) if agent == "oracle" else max(result.scores) <= 0.0)
             )
             mark = "[green]ok[/]" if ok else "[red]FAIL[/]"
             err.print(f"{mark} variant {v} {agent}: {result.status.value} scores={result.scores}  {escape(str(plan.run_dir))}")

@@ -29,8 +29,14 @@ ETC_FILES = ("passwd", "group", "nsswitch.conf", "hosts", "resolv.conf", "localt
              "ld.so.cache", "alternatives", "mime.types", "gai.conf")
 
 
+def _switch(name: str) -> bool | None:
+    """An on/off environment variable: True, False, or None when unset or neither."""
+    value = os.environ.get(name, "").strip().lower()
+    return True if value in ("on", "1", "true", "yes") else False if value in ("off", "0", "false", "no") else None
+
+
 def jail_enabled() -> bool:
-    return os.environ.get("ALE_TASK_SANDBOX", "on").lower() not in ("off", "0", "false", "no")
+    return _switch("ALE_TASK_SANDBOX") is not False
 
 
 def interpreter_roots(python: str) -> list[str]:
@@ -79,12 +85,8 @@ def task_network(judge: Mapping[str, str]) -> bool:
     has a network namespace of its own, loopback only: candidate code a grader
     runs reaches no service of the host (a Ray head, a gateway, the cloud's
     metadata address)."""
-    value = os.environ.get("ALE_TASK_NETWORK", "").strip().lower()
-    if value in ("on", "1", "true", "yes"):
-        return True
-    if value in ("off", "0", "false", "no"):
-        return False
-    return bool(judge)
+    chosen = _switch("ALE_TASK_NETWORK")
+    return bool(judge) if chosen is None else chosen
 
 
 def jail_argv(

@@ -259,9 +259,13 @@ class TaskProcess:
             chunk = await self._proc.stderr.read(65536)
             if not chunk:
                 return
-            room = LOG_LIMIT - len(self._log)
-            if room > 0:
-                self._log.extend(chunk[:room])
+            self._keep_log(chunk)
+
+    def _keep_log(self, data: bytes) -> None:
+        """Into the task log, up to ``LOG_LIMIT`` bytes; the rest is dropped."""
+        room = LOG_LIMIT - len(self._log)
+        if room > 0:
+            self._log.extend(data[:room])
 
     def _note_call(self, request: dict[str, Any], answer: dict[str, Any], took: float) -> None:
         """Into the task log: every command the task ran and every session call that
@@ -290,10 +294,7 @@ class TaskProcess:
                        + (f"; stderr: {stderr}" if stderr and code not in (0, None) else ""))
 
     def _log_line(self, text: str) -> None:
-        data = (text + "\n").encode("utf-8", errors="replace")
-        room = LOG_LIMIT - len(self._log)
-        if room > 0:
-            self._log.extend(data[:room])
+        self._keep_log((text + "\n").encode("utf-8", errors="replace"))
 
     def log_tail(self, n: int = 4000) -> str:
         return bytes(self._log[-n:]).decode("utf-8", errors="replace")
