@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ale.plan", "ale.result"),
     ("ale.isolation",),
     ("ale.tasks",),
+    ("ale.provision",),
     ("ale.agents",),
     ("ale.grading",),
     ("ale.record",),

@@ -1,0 +1,65 @@
+"""What a sandbox image must hold: the one description the provisioning layer
+resolves needs into and the image builder builds from.
+
+A ``SoftwareSpec`` is pure data, canonical (sorted, de-duplicated) and hashed: the
+same needs give the same key, hence the same image, across runs, tasks and trees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+
+class LockFile(BaseModel):
+    """A manifest the candidate may install from offline (``uv sync``, ``pip install -r``):
+    its packages, at the pinned versions where the index has them, go into the image's
+    package store. ``name`` is the file's name (``uv.lock``, ``pyproject.toml``,
+    ``requirements.txt``), ``origin`` where it was read (for the evidence)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    text: str
+    origin: str = ""
+
+
+class SoftwareSpec(BaseModel):
+    """Everything an environment image adds to the tools image.
+
+    - ``debian``: Debian package names (installed with apt at build time);
+    - ``python``: PEP 508 requirements installed into the default ``python3`` and
+      kept, with their dependencies, in the image's read-only package store;
+    - ``store_only``: requirements only kept in the store (``uv run --with X``,
+      ``pip install X`` in a venv of the candidate's own), not installed;
+    - ``python_version``: an interpreter a task asks for by version (``"3.12"``);
+    - ``lockfiles``: manifests whose pinned packages go into the store.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    debian: tuple[str, ...] = ()
+    python: tuple[str, ...] = ()
+    store_only: tuple[str, ...] = ()
+    python_version: str | None = None
+    lockfiles: tuple[LockFile, ...] = ()
+
+    @field_validator("debian", "python", "store_only", mode="after")
+    @classmethod
+    def _canonical(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(sorted({s.strip() for s in v if s.strip()}))
+
+    @field_validator("lockfiles", mode="after")
+    @classmethod
+    def _sorted_locks(cls, v: tuple[LockFile, ...]) -> tuple[LockFile, ...]:
+        return tuple(sorted(v, key=lambda lf: (lf.name, lf.text)))
+
+    @property
+    def empty(self) -> bool:
+        return not (self.debian or self.python or self.store_only or self.python_version or self.lockfiles)
+
+    def key(self) -> str:
+        """The content key: origins are evidence, not content, and do not change it."""
+        body = self.model_dump(mode="json")
+        body["lockfiles"] = [{"name": lf.name, "text": lf.text} for lf in self.lockfiles]
+        return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
