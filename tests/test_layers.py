@@ -7,6 +7,7 @@ The layers, lowest first; a module may import its own layer and the ones below.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ale", "ale.status", "ale.paths", "ale.documents", "ale.redaction", "ale.layout", "ale.defaults", "ale.lossless"),
     ("ale.data",),
     ("ale.sandbox",),
-    ("ale.plan", "ale.result"),
+    ("ale.plan", "ale.result", "ale.phases"),
     ("ale.isolation",),
     ("ale.tasks",),
     ("ale.provision",),
@@ -28,9 +29,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("ale.report",),
     ("ale.cli",),
 ]
-# Modules that run in the task process with the task tree's interpreter: the
-# standard library only, never the harness.
-STANDALONE = ("ale.tasks.worker",)
+# Packages that run in the task process with the task tree's interpreter: the
+# standard library only (and each other), never the harness.
+STANDALONE = ("ale.tasks.runtime._ale_task_worker", "ale.tasks.runtime.cua_bench")
 
 
 def _module_name(path: Path) -> str:
@@ -126,13 +127,39 @@ def test_no_import_cycle() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-@pytest.mark.parametrize("module", STANDALONE)
-def test_task_process_code_imports_no_harness(module: str) -> None:
+def test_every_guarded_module_exists() -> None:
+    """A layer or a standalone package that names no module guards nothing: a rename
+    must fail here, not leave the rules above passing over nothing."""
+    mods = set(_modules())
+    guarded = [n for names in LAYERS for n in names] + list(STANDALONE)
+    missing = [n for n in guarded if n not in mods and not any(m.startswith(n + ".") for m in mods)]
+    assert not missing, f"tests/test_layers.py guards modules that do not exist: {missing}"
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The first name of every absolute import in ``path`` (function-local too)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name.partition(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.partition(".")[0])
+    return out
+
+
+@pytest.mark.parametrize("package", STANDALONE)
+def test_task_process_code_imports_the_standard_library_only(package: str) -> None:
     mods = _modules()
-    hits = [m for m in mods if m == module or m.startswith(module + ".")]
+    hits = [m for m in mods if m == package or m.startswith(package + ".")]
+    assert hits, f"{package} holds no module"
+    # In the task process the runtime folder is on sys.path: its packages import
+    # each other by their own names (``_ale_task_worker``, ``cua_bench``).
+    own = {p.rpartition(".")[2] for p in STANDALONE} | {"__future__"}
     for m in hits:
         deps = _imports(m, mods[m], set(mods))
-        assert not [d for d in deps if not d.startswith(module)], f"{m} imports the harness: {deps}"
+        assert not [d for d in deps if not d.startswith(package)], f"{m} imports the harness: {deps}"
+        foreign = sorted(n for n in _top_level_imports(mods[m]) if n not in own and n not in sys.stdlib_module_names)
+        assert not foreign, f"{m} imports beyond the standard library: {foreign}"
 
 
 def test_docker_is_called_from_the_docker_provider_only() -> None:
