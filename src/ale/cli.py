@@ -18,6 +18,7 @@ from rich.markup import escape
 
 from ale.cli_output import err, fail
 from ale.defaults import DEFAULT_INPUT_DIR, DEFAULT_OUTPUT_DIR, DEFAULT_TOOLS_IMAGE
+from ale.status import RunStatus
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Run AI agents on benchmark tasks in sandboxes proven sealed.")
 image_app = typer.Typer(no_args_is_help=True, help="Build the sandbox images.")
@@ -26,6 +27,8 @@ app.add_typer(image_app, name="image")
 app.add_typer(task_app, name="task")
 
 out = Console()
+# Statuses that end `ale run` with exit 1 (printed red): no valid outcome for the agent.
+FAILED_RUN = frozenset({RunStatus.INVALID_EVALUATION_ENVIRONMENT, RunStatus.GRADING_FAILED, RunStatus.INFRASTRUCTURE_ERROR})
 
 RunsDir = Annotated[Path, typer.Option("--runs-dir", envvar="ALE_RUNS_DIR", help="Where run folders are written.")]
 ImageOpt = Annotated[str, typer.Option("--image", envvar="ALE_IMAGE", help="The sandbox image.")]
@@ -107,7 +110,7 @@ def _execute(plan):
 
 
 def _print_result(result, run_dir: Path) -> None:
-    colour = {"scored": "green", "invalid_evaluation_environment": "red", "grading_failed": "red", "infrastructure_error": "red"}.get(result.status.value, "yellow")
+    colour = "green" if result.status is RunStatus.SCORED else "red" if result.status in FAILED_RUN else "yellow"
     score = "-" if result.score is None else f"{result.score:.3f}"
     # Task ids, violations and errors are any text (a grader's "[name]" or "[/path]"): never markup.
     err.print(f"[bold {colour}]{result.status.value}[/]  score={score}  scores={result.scores}  "
@@ -116,7 +119,7 @@ def _print_result(result, run_dir: Path) -> None:
         err.print(f"  [red]violation[/] {escape(v)}")
     for w in result.extra.get("warnings", []):
         err.print(f"  [yellow]warning[/] {escape(str(w))}")
-    if result.error and result.status.value != "scored":
+    if result.error and result.status is not RunStatus.SCORED:
         err.print(f"  [yellow]{escape(result.error.strip().splitlines()[0][:300])}[/]")
     print(run_dir)
 
@@ -146,7 +149,7 @@ def run(
     plan = _plan(task_dir, agent, variant, data, runs_dir, script, image, policy, signing_key, timeout, cfg, workspace_max_bytes)
     result = _execute(plan)
     _print_result(result, plan.run_dir)
-    if result.status.value in ("infrastructure_error", "invalid_evaluation_environment", "grading_failed"):
+    if result.status in FAILED_RUN:
         raise typer.Exit(1)
 
 
@@ -199,7 +202,7 @@ def task_check(
             plan = _plan(task_dir, name, v, data, runs_dir, script, image, policy, None, None)
             result = _execute(plan)
             ok = (
-                result.status.value == "scored"
+                result.status is RunStatus.SCORED
                 and result.scores is not None
                 and (all(math.isclose(s, 1.0, abs_tol=SCORE_EPSILON) for s in result.scores) if agent == "oracle" else max(result.scores) <= 0.0)
             )

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from ale import layout
 from ale.cli_output import err, fail
+from ale.status import RunStatus
 
 exp_app = typer.Typer(no_args_is_help=True, help="Run experiments: agents × tasks × repeats, resumable.")
 
@@ -32,11 +33,11 @@ def write_reports(exp_dir: Path) -> tuple[Path, Path]:
     from ale.report import load_report, to_json, write_html
 
     report = load_report(exp_dir)
-    json_path = exp_dir / "report.json"
+    json_path = exp_dir / layout.REPORT_JSON
     tmp = json_path.with_suffix(".json.tmp")
     tmp.write_text(to_json(report))
     tmp.replace(json_path)
-    html_path = write_html(report, exp_dir / "report.html", exp_dir)
+    html_path = write_html(report, exp_dir / layout.REPORT_HTML, exp_dir)
     return json_path, html_path
 
 
@@ -122,7 +123,7 @@ def status_command(exp_dir: Annotated[Path, typer.Argument(help="The experiment'
 
 
 def _lock_holder(exp_dir: Path) -> str | None:
-    lock = exp_dir / ".lock"
+    lock = exp_dir / layout.LOCK
     if not lock.is_file():
         return None
     fd = os.open(lock, os.O_RDONLY)
@@ -176,7 +177,7 @@ def report_command(
             table.add_row(a.agent, "-" if a.mean is None else f"{a.mean:.3f}", ci,
                           "-" if a.valid_mean is None else f"{a.valid_mean:.3f}",
                           "-" if a.pass_rate is None else f"{a.pass_rate:.3f}", str(a.items), f"{a.counted}/{a.runs}",
-                          str(a.statuses.get("invalid_evaluation_environment", 0)), str(a.flagged))
+                          str(a.statuses.get(RunStatus.INVALID_EVALUATION_ENVIRONMENT, 0)), str(a.flagged))
         console = Console()
         console.print(table)
         console.print("by status: " + ", ".join(f"{k} {v}" for k, v in report.counts_by_status.items() if v))

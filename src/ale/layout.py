@@ -6,7 +6,10 @@ anywhere else as a literal is a bug.
 
     <run>/plan.json  result.json  events.jsonl  trajectory.json  trajectory.jsonl
           trajectory-files/  deliverables/  deliverables.json
-          manifest.json  attestation.dsse.json  public_key.pem
+          manifest.json  attestation.dsse.json  public_key.pem  task.log
+          agent/{prompt.txt,command.json,stdout.log,stderr.log,mcp-config.json,
+                 mcp-settings.json,confinement.json,llm-transcript.jsonl,
+                 gateway/{records.jsonl,bodies/,turns.json}}
           evidence/{policy,harness,engine,input-staged,mounts,inspect-before,image,
                     probes-before.txt,input-after-start,workspace-empty,
                     reference-commit,agent,network,probes-after.txt,inspect-after,
@@ -18,6 +21,7 @@ from __future__ import annotations
 # -- top level -------------------------------------------------------------------
 PLAN = "plan.json"
 RESULT = "result.json"
+RESULT_TMP = "result.json.tmp"  # the result being written; renamed to result.json when whole
 EVENTS = "events.jsonl"
 TRAJECTORY = "trajectory.json"
 TRAJECTORY_LOG = "trajectory.jsonl"
@@ -29,6 +33,39 @@ ATTESTATION = "attestation.dsse.json"
 PUBLIC_KEY = "public_key.pem"
 TASK_LOG = "task.log"  # what the task process printed (only when it printed anything)
 EVIDENCE_DIR = "evidence"
+AGENT_DIR = "agent"  # what the agent's side wrote on the controller (outside the sandbox)
+GATEWAY_DIR = f"{AGENT_DIR}/gateway"  # the model gateway's record of the agent's model calls
+
+
+class Agent:
+    """File names inside ``agent/``."""
+
+    PROMPT = "prompt.txt"  # the task prompt a command agent's harness reads
+    COMMAND = "command.json"  # the harness's command line, folder and environment names
+    STDOUT = "stdout.log"
+    STDERR = "stderr.log"
+    MCP_CONFIG = "mcp-config.json"  # the MCP bridge's address for the harness (its token redacted afterwards)
+    MCP_SETTINGS = "mcp-settings.json"  # the same for Gemini CLI, in its settings format
+    CONFINEMENT = "confinement.json"  # a confined harness's bubblewrap record
+    LLM_TRANSCRIPT = "llm-transcript.jsonl"  # the built-in LLM agent's requests and answers
+
+
+class Gateway:
+    """File names inside ``agent/gateway/``."""
+
+    RECORDS = "records.jsonl"  # the hash-chained record of every model request
+    BODIES = "bodies"  # request and answer bodies too big to inline
+    TURNS = "turns.json"  # the model turns folded into trajectory.json
+
+
+def agent_path(name: str) -> str:
+    """The run-relative path of a file in ``agent/`` (``agent/<name>``)."""
+    return f"{AGENT_DIR}/{name}"
+
+
+def gateway_path(name: str) -> str:
+    """The run-relative path of a file in ``agent/gateway/``."""
+    return f"{GATEWAY_DIR}/{name}"
 
 
 class Evidence:
@@ -66,6 +103,8 @@ def evidence_path(name: str) -> str:
 
 
 # -- an experiment's output folder -------------------------------------------------
+REPORT_JSON = "report.json"  # `ale exp report`'s report, as JSON
+REPORT_HTML = "report.html"  # and as one self-contained HTML page
 EXPERIMENT_RECORD = "experiment.json"  # the experiment, its content hash, its history
 UNITS = "units.json"  # unit id -> task, variant, agent, repeat
 RUNS_INDEX = "index.sqlite"  # a cache over the run folders (ale.runs.store)

@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ale import layout
 from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
 from ale.agents.errors import AgentConfigError
 from ale.agents.gateway.confine import (
@@ -175,15 +176,15 @@ class CommandAgent:
         }
 
     async def run(self, ctx: AgentContext) -> AgentOutcome:
-        agent_dir = Path(ctx.run_dir) / "agent"
+        agent_dir = Path(ctx.run_dir) / layout.AGENT_DIR
         agent_dir.mkdir(parents=True, exist_ok=True)
         cwd = Path(self.config["cwd"]) if self.config.get("cwd") else agent_dir / "cwd"
         cwd.mkdir(parents=True, exist_ok=True)
-        prompt_file = agent_dir / "prompt.txt"
+        prompt_file = agent_dir / layout.Agent.PROMPT
         prompt_file.write_text(ctx.prompt)
         limits = [n for n in (self.max_steps, ctx.max_steps) if n is not None]
         bridge = ToolBridge(ctx.tools, max_steps=min(limits) if limits else None)
-        config_path = agent_dir / ("mcp-settings.json" if self.mcp_format == "gemini" else "mcp-config.json")
+        config_path = agent_dir / (layout.Agent.MCP_SETTINGS if self.mcp_format == "gemini" else layout.Agent.MCP_CONFIG)
         async with contextlib.AsyncExitStack() as stack:
             sock_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ale-gw-")))  # short: unix paths
             gw: ModelGateway | None = None
@@ -252,12 +253,12 @@ class CommandAgent:
                 sockets=sockets or {}, python=str(self.confine.get("python", "/usr/bin/python3")),
             )
             record["install_named"] = [str(p) for p in self.confine.get("install", [])]
-            (agent_dir / "confinement.json").write_text(json.dumps(record, indent=2))
-        (agent_dir / "command.json").write_text(
+            (agent_dir / layout.Agent.CONFINEMENT).write_text(json.dumps(record, indent=2))
+        (agent_dir / layout.Agent.COMMAND).write_text(
             json.dumps({"argv": argv, "cwd": str(cwd), "env_names": sorted(env)}, indent=2)
         )
         started = time.monotonic()
-        with open(agent_dir / "stdout.log", "wb") as out, open(agent_dir / "stderr.log", "wb") as err:
+        with open(agent_dir / layout.Agent.STDOUT, "wb") as out, open(agent_dir / layout.Agent.STDERR, "wb") as err:
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *argv,
@@ -303,7 +304,7 @@ class CommandAgent:
             if bridge.failures:
                 return AgentOutcome(AgentEnd.FAILED, detail="tool calls failed in the provider: " + "; ".join(bridge.failures[:5]), usage=usage)
             if rc != 0:
-                tail = _tail(agent_dir / "stderr.log")
+                tail = _tail(agent_dir / layout.Agent.STDERR)
                 return AgentOutcome(AgentEnd.FAILED, detail=f"harness exited with code {rc}" + (f"; stderr ends:\n{tail}" if tail else ""), usage=usage)
             return AgentOutcome(AgentEnd.FINISHED, detail="harness exited with code 0", usage=usage)
         if limited in done:

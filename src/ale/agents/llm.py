@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ale import layout
 from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
 from ale.agents.computer import image_message  # desktop
 from ale.agents.errors import AgentConfigError
@@ -121,7 +122,7 @@ class LLMAgent:
         state = _LoopState(
             model=model,
             max_steps=min(n for n in (self.max_steps, ctx.max_steps) if n is not None),
-            transcript=Path(ctx.run_dir) / "agent" / "llm-transcript.jsonl",
+            transcript=Path(ctx.run_dir) / layout.AGENT_DIR / layout.Agent.LLM_TRANSCRIPT,
         )
         state.transcript.parent.mkdir(parents=True, exist_ok=True)
         loop = asyncio.get_running_loop()

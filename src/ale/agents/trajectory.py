@@ -131,7 +131,7 @@ class Trajectory(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
-MODEL_TURNS = "agent/gateway/turns.json"  # relative to the run folder (gateway/turns.py writes it)
+MODEL_TURNS = layout.gateway_path(layout.Gateway.TURNS)  # relative to the run folder (gateway/turns.py writes it)
 
 
 def _now() -> str:

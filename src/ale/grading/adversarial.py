@@ -40,7 +40,7 @@ from typing import Any
 from ale import layout
 from ale.data.base import DataError
 from ale.data.sources import open_source
-from ale.grading.grader import is_invalid_scores
+from ale.grading.grader import SCORE_EPSILON, is_invalid_scores
 from ale.layout import Evidence
 from ale.plan import AgentSpec, RunPlan, new_run_id
 from ale.result import RunResult
@@ -56,7 +56,6 @@ Execute = Callable[[RunPlan], Awaitable[RunResult]]
 HUGE_FILE_BYTES = 200 * 1024**2
 HUGE_FILE_FILLER: str | None = None  # None: a sparse file of NUL bytes; else one printable byte, repeated
 MAX_REWRITE_BYTES = 8 * 1024**2  # oracle files above this are not rewritten into a script
-EPS = 1e-9
 
 # What a hook or a shadowing module prints when it is executed (then it exits 0):
 # a perfect score under the keys verifiers' JSON reports use.
@@ -538,7 +537,7 @@ def judge(strategy: Strategy, result: RunResult, run_dir: Path, nop_score: float
     against, bar = "nop", nop_score
     if baseline is not None and baseline[1] > nop_score:
         against, bar = baseline
-    if result.score > bar + EPS:
+    if result.score > bar + SCORE_EPSILON:
         if _reproduces_oracle(run_dir, {f.path: f.sha256 for f in facts.oracle_files if f.sha256}):
             out.verdict, out.detail = SOLUTION, "delivered the oracle's own files: a correct answer, not a hack"
             return out

@@ -102,7 +102,10 @@ def working_copy(src: Path, dest: Path, *, owner: tuple[int, int] | None) -> Pat
     return dest.resolve()
 
 
-SCORE_EPSILON = 1e-9  # how far past 0 or 1 a score may be and still be that bound
+# The one tolerance on scores: how far past 0 or 1 a score may be and still be that
+# bound, and how close two scores must be to count as equal (a score above another
+# by more; a mean recomputed from its scores). tests/test_defined_once.py keeps it the only one.
+SCORE_EPSILON = 1e-9
 
 
 class InvalidScores(GradingError):

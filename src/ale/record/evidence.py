@@ -326,7 +326,7 @@ def build_predicate(run_dir: Path, key: Ed25519PrivateKey, digests: Mapping[str,
     """What the statement asserts about the run, beyond its files' digests."""
     result = _read_json_if(run_dir / layout.RESULT)
     if not isinstance(result, dict):
-        raise EvidenceError(f"{run_dir / 'result.json'} is missing or not JSON: write the result before signing")
+        raise EvidenceError(f"{run_dir / layout.RESULT} is missing or not JSON: write the result before signing")
     events_path = run_dir / layout.EVENTS
     events, problems = read_chain(events_path) if events_path.exists() else ([], [])
     if problems:
@@ -342,7 +342,7 @@ def build_predicate(run_dir: Path, key: Ed25519PrivateKey, digests: Mapping[str,
         "scores": result.get("scores"),
         "harness_version": result.get("harness_version"),
         "public_key_sha256": public_key_sha256(key),
-        "policy_sha256": digests.get(f"{layout.EVIDENCE_DIR}/policy.json"),
+        "policy_sha256": digests.get(layout.evidence_path(Evidence.POLICY)),
         "events": {"count": len(events), "head": events[-1]["hash"] if events else GENESIS},
         "input_digest": inputs.get("digest") if isinstance(inputs, dict) else None,
         "deliverables_digest": deliverables.get("digest") if isinstance(deliverables, dict) else None,

@@ -215,7 +215,7 @@ def aggregate(
         counted = counts_toward_score(r.status, r.score)
         attribution = r.invalid_attribution
         path = run_paths.get(r.run_id)
-        trajectory = f"{path}/trajectory.json" if path else None
+        trajectory = f"{path}/{layout.TRAJECTORY}" if path else None
         rows.append(
             RunRow(
                 run_id=r.run_id,
@@ -375,6 +375,6 @@ def load_report(exp_dir: str | Path, options: ReportSpec | None = None) -> Repor
     for run_dir, result in iter_results(root):
         results.append(result)
         paths[result.run_id] = run_dir.relative_to(root).as_posix()
-    if not results and not (root / "runs").is_dir():
+    if not results and not (root / layout.RUNS_DIR).is_dir():
         raise FileNotFoundError(f"{root}: not an experiment folder (no runs/ inside)")
     return aggregate(results, units=read_units(root), options=options, run_paths=paths, experiment=name)

@@ -13,12 +13,21 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from ale import layout
 from ale.report.aggregate import TIERS, UNCLASSIFIED, Report
+from ale.status import InvalidAttribution, RunStatus
 
 CSV_FIELDS = (
     "run_id", "unit_id", "item", "task", "variant", "agent", "repeat", "attempt",
     "status", "score", "counted", "headline", "attribution", "error", "path",
 )
+
+# Who an invalid run is charged to, as the report says it.
+_CHARGED_TO: dict[str, str] = {
+    InvalidAttribution.AFTER_AGENT_START: "the agent (counted as 0; review)",
+    InvalidAttribution.BEFORE_AGENT: "the harness (excluded, retried)",
+    InvalidAttribution.CONTROLLER_CONFIGURATION: "the controller's configuration (excluded)",
+}
 
 _PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
 
@@ -103,11 +112,11 @@ def histogram_svg(report: Report, bins: int = 10) -> str:
 
 
 def _flagged_row(row: Any) -> bool:
-    return str(row.attribution) == "after_agent_start"
+    return str(row.attribution) == InvalidAttribution.AFTER_AGENT_START
 
 
 def _invalid(agent: Any) -> int:
-    return agent.statuses.get("invalid_evaluation_environment", 0)
+    return agent.statuses.get(RunStatus.INVALID_EVALUATION_ENVIRONMENT, 0)
 
 
 def heatmap_svg(report: Report) -> str:
@@ -212,7 +221,7 @@ def to_html(report: Report, *, link_base: str = "") -> str:
     # counts
     out.append("<h2>Runs by status</h2><table id='statuses'><tr><th>status</th><th>runs</th></tr>")
     for status, n in report.counts_by_status.items():
-        cls = " class='bad'" if status == "invalid_evaluation_environment" and n else ""
+        cls = " class='bad'" if status == RunStatus.INVALID_EVALUATION_ENVIRONMENT and n else ""
         out.append(f"<tr><td{cls}>{escape(status)}</td><td class='num'>{n}</td></tr>")
     out.append("</table>")
 
@@ -255,8 +264,7 @@ def to_html(report: Report, *, link_base: str = "") -> str:
     if report.invalid_runs:
         out.append("<table id='invalid'><tr><th>run</th><th>agent</th><th>task</th><th>charged to</th><th>reason</th></tr>")
         for r in report.invalid_runs:
-            charged = {"after_agent_start": "the agent (counted as 0; review)", "before_agent": "the harness (excluded, retried)",
-                       "controller_configuration": "the controller's configuration (excluded)"}.get(str(r.attribution), "unattributed")
+            charged = _CHARGED_TO.get(str(r.attribution), "unattributed")
             cls = " class='bad'" if _flagged_row(r) else ""
             out.append(
                 f"<tr{cls}><td>{link(r.path, r.run_id)}</td><td>{escape(r.agent)}</td><td>{escape(r.item)}</td>"
@@ -283,7 +291,7 @@ def to_html(report: Report, *, link_base: str = "") -> str:
         out.append(
             f"<tr><td>{link(r.path, r.run_id)}</td><td>{escape(r.agent)}</td><td>{escape(r.item)}</td>"
             f"<td class='num'>{r.repeat}</td><td class='num'>{r.attempt}</td><td>{escape(r.status.value)}</td>"
-            f"<td class='num'>{score}</td><td>{link(r.trajectory, 'trajectory.json') if r.trajectory else '–'}</td></tr>"
+            f"<td class='num'>{score}</td><td>{link(r.trajectory, layout.TRAJECTORY) if r.trajectory else '–'}</td></tr>"
         )
     out.append("</table></div></body></html>")
     return "\n".join(out)

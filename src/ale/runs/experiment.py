@@ -30,6 +30,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ale import layout
 from ale.data.sources import anchor_spec
 from ale.defaults import DEFAULT_TOOLS_IMAGE
 from ale.documents import load_document
@@ -510,7 +511,7 @@ def plan_units(exp: Experiment) -> list[PlannedUnit]:
     env = exp.environment
     # Relative to the experiment file's folder, like its other paths (a card's own spec: its task's).
     data_source = anchor_spec(env.data_source, exp.base_dir) if env.data_source else None
-    runs_dir = str(exp.output_dir / "runs")
+    runs_dir = str(exp.output_dir / layout.RUNS_DIR)
     units: list[PlannedUnit] = []
     seen: set[str] = set()
     tasks = resolve_tasks(exp)

@@ -400,7 +400,7 @@ def _write_result(plan: RunPlan, result: RunResult) -> None:
         (run_dir / layout.PLAN).write_text(plan.model_dump_json(indent=2))
     if (run_dir / layout.RESULT).exists():
         return
-    tmp = run_dir / "result.json.tmp"
+    tmp = run_dir / layout.RESULT_TMP
     tmp.write_text(result.model_dump_json(indent=2))
     os.replace(tmp, run_dir / layout.RESULT)
 

@@ -31,13 +31,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ale import layout
 from ale.agents.gateway.tools import ToolPolicy, is_model_call, offered_tools
 from ale.redaction import REDACTED
 
-GATEWAY_DIR = "agent/gateway"
-RECORDS = "records.jsonl"
-BODIES = "bodies"
-CONFINEMENT = "agent/confinement.json"  # written by the command agent when it confines the harness
+GATEWAY_DIR = layout.GATEWAY_DIR
+RECORDS = layout.Gateway.RECORDS
+BODIES = layout.Gateway.BODIES
+CONFINEMENT = layout.agent_path(layout.Agent.CONFINEMENT)  # written by the command agent when it confines the harness
 INLINE_LIMIT = 16 * 1024
 GENESIS = "0" * 64
 SECRET_HEADERS = frozenset({"authorization", "x-api-key", "x-goog-api-key", "api-key", "cookie", "proxy-authorization"})

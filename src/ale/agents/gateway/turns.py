@@ -23,7 +23,7 @@ from ale.agents.gateway.record import GATEWAY_DIR, read_body, read_records
 from ale.agents.gateway.tools import ANTHROPIC, BRIDGE_NAME_FORMS, GEMINI, OPENAI
 from ale.agents.gateway.usage import sse_events
 
-TURNS = "turns.json"
+TURNS = layout.Gateway.TURNS
 
 
 def _raw(run_dir: Path, ref: dict[str, Any]) -> bytes:

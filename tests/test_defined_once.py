@@ -1,0 +1,162 @@
+"""What the code declares once stays declared once: each claim a module makes
+("the only place they are spelled", "a literal anywhere else is a bug") is
+checked over the whole of ``src/ale`` here, so a second spelling fails a test
+instead of drifting from the first.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+from ale import layout
+from ale.status import InvalidAttribution, RunStatus
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "ale"
+
+# Files that still break a rule, each until its owner fixes it. Keep this empty:
+# an entry is a known debt, named in the failure message of the rule it breaks.
+KNOWN_DEBT: dict[str, set[str]] = {
+    "statuses": {"record/verify.py"},
+    "layout": {"record/verify.py", "runs/lifecycle.py"},
+    "score tolerance": {"record/verify.py"},
+}
+
+
+def _sources(root: Path = SRC, *, skip: tuple[str, ...] = ()) -> Iterator[tuple[str, ast.Module]]:
+    for p in sorted(root.rglob("*.py")):
+        rel = p.relative_to(root).as_posix()
+        if rel not in skip:
+            yield rel, ast.parse(p.read_text(), filename=str(p))
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """ids of the docstring constants of a module, its classes and functions."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+def _strings(tree: ast.Module) -> Iterator[tuple[int, str, ast.AST | None]]:
+    """(line, text, parent) of every string literal that is not a docstring; the
+    literal parts of f-strings too."""
+    skip = _docstrings(tree)
+    parents = {id(c): n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            parent = parents.get(id(node))
+            yield node.lineno, node.value, parents.get(id(parent)) if isinstance(parent, ast.JoinedStr) else parent
+
+
+def _debt(rule: str, hits: list[str]) -> list[str]:
+    allowed = KNOWN_DEBT.get(rule, set())
+    return [h for h in hits if h.split(":", 1)[0] not in allowed]
+
+
+# -- statuses: ale/status.py spells them -------------------------------------------
+# "timeout" is also a tool argument, a command and an agent's end (AgentEnd): too
+# common a word to find by its spelling; every other status and attribution is not.
+STATUS_WORDS = {s.value for s in (*RunStatus, *InvalidAttribution)} - {RunStatus.TIMEOUT.value}
+
+
+def test_statuses_are_spelled_only_in_status_py() -> None:
+    hits = [f"{rel}:{line}: {text!r}" for rel, tree in _sources(skip=("status.py",))
+            for line, text, _ in _strings(tree) if text in STATUS_WORDS]
+    bad = _debt("statuses", hits)
+    assert not bad, "status literals outside ale/status.py (use RunStatus / InvalidAttribution):\n" + "\n".join(bad)
+
+
+# -- run-folder names: ale/layout.py defines them ------------------------------------
+def _layout_names() -> dict[str, str]:
+    """Every name layout.py defines -> where (``layout.RESULT``, ``layout.Evidence.AGENT``)."""
+    names: dict[str, str] = {}
+    for owner, prefix in ((layout, "layout"), (layout.Evidence, "layout.Evidence"),
+                          (layout.Agent, "layout.Agent"), (layout.Gateway, "layout.Gateway")):
+        for k, v in vars(owner).items():
+            if k.isupper() and isinstance(v, str):
+                names.setdefault(v, f"{prefix}.{k}")
+    for phase in ("before", "after"):
+        names[layout.Evidence.probes(phase)] = "layout.Evidence.probes"
+    return names
+
+
+# The same spelling for another thing than a run folder's file.
+NOT_RUN_FOLDER = {
+    ("data/sealing.py", "manifest.json"): "a sealed data variant's manifest (ale.data.sealing.MANIFEST_NAME)",
+    ("tasks/environment.py", ".lock"): "the lock beside a task environment being built",
+    ("runs/node.py", "runs"): "a node's staging folder for one run, shipped back afterwards",
+}
+
+
+def layout_literals(root: Path = SRC, skip: tuple[str, ...] = ("layout.py",)) -> list[str]:
+    """``file:line: 'literal' (use layout.X)`` for every literal that spells a name of
+    the run folder outside layout.py: a file name (``result.json``, also with a suffix
+    such as ``result.json.tmp``) anywhere, a folder name (``agent``, ``deliverables``)
+    that starts a path (``"agent/…"``) or is joined to one (``run_dir / "agent"``).
+    Text with spaces (a message) and URLs are not paths."""
+    names = _layout_names()
+    files = {n for n in names if any(c in n for c in "./-")}
+    words = set(names) - files
+    hits = []
+    for rel, tree in _sources(root, skip=skip):
+        for line, text, parent in _strings(tree):
+            if not text or "://" in text or any(c.isspace() for c in text):
+                continue
+            parts = [p for p in text.split("/") if p]
+            found = [p for p in parts if p in files or any(p.startswith(f + ".") for f in files)]
+            if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Div):
+                found += [p for p in parts if p in words]
+            elif "/" in text and parts and parts[0] in words:
+                found.append(parts[0])
+            found = [f for f in found if (rel, f) not in NOT_RUN_FOLDER]
+            if found:
+                use = ", ".join(names.get(f, names.get(f.rpartition(".")[0], "layout")) for f in found)
+                hits.append(f"{rel}:{line}: {text!r} (use {use})")
+    return hits
+
+
+def test_run_folder_names_are_spelled_only_in_layout_py() -> None:
+    bad = _debt("layout", layout_literals())
+    assert not bad, "run-folder names spelled outside ale/layout.py:\n" + "\n".join(bad)
+
+
+def test_the_layout_rule_finds_what_it_must(tmp_path: Path) -> None:
+    """The rule above, on literals it must catch and literals it must leave."""
+    caught = ['tmp = run_dir / "result.json.tmp"', 'p = run / "agent"', 'f"evidence/{name}.json"',
+              'x = "agent/gateway/turns.json"', 'prefix = "deliverables/"', 'store.write_json("desktop.json", {})']
+    left = ['raise E(f"{p} is not result.json: bad")', 'plan = {"agent": 1}', 'cfg.get("gateway", True)', 'Path("runs")']
+    for i, code in enumerate(caught + left):
+        (tmp_path / f"m{i}.py").write_text(code + "\n")
+    hits = {h.split(":", 1)[0] for h in layout_literals(tmp_path)}
+    assert hits == {f"m{i}.py" for i in range(len(caught))}, hits
+
+
+# -- the score tolerance: ale.grading.grader.SCORE_EPSILON ------------------------------
+# Small numbers that are not a tolerance on scores.
+NOT_SCORE_TOLERANCE = {
+    ("isolation/checks.py", 1e-6): "a container's CPU quota against the policy's",
+    ("isolation/inspect_rules.py", 1e-6): "a container's CPU quota against the policy's",
+    ("runs/progress.py", 1e-6): "a division guard for the elapsed time",
+}
+
+
+def test_the_score_tolerance_is_one_constant() -> None:
+    """A tolerance is a small literal (below 1e-3) or a literal ``abs_tol``/``rel_tol``:
+    on scores, each must be ``SCORE_EPSILON``, defined once in grading/grader.py."""
+    hits = []
+    for rel, tree in _sources():
+        defining = {id(n.value) for n in ast.walk(tree) if rel == "grading/grader.py" and isinstance(n, ast.Assign)
+                    and [ast.unparse(t) for t in n.targets] == ["SCORE_EPSILON"]}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.keyword) and node.arg in ("abs_tol", "rel_tol") and isinstance(node.value, ast.Constant):
+                hits.append(f"{rel}:{node.value.lineno}: {node.arg}={node.value.value!r}")
+            elif (isinstance(node, ast.Constant) and isinstance(node.value, float) and 0 < node.value < 1e-3
+                  and id(node) not in defining and (rel, node.value) not in NOT_SCORE_TOLERANCE):
+                hits.append(f"{rel}:{node.lineno}: {node.value!r}")
+    bad = _debt("score tolerance", sorted(set(hits)))
+    assert not bad, "tolerances outside ale.grading.grader.SCORE_EPSILON:\n" + "\n".join(bad)
