@@ -10,6 +10,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from ale import layout
 from ale.status import InvalidAttribution, RunStatus
 
@@ -21,6 +23,7 @@ KNOWN_DEBT: dict[str, set[str]] = {
     "statuses": {"record/verify.py"},
     "layout": {"record/verify.py", "runs/lifecycle.py"},
     "score tolerance": {"record/verify.py"},
+    "secret names": {"isolation/inspect_rules.py"},
 }
 
 
@@ -160,3 +163,59 @@ def test_the_score_tolerance_is_one_constant() -> None:
                 hits.append(f"{rel}:{node.lineno}: {node.value!r}")
     bad = _debt("score tolerance", sorted(set(hits)))
     assert not bad, "tolerances outside ale.grading.grader.SCORE_EPSILON:\n" + "\n".join(bad)
+
+
+# -- secret names: ale.redaction.is_secret_name ---------------------------------------
+# The spellings of credential variables (case as in an environment); a rule that
+# lists them is a second rule.
+SECRET_SPELLINGS = ("CLOUDSDK_", "KUBECONFIG", "SSH_AUTH_SOCK", "AWS_", "AZURE_", "GCLOUD_", "GCP_", "ARM_CLIENT_",
+                    "HUGGING", "DOCKER_CONFIG", "DOCKER_HOST", "HF_TOKEN")
+NAMES = ("CLOUDSDK_CONFIG", "KUBECONFIG", "SSH_AUTH_SOCK", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "HF_TOKEN",
+         "HUGGING_FACE_HUB_TOKEN", "DOCKER_HOST", "ALE_JUDGE_OPENAI_API_KEY", "ALE_SIGNING_KEY",
+         "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_CLIENT_SECRET", "OPENAI_API_KEY", "GITHUB_TOKEN", "DB_PASSWORD",
+         "SESSION_COOKIE", "PATH", "HOME", "LANG", "AUTHOR", "EDITOR")
+
+
+def test_secret_names_are_spelled_only_in_redaction_py() -> None:
+    hits = [f"{rel}:{line}: {text!r}" for rel, tree in _sources(skip=("redaction.py",))
+            for line, text, _ in _strings(tree)
+            if any(s in text for s in SECRET_SPELLINGS) and not any(c.isspace() for c in text)]  # not a message
+    bad = _debt("secret names", hits)
+    assert not bad, "secret-name rules outside ale/redaction.py (use is_secret_name):\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_agents_and_evidence_share_the_secret_name_rule(name: str) -> None:
+    from ale.agents.errors import AgentConfigError
+    from ale.agents.secrets import build_agent_env, is_forbidden_env
+    from ale.redaction import REDACTED, is_secret_name, is_trusted_side_credential, redact
+
+    trusted = is_trusted_side_credential(name)
+    assert is_forbidden_env(name) is trusted and (not trusted or is_secret_name(name))
+    try:
+        build_agent_env(passthrough=[name], environ={name: "value-0123456789"})
+        refused = False
+    except AgentConfigError:
+        refused = True
+    assert refused is trusted, f"the agent's environment and the rule disagree on {name}"
+    assert (redact({name: "plain"})[name] == REDACTED) is is_secret_name(name), f"redaction and the rule disagree on {name}"
+    assert is_secret_name(name) is (name not in ("PATH", "HOME", "LANG", "AUTHOR", "EDITOR"))
+
+
+@pytest.mark.xfail(strict=True, reason="known debt: ale/isolation/inspect_rules.py keeps its own looks_like_credential "
+                                       "(no CLOUDSDK_*, KUBECONFIG, cookie; AUTHOR is one); its owner makes it use is_secret_name")
+@pytest.mark.parametrize("name", ["CLOUDSDK_CONFIG", "KUBECONFIG", "SESSION_COOKIE", "AUTHOR"])
+def test_the_sandbox_check_shares_the_secret_name_rule(name: str) -> None:
+    from ale.isolation.checks import looks_like_credential
+    from ale.redaction import is_secret_name
+
+    assert looks_like_credential(name) is is_secret_name(name)
+
+
+def test_the_sandbox_check_agrees_where_it_already_does() -> None:
+    from ale.isolation.checks import looks_like_credential
+    from ale.redaction import is_secret_name
+
+    for name in NAMES:
+        if name not in ("CLOUDSDK_CONFIG", "KUBECONFIG", "SESSION_COOKIE", "AUTHOR"):
+            assert looks_like_credential(name) is is_secret_name(name), name

@@ -8,43 +8,21 @@ refused too, so ``MY_VAR=$ALE_JUDGE_API_KEY`` cannot smuggle it through.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from ale.agents.errors import AgentConfigError
-from ale.redaction import REDACTED
+from ale.redaction import REDACTED, TRUSTED_SIDE_CREDENTIALS, is_trusted_side_credential
 from ale.redaction import redact as redact_evidence
 
 BASE_ENV = ("PATH", "HOME", "LANG")
 
-# Patterns (fnmatch, upper-case) of variables no agent process ever gets.
-FORBIDDEN_ENV_PATTERNS = (
-    "ALE_JUDGE_*",
-    "ALE_GRADER_*",
-    "ALE_SIGNING_*",
-    "ALE_REFERENCE_*",
-    "AWS_*",
-    "GOOGLE_*",
-    "GCLOUD_*",
-    "GCP_*",
-    "CLOUDSDK_*",
-    "AZURE_*",
-    "ARM_CLIENT_*",
-    "DOCKER_*",
-    "KUBECONFIG",
-    "HF_TOKEN",
-    "HUGGING_FACE_HUB_TOKEN",
-    "SSH_AUTH_SOCK",
-)
-
-
-
-def is_forbidden_env(name: str) -> bool:
-    up = name.upper()
-    return any(fnmatch.fnmatchcase(up, p) for p in FORBIDDEN_ENV_PATTERNS)
+# Variables no agent process ever gets: the trusted side's credentials (one rule,
+# ale.redaction's, shared with the evidence's redaction and the sandbox's checks).
+FORBIDDEN_ENV_PATTERNS = TRUSTED_SIDE_CREDENTIALS
+is_forbidden_env = is_trusted_side_credential
 
 
 def forbidden_values(environ: Mapping[str, str] | None = None) -> set[str]:
