@@ -90,6 +90,7 @@ class Evidence:
     CHECKS = "checks.json"
     PHASES = "phases.json"
     CONTROLLER = "controller.json"  # the model gateway's summary and the harness's confinement
+    DESKTOP = "desktop.json"  # a desktop task's desktop: its spec, image, tool resolution, start
 
     @staticmethod
     def probes(phase: str) -> str:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ale.phases import Phase  # noqa: F401  (re-exported: result.json names phases)
 from ale.status import (
     InvalidAttribution,
     RunStatus,
@@ -15,19 +15,6 @@ from ale.status import (
     headline_score,
     is_retryable,
 )
-
-
-class Phase(StrEnum):
-    """The lifecycle's phases, in order; ``phases.json`` and ``result.json`` name them."""
-
-    STAGE_INPUT = "stage_input"
-    PROVISION = "provision"
-    TASK_START = "task_start"
-    VERIFY_BEFORE = "verify_before"
-    AGENT = "agent"
-    STOP = "stop"
-    DELIVERABLES = "deliverables"
-    GRADE = "grade"
 
 
 class PhaseTiming(BaseModel):

@@ -27,9 +27,25 @@ from ale import layout, lossless
 from ale.agents.gateway import record as gateway_record
 from ale.agents.trajectory import Trajectory
 from ale.grading.deliverables import DeliverablesManifest, SkippedEntry, listing_digest
-from ale.isolation.checks import check_inspect, diff_captures, failures
+from ale.isolation.checks import Check, check_inspect, diff_captures, failures, violation_line
 from ale.isolation.probes import parse_probes, workspace_empty_checks
 from ale.layout import Evidence
+from ale.phases import (
+    CANDIDATE_KILLED,
+    CREATED,
+    FINISHED,
+    GROUP_EVIDENCE,
+    REFERENCE_UNPACKED,
+    RUN_CLOSES_WITH,
+    RUN_OPENS_WITH,
+    STARTED,
+    CheckGroup,
+    Phase,
+    RunShape,
+    moment_order,
+    phase_evidence,
+    required_evidence,
+)
 from ale.record import evidence as ev
 from ale.record import signing
 from ale.redaction import unredacted_secrets
@@ -38,50 +54,15 @@ from ale.sandbox.base import Mount
 from ale.sandbox.policy import IsolationPolicy
 from ale.status import InvalidAttribution, RunStatus
 
-# Evidence every run that got started records, whatever its outcome.
-BASE_FILES = (
-    layout.PLAN,
-    layout.RESULT,
-    layout.EVENTS,
-    layout.evidence_path(Evidence.POLICY),
-    layout.evidence_path(Evidence.HARNESS),
-    layout.evidence_path(Evidence.ENGINE),
-    layout.evidence_path(Evidence.PHASES),
-    layout.evidence_path(Evidence.CHECKS),
-)
-# Evidence recorded before the agent's first step.
-BEFORE_AGENT_FILES = (
-    layout.evidence_path(Evidence.MOUNTS),
-    layout.evidence_path(Evidence.INSPECT_BEFORE),
-    layout.evidence_path(Evidence.IMAGE),
-    layout.evidence_path(Evidence.probes("before")),
-    layout.evidence_path(Evidence.INPUT_AFTER_START),
-    layout.evidence_path(Evidence.WORKSPACE_EMPTY),
-    layout.evidence_path(Evidence.REFERENCE_COMMIT),
-    layout.evidence_path(Evidence.AGENT),
-    layout.evidence_path(Evidence.NETWORK),
-)
-# Evidence recorded after the agent ended and before grading.
-AFTER_AGENT_FILES = (
-    layout.evidence_path(Evidence.INSPECT_AFTER),
-    layout.evidence_path(Evidence.probes("after")),
-    layout.evidence_path(Evidence.INPUT_AFTER_RUN),
-    layout.DELIVERABLES,
-)
-GRADED_FILES = (layout.evidence_path(Evidence.REFERENCE_CHECK),)
-# The JSON type each record must hold: anything else is unknown, and unknown is invalid.
+# What each phase writes is declared once, in ale.phases; the verifier derives from
+# it what a folder must hold. The JSON type each record must hold: anything else is
+# unknown, and unknown is invalid.
+_RECORDS = RUN_OPENS_WITH + RUN_CLOSES_WITH + tuple(dict.fromkeys(f for shape in RunShape for f in phase_evidence(shape)))
 LIST_FILES = frozenset({layout.evidence_path(Evidence.MOUNTS), layout.evidence_path(Evidence.PHASES), layout.evidence_path(Evidence.CHECKS)})
 OBJECT_FILES = frozenset(
     {layout.PLAN, layout.RESULT, layout.DELIVERABLES, layout.MANIFEST, layout.ATTESTATION}
-    | {f for f in BASE_FILES + BEFORE_AGENT_FILES + AFTER_AGENT_FILES + GRADED_FILES if f.endswith(".json")}
+    | {f for f in _RECORDS if f.endswith(".json")}
 ) - LIST_FILES
-# Phases whose checks the harness must have recorded in checks.json when their evidence exists.
-CHECKED_PHASES = {
-    "inspect-before": layout.evidence_path(Evidence.INSPECT_BEFORE),
-    "inspect-after": layout.evidence_path(Evidence.INSPECT_AFTER),
-    "probes-before": layout.evidence_path(Evidence.probes("before")),
-    "probes-after": layout.evidence_path(Evidence.probes("after")),
-}
 
 
 class VerifyReport(BaseModel):
@@ -404,22 +385,34 @@ class _Verifier:
                        "" if hv == result.harness_version else "harness.json names another ale version")
         return result
 
-    def verify_required(self, result: Any) -> None:
+    def shape(self) -> RunShape:
+        """The run's shape as harness.json records it; a folder written before the
+        shape was recorded is a live_grading run when it recorded a desktop."""
+        harness = _as_dict(self.load(layout.evidence_path(Evidence.HARNESS)))
+        shape = harness.get("run_shape")
+        if shape is None:
+            desktop = layout.evidence_path(Evidence.DESKTOP) in self._present
+            return RunShape.LIVE_GRADING if desktop else RunShape.STANDARD
+        try:
+            return RunShape(shape)
+        except ValueError:
+            self.check("harness.run_shape", False, [str(s) for s in RunShape], shape,
+                       f"evidence/harness.json names an unknown run shape {shape!r}")
+            return RunShape.STANDARD
+
+    def _phase_names(self) -> set[str]:
         phases = self.load(layout.evidence_path(Evidence.PHASES))
-        names = {p.get("name") for p in phases if isinstance(p, dict)} if isinstance(phases, list) else set()
-        graded = result is not None and result.status.carries_score
-        required = list(BASE_FILES)
-        if graded or "agent" in names:
-            required += BEFORE_AGENT_FILES
-        if graded or "deliverables" in names:
-            required += AFTER_AGENT_FILES
-        if graded or (result is not None and result.score is not None):
-            required += GRADED_FILES
+        return {str(p.get("name")) for p in phases if isinstance(p, dict)} if isinstance(phases, list) else set()
+
+    def verify_required(self, result: Any) -> None:
+        shape = self.shape()
+        graded = result is not None and (result.status.carries_score or result.score is not None)
+        required = required_evidence(shape, self._phase_names(), graded=graded)
         for rel in required:
             if rel not in self._present:
                 why = "the run reports a graded outcome" if graded else "the run reached the phase that records it"
                 self.check(f"evidence.{rel}", False, "present", None, f"{rel} is missing, yet {why}")
-        for rel in BEFORE_AGENT_FILES + AFTER_AGENT_FILES + GRADED_FILES:
+        for rel in phase_evidence(shape):
             if rel not in required and rel not in self._present:
                 self.notes.append(f"{rel} was not recorded (the run ended before that phase)")
 
@@ -546,14 +539,10 @@ class _Verifier:
                        f"evidence/mounts.json is malformed: {e!r}")
             return None
 
-    def _add_isolation(self, phase: str, checks: list[Any], failures: Any) -> None:
-        failing = {id(c) for c in failures(checks)}
+    def _add_isolation(self, group: str, checks: list[Check]) -> None:
         for c in checks:
-            self.checks.append({"area": "isolation", "phase": phase, **c.to_dict()})
-            if id(c) in failing:
-                self.violations.append(
-                    f"[{phase}] {c.id}: expected {c.expected!r}, observed {c.observed!r}" + (f" ({c.detail})" if c.detail else "")
-                )
+            self.checks.append({"area": "isolation", "phase": group, **c.to_dict()})
+        self.violations += [violation_line(group, c) for c in failures(checks)]
 
     def verify_isolation(self) -> None:
         before = self.load(layout.evidence_path(Evidence.INSPECT_BEFORE))
@@ -578,13 +567,13 @@ class _Verifier:
         self.notes.append("bind-mount inodes were compared at run time; verify compares sources by path")
         image = self.load(layout.evidence_path(Evidence.IMAGE))
         if before is not None:
-            self._add_isolation("inspect-before", check_inspect(
-                before, policy, mounts, phase="before", image_inspect=image, mount_inodes=None), failures)
+            self._add_isolation(CheckGroup.INSPECT_BEFORE, check_inspect(
+                before, policy, mounts, phase="before", image_inspect=image, mount_inodes=None))
         if after is not None:
-            self._add_isolation("inspect-after", check_inspect(
-                after, policy, mounts, phase="after", mount_inodes=None), failures)
+            self._add_isolation(CheckGroup.INSPECT_AFTER, check_inspect(
+                after, policy, mounts, phase="after", mount_inodes=None))
         if before is not None and after is not None:
-            self._add_isolation("inspect-after", diff_captures(before, after), failures)
+            self._add_isolation(CheckGroup.INSPECT_AFTER, diff_captures(before, after))
         input_dir = next((m.target for m in mounts if m.read_only), None)
         workspace_dir = next((m.target for m in mounts if not m.read_only), None)
         for phase, raw in probes.items():
@@ -596,13 +585,14 @@ class _Verifier:
                 break
             # Older probe files keep stderr after a "#stderr" line; newer ones as a section.
             stdout = raw.split("\n#stderr\n", 1)[0]
-            self._add_isolation(f"probes-{phase}", parse_probes(
-                stdout, policy, input_dir=input_dir, workspace_dir=workspace_dir, phase=phase), failures)
+            self._add_isolation(CheckGroup.PROBES_BEFORE if phase == "before" else CheckGroup.PROBES_AFTER, parse_probes(
+                stdout, policy, input_dir=input_dir, workspace_dir=workspace_dir, phase=phase))
 
     def verify_input_and_workspace(self) -> None:
         trees = {}
-        for name in ("input-after-start", "input-after-run"):
-            tree = self.load(f"evidence/{name}.json")
+        for name, rel in (("input-after-start", layout.evidence_path(Evidence.INPUT_AFTER_START)),
+                          ("input-after-run", layout.evidence_path(Evidence.INPUT_AFTER_RUN))):
+            tree = self.load(rel)
             if tree is None:
                 continue
             try:
@@ -621,7 +611,8 @@ class _Verifier:
             self.check("input.unchanged", same, a.get("digest"), b.get("digest"),
                        "" if same else f"the input changed during the run: {changed[:10]}", area="input", reason=False)
             if not same:
-                self.violations.append(f"[after-run] input.unchanged: changed {changed[:10]}")
+                self.violations.append(violation_line(CheckGroup.AFTER_RUN, Check(
+                    "input.unchanged", False, a.get("digest"), b.get("digest"), f"changed {changed[:10]}")))
         proof = self.load(layout.evidence_path(Evidence.WORKSPACE_EMPTY))
         if proof is None:
             return
@@ -635,9 +626,9 @@ class _Verifier:
             listing = proof.get(key)
             if listing is None and key == "at_agent_start" and layout.evidence_path(Evidence.INPUT_AFTER_START) not in self._present:
                 continue  # the run ended before the agent could start
-            with_phase = "workspace-" + key.replace("_", "-")
+            with_phase = CheckGroup.WORKSPACE_AT_CREATION if key == "at_creation" else CheckGroup.WORKSPACE_AT_AGENT_START
             self._add_isolation(with_phase, workspace_empty_checks(
-                listing if isinstance(listing, dict) else None, expected_inode=expected_inode), failures)
+                listing if isinstance(listing, dict) else None, expected_inode=expected_inode))
 
     def verify_reference(self) -> None:
         commit = self.load(layout.evidence_path(Evidence.REFERENCE_COMMIT))
@@ -665,19 +656,25 @@ class _Verifier:
                        area="reference")
 
     def verify_times(self) -> None:
+        """The run's moments in the order its shape's table says (``moment_order``)."""
         before = self.load(layout.evidence_path(Evidence.INSPECT_BEFORE))
         after = self.load(layout.evidence_path(Evidence.INSPECT_AFTER))
         check = self.load(layout.evidence_path(Evidence.REFERENCE_CHECK))
         commit = self.load(layout.evidence_path(Evidence.REFERENCE_COMMIT))
+        phases_raw = self.load(layout.evidence_path(Evidence.PHASES))
+        stop = next((p for p in phases_raw if isinstance(p, dict) and p.get("name") == Phase.STOP), None) \
+            if isinstance(phases_raw, list) else None
         state = _as_dict(after.get("State")) if isinstance(after, dict) else {}
-        points = [
-            ("container created", before.get("Created") if isinstance(before, dict) else None, before is not None),
-            ("container started", state.get("StartedAt"), after is not None),
-            ("container finished", state.get("FinishedAt"), after is not None),
-            ("reference unpacked", check.get("unpacked_at") if isinstance(check, dict) else None, check is not None),
-        ]
+        values = {
+            CREATED: (before.get("Created") if isinstance(before, dict) else None, before is not None),
+            STARTED: (state.get("StartedAt"), after is not None),
+            FINISHED: (state.get("FinishedAt"), after is not None),
+            REFERENCE_UNPACKED: (check.get("unpacked_at") if isinstance(check, dict) else None, check is not None),
+            CANDIDATE_KILLED: (None if stop is None else stop.get("ended_at"), stop is not None),
+        }
         known = []
-        for label, raw, recorded in points:
+        for label in moment_order(self.shape()):
+            raw, recorded = values[label]
             if not recorded:
                 continue
             t = parse_time(raw)
@@ -706,7 +703,7 @@ class _Verifier:
                     self.check("times.phases", False, f"{name} after {prev_end[0]}", p,
                                f"phase {name!r} starts before phase {prev_end[0]!r} ended", area="times")
                 prev_end = (str(name), e)
-            agent = next((p for p in phases if isinstance(p, dict) and p.get("name") == "agent"), None)
+            agent = next((p for p in phases if isinstance(p, dict) and p.get("name") == Phase.AGENT), None)
             if agent is not None and isinstance(commit, dict):
                 c, a = parse_time(commit.get("committed_at")), parse_time(agent.get("started_at"))
                 ok = c is not None and a is not None and c <= a
@@ -739,13 +736,13 @@ class _Verifier:
             names = [p.get("name") for p in phases if isinstance(p, dict)]
             if len(names) != len(phases):
                 self.check("times.phases", False, "phase records", phases, "evidence/phases.json holds non-objects")
-            if result is not None and result.status.carries_score and "agent" not in names:
+            if result is not None and result.status.carries_score and Phase.AGENT not in names:
                 self.check("times.phases", False, "an agent phase", names,
                            "evidence/phases.json records no agent phase, yet the run reports a graded outcome")
         stored = self.load(layout.evidence_path(Evidence.CHECKS))
         if isinstance(stored, list):
             phases_seen = {c.get("phase") for c in stored if isinstance(c, dict)}
-            for phase, rel in CHECKED_PHASES.items():
+            for phase, rel in GROUP_EVIDENCE.items():
                 if rel in self._present and phase not in phases_seen:
                     self.check(f"checks.{phase}", False, f"checks of {phase} in checks.json", sorted(map(str, phases_seen)),
                                f"the harness recorded no {phase} checks at run time, though {rel} exists")
@@ -802,7 +799,7 @@ class _Verifier:
             want = InvalidAttribution.CONTROLLER_CONFIGURATION if refusals[0].get("before_any_answer") else InvalidAttribution.AFTER_AGENT_START
         ok = (result.status is RunStatus.INVALID_EVALUATION_ENVIRONMENT and result.invalid_attribution == want) if refusals else (
             result.invalid_attribution != InvalidAttribution.CONTROLLER_CONFIGURATION)
-        self.check("gateway.status", ok, {"status": "invalid_evaluation_environment" if refusals else "any", "attribution": want},
+        self.check("gateway.status", ok, {"status": RunStatus.INVALID_EVALUATION_ENVIRONMENT.value if refusals else "any", "attribution": want},
                    {"status": result.status.value, "attribution": result.invalid_attribution},
                    "" if ok else "the run's status or attribution does not follow from the gateway's refusals", area=area)
 
@@ -814,7 +811,7 @@ class _Verifier:
         if claimed is None:
             return []
         phases = self.load(layout.evidence_path(Evidence.PHASES))
-        agent_ran = isinstance(phases, list) and any(isinstance(p, dict) and p.get("name") == "agent" for p in phases)
+        agent_ran = isinstance(phases, list) and any(isinstance(p, dict) and p.get("name") == Phase.AGENT for p in phases)
         agent_ran = agent_ran or (self.run_dir / layout.TRAJECTORY).exists()
         if claimed == InvalidAttribution.AFTER_AGENT_START and not agent_ran:
             return ["the run is charged to the agent (after_agent_start), but the agent never started"]

@@ -1,14 +1,17 @@
-"""One run, as a sequence of small phases.
+"""One run: the phase table of ``ale.phases``, executed.
 
-    prepare ─► stage input ─► provision ─► inspect (before) ─► start ─► task start()
-      ─► probes (before) ─► commit reference ─► agent ─► kill everything ─► probes (after)
-      ─► stop ─► inspect (after) ─► deliverables ─► remove sandbox ─► stage reference
-      ─► evaluate() ─► result + evidence + signature
+``execute_run`` loops over ``phase_table(shape)``: each phase's step function
+(``STEPS``) does its one job and records its times; a phase that finds the seal
+broken adds violations, and a gating phase ends the run there
+(``invalid_evaluation_environment``, no score). ``_classify_failure`` is the one
+place a step's exception becomes a status. Containers are removed on every path
+out, cancellation (Ctrl-C) included.
 
-Each phase does one job and records its times. A phase that finds the sandbox
-not sealed adds violations; any violation makes the run
-`invalid_evaluation_environment` and no score is produced. Containers are
-removed on every path out, cancellation (Ctrl-C) included.
+The run's state (``ale.runs.state``) is three things: what is fixed at its start (``Prepared``, the
+``RunFolder`` whose properties are its paths), the record being written
+(``RunRecord``), and the live handles (``LiveHandles``). A desktop task's run is
+the same table in its ``live_grading`` shape, with the desktop's hooks
+(``DesktopExtension``) called at the points the table names.
 """
 
 from __future__ import annotations
@@ -21,11 +24,9 @@ import platform
 import shutil
 import time
 import traceback
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import ale
 from ale import layout, lossless
@@ -34,13 +35,13 @@ from ale.agents.errors import AgentConfigError
 from ale.agents.gateway.record import evidence_record as gateway_evidence
 from ale.agents.registry import agent_evidence, make_agent
 from ale.agents.trajectory import TrajectoryWriter
-from ale.data.base import DataError, ReferenceCommitment
+from ale.data.base import DataError
 from ale.data.hashing import restore_runnable
 from ale.data.sources import open_source
-from ale.defaults import DEFAULT_TOOLS_IMAGE  # desktop (ale-desktop)
+from ale.defaults import DEFAULT_TOOLS_IMAGE
 from ale.grading.deliverables import extract_deliverables
 from ale.grading.grader import Grader, GradingError, GradingInputs
-from ale.isolation.checks import Check, check_inspect, diff_captures, failures
+from ale.isolation.checks import Check, check_inspect, diff_captures
 from ale.isolation.probes import (
     judge_probes,
     probe_command,
@@ -49,10 +50,13 @@ from ale.isolation.probes import (
     workspace_listing,
 )
 from ale.layout import Evidence
+from ale.phases import CheckGroup, Phase, phase_table
 from ale.plan import RunPlan
 from ale.record import evidence as ev
 from ale.record.signing import load_or_create_signing_key
-from ale.result import Phase, PhaseTiming, RunResult
+from ale.result import RunResult
+from ale.runs.extensions import make_extension
+from ale.runs.state import LiveHandles, Prepared, RunFolder, RunRecord, RunState, now
 from ale.runs.watchdog import WorkspaceLimits, watch
 from ale.sandbox.base import (
     LABEL_EXPERIMENT,
@@ -60,17 +64,12 @@ from ale.sandbox.base import (
     LABEL_RUN,
     ExecResult,
     ImageMissing,
-    Mount,
-    Sandbox,
     SandboxError,
     SandboxProvider,
     SandboxSpec,
 )
-from ale.sandbox.computer import Computer  # desktop (ale-desktop)
-from ale.sandbox.desktop import (  # desktop (ale-desktop)
+from ale.sandbox.desktop import (
     DEFAULT_DESKTOP_IMAGE,
-    Desktop,
-    DesktopSpec,
     desktop_spec,
 )
 from ale.sandbox.providers import make_provider
@@ -82,10 +81,9 @@ from ale.tasks.card import load_card
 from ale.tasks.environment import EnvironmentBuildError, TaskEnvironment, resolve_environment
 from ale.tasks.errors import TaskError
 from ale.tasks.jail import task_network
-from ale.tasks.loader import TaskVariant, select_variant
+from ale.tasks.loader import select_variant
 from ale.tasks.process import (
     TaskCallFailed,
-    TaskInfo,
     TaskProcess,
     TaskProcessError,
     judge_env,
@@ -101,131 +99,6 @@ class PreflightError(ValueError):
     def __init__(self, message: str, *, retryable: bool = False):
         super().__init__(message)
         self.retryable = retryable
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-@dataclass
-class Prepared:
-    plan: RunPlan
-    task: TaskInfo
-    variant: TaskVariant
-    data_spec: str | None
-    wall_time_s: float
-    provider: SandboxProvider
-    agent: Any
-    process: TaskProcess  # the task's code, alive from load() to the end of evaluate()
-    desktop: DesktopSpec | None = None  # desktop (ale-desktop): the task asks for one
-    image: str = ""  # desktop (ale-desktop): the candidate's image (the desktop image for desktop tasks)
-    image_record: dict | None = None  # the engine's description of that image, read at preflight
-
-
-@dataclass
-class RunState:
-    """What the phases share while one run goes on."""
-
-    prep: Prepared
-    run_dir: Path
-    scratch: Path
-    events: Any
-    store: Any
-    phases: list[PhaseTiming] = field(default_factory=list)
-    checks: list[dict] = field(default_factory=list)
-    violations: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)  # result.extra["warnings"]: nothing void, worth a look
-    sandbox: Sandbox | None = None
-    grader: Grader | None = None
-    source: Any = None
-    commitment: ReferenceCommitment | None = None
-    agent_outcome: AgentOutcome | None = None
-    trajectory: Any = None
-    costs: dict[str, float] = field(default_factory=dict)
-    workspace_at_creation: dict | None = None  # listing + inode, proof the workspace began empty
-    inspect_before: dict | None = None  # the raw capture at create, diffed with the one after exit
-    input_after_start: dict | None = None  # the input's tree hash once start() has run
-    reference_commit: dict | None = None  # what was committed before the agent started
-    agent_started: bool = False  # from here on, a failure may be the candidate's doing
-    provisioning: bool = False  # a sandbox may exist from here on (cleanup sweeps by label if in doubt)
-    invalid_attribution: InvalidAttribution | None = None  # set by a phase that knows better than agent_started
-    desktop: Desktop | None = None  # desktop (ale-desktop): alive from start until after evaluate()
-    computer: Computer | None = None  # desktop (ale-desktop): the computer tool over it
-
-    @contextlib.contextmanager
-    def cost(self, what: str) -> Iterator[None]:
-        """Accumulate wall time spent on `what` (verify, evidence) for the benchmarks."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.costs[what] = self.costs.get(what, 0.0) + time.perf_counter() - t0
-
-    @property
-    def plan(self) -> RunPlan:
-        return self.prep.plan
-
-    @property
-    def variant(self) -> TaskVariant:
-        return self.prep.variant
-
-    @property
-    def public_host(self) -> Path:
-        """The run's public package on the host, mounted read-only at the
-        variant's public root: for ALE tasks ``input/``, ``software/`` and the
-        workspace's (empty) mount point; for others the input alone."""
-        return self.scratch / ("public" if self.variant.task_dir else "input")
-
-    @property
-    def input_host(self) -> Path:
-        rel = self.variant.public_relpath(self.variant.input_dir)
-        return self.public_host if rel in (None, ".") else self.public_host / rel
-
-    @property
-    def software_host(self) -> Path | None:
-        """Where the data source staged ``software/`` (next to the input), when it is
-        inside the public package; None when the task has no software there."""
-        sw = self.input_host.parent / "software"
-        inside = self.public_host in sw.parents
-        return sw if inside and sw.is_dir() else None
-
-    @property
-    def workspace_host(self) -> Path:
-        return self.scratch / "workspace"
-
-    @property
-    def setup_reference_host(self) -> Path:
-        return self.scratch / "private" / "setup-reference"
-
-    @property
-    def reference_host(self) -> Path:
-        return self.scratch / "private" / "reference"
-
-    def mounts(self) -> list[Mount]:
-        return [
-            Mount(str(self.public_host.resolve()), self.variant.public_root, True),
-            Mount(str(self.workspace_host.resolve()), self.variant.output_dir, False),
-        ]
-
-    @contextlib.asynccontextmanager
-    async def phase(self, name: Phase) -> AsyncIterator[None]:
-        started = _now()
-        t0 = time.monotonic()
-        self.events.append("phase.start", phase=name)
-        try:
-            yield
-        finally:
-            ended = _now()
-            self.phases.append(PhaseTiming(name=name, started_at=started, ended_at=ended, seconds=round(time.monotonic() - t0, 4)))
-            self.events.append("phase.end", phase=name)
-
-    def add_checks(self, phase: str, checks: list[Check]) -> None:
-        for c in checks:
-            self.checks.append({"phase": phase, **c.to_dict()})
-        for c in failures(checks):
-            self.violations.append(f"[{phase}] {c.id}: expected {c.expected!r}, observed {c.observed!r}" + (f" ({c.detail})" if c.detail else ""))
-        if failures(checks):
-            self.events.append("verify.failed", phase=phase, ids=[c.id for c in failures(checks)])
 
 
 class SealBroken(Exception):
@@ -282,7 +155,7 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
         raise PreflightError(str(e)) from e
     data_spec = plan.data_source or task.card.data_source
     wall = plan.limits.wall_time_s or task.card.timeout_s or DEFAULT_WALL_TIME_S
-    # desktop (ale-desktop): a task asking for a desktop runs in the desktop image
+    # a task asking for a desktop runs in the desktop image
     desktop = desktop_spec(task.card.raw, variant.computer)
     image = DEFAULT_DESKTOP_IMAGE if desktop is not None and plan.image == DEFAULT_TOOLS_IMAGE else plan.image
     try:
@@ -297,22 +170,22 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
 
 # -- phases --------------------------------------------------------------------
 def _make_dirs(state: RunState) -> None:
-    state.scratch.mkdir(parents=True, mode=0o700)
-    os.chmod(state.scratch, 0o700)
-    state.public_host.mkdir(mode=0o755)
-    if state.input_host != state.public_host:
-        state.input_host.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    state.workspace_host.mkdir(mode=0o755)
+    state.folder.scratch.mkdir(parents=True, mode=0o700)
+    os.chmod(state.folder.scratch, 0o700)
+    state.folder.public_host.mkdir(mode=0o755)
+    if state.folder.input_host != state.folder.public_host:
+        state.folder.input_host.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    state.folder.workspace_host.mkdir(mode=0o755)
     policy, cap = state.plan.policy, state.plan.limits.workspace_max_bytes
     if cap is not None and os.geteuid() == 0:  # a hard cap; otherwise the watchdog's
-        mount_workspace_tmpfs(state.workspace_host, max_bytes=cap, uid=policy.uid, gid=policy.gid)
+        mount_workspace_tmpfs(state.folder.workspace_host, max_bytes=cap, uid=policy.uid, gid=policy.gid)
     else:
         try:
-            os.chown(state.workspace_host, policy.uid, policy.gid)
+            os.chown(state.folder.workspace_host, policy.uid, policy.gid)
         except PermissionError:
-            os.chmod(state.workspace_host, 0o777)
-    (state.scratch / "private").mkdir(mode=0o700)
-    state.setup_reference_host.mkdir(mode=0o700)
+            os.chmod(state.folder.workspace_host, 0o777)
+    (state.folder.scratch / "private").mkdir(mode=0o700)
+    state.folder.setup_reference_host.mkdir(mode=0o700)
 
 
 async def stage_input(state: RunState) -> None:
@@ -321,17 +194,17 @@ async def stage_input(state: RunState) -> None:
         # No data: ALE's REQUIRES_TASK_DATA = False (its config's metadata says
         # requires_task_data: false), or no source at all. An empty input folder.
         note = "task has no data source" if spec is None else "the task stages no data (requires_task_data: false)"
-        state.input_host.mkdir(parents=True, exist_ok=True, mode=0o755)
+        state.folder.input_host.mkdir(parents=True, exist_ok=True, mode=0o755)
         _make_workspace_mount_point(state)
-        state.store.write_json(Evidence.INPUT_STAGED, {"source": None, "note": note})
+        state.record.store.write_json(Evidence.INPUT_STAGED, {"source": None, "note": note})
         return
-    state.source = open_source(spec, base_dir=state.prep.task.path, image_store=state.prep.provider.image_store())
-    tree = await asyncio.to_thread(state.source.stage_input, state.variant.data_key, state.input_host)
+    state.live.source = open_source(spec, base_dir=state.prep.task.path, image_store=state.prep.provider.image_store())
+    tree = await asyncio.to_thread(state.live.source.stage_input, state.variant.data_key, state.folder.input_host)
     _make_workspace_mount_point(state)
     key = state.variant.data_key
-    state.store.write_json(
+    state.record.store.write_json(
         Evidence.INPUT_STAGED,
-        {"source": spec, "key": key.relpath, "layout": state.source.layout_of(key), "location": state.source.location(key), "tree": tree},
+        {"source": spec, "key": key.relpath, "layout": state.live.source.layout_of(key), "location": state.live.source.location(key), "tree": tree},
     )
 
 
@@ -340,7 +213,7 @@ def _make_workspace_mount_point(state: RunState) -> None:
     (ALE tasks write to ``<task_dir>/output``, inside the read-only package)."""
     rel = state.variant.public_relpath(state.variant.output_dir)
     if rel not in (None, "."):
-        point = state.public_host / rel
+        point = state.folder.public_host / rel
         if point.exists() and (point.is_symlink() or not point.is_dir() or any(point.iterdir())):
             raise DataError(f"the public package holds {rel!r} where the workspace is mounted; it must not")
         point.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -351,9 +224,9 @@ def _public_package_checks(state: RunState) -> list[Check]:
     reference and, for an ALE task folder, no ``reference``/``reference.7z`` in it."""
     found = []
     if state.variant.task_dir:
-        found = [n for n in ("reference", "reference.7z") if os.path.lexists(state.public_host / n)]
+        found = [n for n in ("reference", "reference.7z") if os.path.lexists(state.folder.public_host / n)]
     rel = state.variant.public_relpath(state.variant.reference_dir)
-    if rel not in (None, ".") and os.path.lexists(state.public_host / rel):
+    if rel not in (None, ".") and os.path.lexists(state.folder.public_host / rel):
         found.append(rel)
     found = sorted(set(found))
     return [Check("public.no_reference", not found, "no reference in the public package", found or None,
@@ -365,17 +238,17 @@ async def provision(state: RunState) -> None:
     labels = {LABEL_RUN: plan.run_id, LABEL_ROLE: "candidate"}
     if plan.experiment:
         labels[LABEL_EXPERIMENT] = plan.experiment
-    mounts = state.mounts()
-    state.store.write_json(
+    mounts = state.folder.mounts()
+    state.record.store.write_json(
         Evidence.MOUNTS,
         [
             {"source": m.source, "inode": os.stat(m.source).st_ino, "target": m.target, "read_only": m.read_only}
             for m in mounts
         ],
     )
-    state.workspace_at_creation = workspace_listing(state.workspace_host)
-    state.provisioning = True
-    state.sandbox = await state.prep.provider.create(
+    state.record.workspace_at_creation = workspace_listing(state.folder.workspace_host)
+    state.live.provisioning = True
+    state.live.sandbox = await state.prep.provider.create(
         SandboxSpec(
             name=f"ale-{plan.run_id}"[:120],
             image=state.prep.image or plan.image,
@@ -385,130 +258,122 @@ async def provision(state: RunState) -> None:
             workdir=state.variant.output_dir,
         )
     )
-    state.events.append("sandbox.created", name=state.sandbox.name, id=state.sandbox.id)
-
-
-def _mount_inodes(state: RunState) -> dict[str, int]:
-    return {m.source: os.stat(m.source).st_ino for m in state.mounts()}
+    state.record.events.append("sandbox.created", name=state.sandbox.name, id=state.sandbox.id)
 
 
 async def verify_created(state: RunState) -> None:
-    assert state.sandbox is not None
-    with state.cost("verify"):
+    with state.record.cost("verify"):
         await _verify_created(state)
 
 
 async def _verify_created(state: RunState) -> None:
-    assert state.sandbox is not None
     inspect = await asyncio.to_thread(state.sandbox.inspect)
-    state.inspect_before = inspect
-    state.store.write_json(Evidence.INSPECT_BEFORE, inspect)
+    state.record.inspect_before = inspect
+    state.record.store.write_json(Evidence.INSPECT_BEFORE, inspect)
     image = state.prep.image_record
     if image is None or image.get("Id") != inspect.get("Image"):  # the container's image, as the engine says now
         image = await asyncio.to_thread(state.prep.provider.image_inspect, inspect.get("Image", state.plan.image))
-    state.store.write_json(Evidence.IMAGE, image)
+    state.record.store.write_json(Evidence.IMAGE, image)
     checks = check_inspect(
-        inspect, state.plan.policy, state.mounts(), phase="before", image_inspect=image, mount_inodes=_mount_inodes(state)
+        inspect, state.plan.policy, state.folder.mounts(), phase="before", image_inspect=image, mount_inodes=state.folder.mount_inodes()
     )
-    state.add_checks("inspect-before", checks)
+    state.record.add_checks(CheckGroup.INSPECT_BEFORE, checks)
 
 
 async def run_task_setup(state: RunState) -> None:
     """The task's start(cfg, session): input and reference writes land on the host."""
     if not state.prep.task.has("start"):
         return
-    assert state.sandbox is not None
     v = state.variant
     tools = ToolBox(state.sandbox, workdir=v.output_dir, default_timeout=state.plan.limits.command_timeout_s,
                     output_limit=TASK_OUTPUT_LIMIT, read_limit=TASK_READ_LIMIT,
-                    computer=state.computer)  # desktop (ale-desktop): start() launches its windows
+                    computer=state.extension.computer)  # start() launches a desktop task's windows
     container = ContainerSession(tools, default_timeout=state.plan.limits.command_timeout_s)
 
     async def factory() -> ContainerSession:
         return container
 
     session = RoutedSession(
-        [Route(v.input_dir, state.input_host, writable=True), Route(v.reference_dir, state.setup_reference_host, writable=True)],
-        factory, gui=container if state.computer is not None else None,
+        [Route(v.input_dir, state.folder.input_host, writable=True), Route(v.reference_dir, state.folder.setup_reference_host, writable=True)],
+        factory, gui=container if state.extension.computer is not None else None,
     )
     await state.prep.process.call("start", v.index, session, timeout=state.plan.limits.grading_timeout_s)
 
 
-async def verify_running(state: RunState, phase: str, probe: ExecResult | None = None, *, ran: bool = False) -> None:
+async def verify_running(state: RunState, phase: Literal["before", "after"], probe: ExecResult | None = None, *,
+                         ran: bool = False) -> None:
     """Probes inside the running sandbox (the harness's own exec; the same code
     ``verify-container`` and the real-container tests use). ``ran``: they already
     ran, in the end-of-turn kill's exec, and ``probe`` is their result."""
-    assert state.sandbox is not None
-    with state.cost("verify"):
+    with state.record.cost("verify"):
         v, policy = state.variant, state.plan.policy
         if ran:
             raw, checks = judge_probes(probe, policy, input_dir=v.public_root, workspace_dir=v.output_dir, phase=phase)
         else:
             raw, checks = await run_probes(state.sandbox, policy, input_dir=v.public_root, workspace_dir=v.output_dir, phase=phase)
-        state.store.write_text(Evidence.probes(phase), raw)
-        state.add_checks(f"probes-{phase}", checks)
+        state.record.store.write_text(Evidence.probes(phase), raw)
+        state.record.add_checks(CheckGroup.PROBES_BEFORE if phase == "before" else CheckGroup.PROBES_AFTER, checks)
 
 
 def seal_input_and_workspace(state: RunState) -> None:
     """After start(): hash the input, prove the workspace is still empty."""
-    with state.cost("evidence"):
+    with state.record.cost("evidence"):
         _seal_input_and_workspace(state)
 
 
 def _seal_input_and_workspace(state: RunState) -> None:
-    state.input_after_start = ev.hash_tree(state.public_host)
-    state.store.write_json(Evidence.INPUT_AFTER_START, state.input_after_start)
-    created = state.workspace_at_creation or {}
-    listing = workspace_listing(state.workspace_host)
-    state.store.write_json(Evidence.WORKSPACE_EMPTY, {"at_creation": created, "at_agent_start": listing})
-    state.add_checks("agent-start", workspace_empty_checks(listing, expected_inode=created.get("inode")) + _public_package_checks(state))
+    state.record.input_after_start = ev.hash_tree(state.folder.public_host)
+    state.record.store.write_json(Evidence.INPUT_AFTER_START, state.record.input_after_start)
+    created = state.record.workspace_at_creation or {}
+    listing = workspace_listing(state.folder.workspace_host)
+    state.record.store.write_json(Evidence.WORKSPACE_EMPTY, {"at_creation": created, "at_agent_start": listing})
+    state.record.add_checks(CheckGroup.AGENT_START, workspace_empty_checks(listing, expected_inode=created.get("inode")) + _public_package_checks(state))
 
 
 async def commit_reference(state: RunState) -> None:
     src_commit = None
-    if state.source is not None:
-        src_commit = await asyncio.to_thread(state.source.commit_reference, state.variant.data_key)
-    state.commitment = src_commit
-    setup_tree = ev.hash_tree(state.setup_reference_host)
-    state.reference_commit = {
+    if state.live.source is not None:
+        src_commit = await asyncio.to_thread(state.live.source.commit_reference, state.variant.data_key)
+    state.record.commitment = src_commit
+    setup_tree = ev.hash_tree(state.folder.setup_reference_host)
+    state.record.reference_commit = {
         "source": None if src_commit is None else {"kind": src_commit.kind, "sha256": src_commit.sha256, "files": src_commit.files},
         "setup_written": setup_tree,
-        "committed_at": _now().isoformat(),
+        "committed_at": now().isoformat(),
     }
-    state.store.write_json(Evidence.REFERENCE_COMMIT, state.reference_commit)
-    state.events.append("reference.committed", sha256=None if src_commit is None else src_commit.sha256, setup_digest=setup_tree["digest"])
+    state.record.store.write_json(Evidence.REFERENCE_COMMIT, state.record.reference_commit)
+    state.record.events.append("reference.committed", sha256=None if src_commit is None else src_commit.sha256, setup_digest=setup_tree["digest"])
 
 
 async def run_agent(state: RunState) -> None:
-    assert state.sandbox is not None
     plan, v = state.plan, state.variant
     agent = state.prep.agent
-    state.store.write_json(Evidence.AGENT, agent_evidence(plan.agent))
-    state.store.write_json(Evidence.NETWORK, {"network_mode": plan.policy.network_mode, "controller": "outside the sandbox; tools reach it only through docker exec"})
-    state.trajectory = TrajectoryWriter(state.run_dir, plan.run_id, plan.agent.display)
+    state.record.store.write_json(Evidence.AGENT, agent_evidence(plan.agent))
+    state.record.store.write_json(Evidence.NETWORK, {"network_mode": plan.policy.network_mode, "controller": "outside the sandbox; tools reach it only through docker exec"})
+    state.live.trajectory = TrajectoryWriter(state.folder.run_dir, plan.run_id, plan.agent.display)
     deadline = time.monotonic() + state.prep.wall_time_s
     tools = ToolBox(
         state.sandbox,
         workdir=v.output_dir,
         allowlist=plan.agent.allowlist,
-        recorder=state.trajectory,
+        recorder=state.live.trajectory,
         default_timeout=plan.limits.command_timeout_s,
         deadline=deadline,
-        computer=state.computer,  # desktop (ale-desktop)
+        computer=state.extension.computer,
     )
     ctx = AgentContext(
         prompt=v.description,
         tools=tools,
         workdir=v.output_dir,
         input_dir=v.input_dir,
-        run_dir=state.run_dir,
+        run_dir=state.folder.run_dir,
         wall_time_s=state.prep.wall_time_s,
         max_steps=plan.limits.max_steps,
         oracle=_oracle(state) if plan.agent.name == "oracle" else None,
     )
-    limits = WorkspaceLimits.for_host(state.workspace_host, plan.limits.workspace_max_bytes)
-    state.events.append("workspace.watch", **limits.to_dict())
-    watchdog = asyncio.ensure_future(watch(state.workspace_host, limits))
+    limits = WorkspaceLimits.for_host(state.folder.workspace_host, plan.limits.workspace_max_bytes)
+    state.record.events.append("workspace.watch", **limits.to_dict())
+    watchdog = asyncio.ensure_future(watch(state.folder.workspace_host, limits))
     turn = asyncio.ensure_future(asyncio.wait_for(agent.run(ctx), state.prep.wall_time_s))
     try:
         await asyncio.wait({turn, watchdog}, return_when=asyncio.FIRST_COMPLETED)
@@ -517,22 +382,22 @@ async def run_agent(state: RunState) -> None:
             with contextlib.suppress(BaseException):
                 await turn
             reason = watchdog.result()
-            state.events.append("workspace.limit", reason=reason)
-            state.agent_outcome = AgentOutcome(AgentEnd.FAILED, detail=f"the agent's turn was ended: {reason}")
+            state.record.events.append("workspace.limit", reason=reason)
+            state.live.agent_outcome = AgentOutcome(AgentEnd.FAILED, detail=f"the agent's turn was ended: {reason}")
         else:
-            state.agent_outcome = turn.result()
+            state.live.agent_outcome = turn.result()
     except TimeoutError:
-        state.agent_outcome = AgentOutcome(AgentEnd.TIMEOUT, detail=f"wall time of {state.prep.wall_time_s:.0f}s reached")
+        state.live.agent_outcome = AgentOutcome(AgentEnd.TIMEOUT, detail=f"wall time of {state.prep.wall_time_s:.0f}s reached")
     except asyncio.CancelledError:
         turn.cancel()
         raise
     except Exception as e:
-        state.agent_outcome = AgentOutcome(AgentEnd.FAILED, detail=f"{type(e).__name__}: {e}\n{traceback.format_exc()[-4000:]}")
+        state.live.agent_outcome = AgentOutcome(AgentEnd.FAILED, detail=f"{type(e).__name__}: {e}\n{traceback.format_exc()[-4000:]}")
     finally:
         watchdog.cancel()
-    outcome = state.agent_outcome
+    outcome = state.live.agent_outcome
     assert outcome is not None
-    state.events.append("agent.ended", end=outcome.end.value, detail=(outcome.detail or "")[:2000])
+    state.record.events.append("agent.ended", end=outcome.end.value, detail=(outcome.detail or "")[:2000])
 
 
 def record_model_gateway(state: RunState) -> None:
@@ -540,19 +405,23 @@ def record_model_gateway(state: RunState) -> None:
     and the harness's confinement as evidence, its chain head in the event log. A
     request that offered the model a forbidden tool makes the run invalid, charged to
     the controller's configuration when no model answer came before it."""
-    doc = gateway_evidence(state.run_dir)
+    doc = gateway_evidence(state.folder.run_dir)
     if doc is None:
         return
     gw = doc["gateway"]
-    state.store.write_json(Evidence.CONTROLLER, doc)
-    state.events.append("gateway.recorded", head=gw.get("head"), records=gw.get("records"),
+    state.record.store.write_json(Evidence.CONTROLLER, doc)
+    state.record.events.append("gateway.recorded", head=gw.get("head"), records=gw.get("records"),
                         tools_offered=gw.get("tools_offered", []), refusals=gw.get("refusals", []))
-    state.violations += [f"[agent] gateway.record: {p}" for p in gw.get("problems", [])]
-    for r in gw.get("refusals", []):
-        state.violations.append(f"[agent] gateway.tools_allowed: request {r['seq']} offered the model "
-                                f"{', '.join(r['forbidden'])}, outside the run's allowlist; refused")
+    problems, refusals = gw.get("problems", []), gw.get("refusals", [])
+    state.record.add_checks(CheckGroup.AGENT, [
+        Check("gateway.record", not problems, "an intact gateway record", problems or None, "; ".join(problems)),
+        Check("gateway.tools_allowed", not refusals, "only the run's allowlisted tools offered to the model",
+              [{"request": r["seq"], "forbidden": r["forbidden"]} for r in refusals] or None,
+              "; ".join(f"request {r['seq']} offered the model {', '.join(r['forbidden'])}, outside the run's allowlist; refused"
+                        for r in refusals)),
+    ])
     if gw.get("refusals") and gw["refusals"][0].get("before_any_answer"):
-        state.invalid_attribution = InvalidAttribution.CONTROLLER_CONFIGURATION
+        state.record.invalid_attribution = InvalidAttribution.CONTROLLER_CONFIGURATION
 
 
 def _oracle(state: RunState) -> Any:
@@ -569,25 +438,23 @@ def _oracle(state: RunState) -> Any:
 
 async def kill_agent_processes(state: RunState) -> ExecResult | None:
     """End the turn: kill every process the agent left, then (same exec) probe."""
-    assert state.sandbox is not None
     v = state.variant
     remaining, probe = await state.sandbox.kill_user_processes_then(
         probe_command(state.plan.policy, input_dir=v.public_root, workspace_dir=v.output_dir)
     )
-    state.events.append("agent.processes_killed", remaining=remaining)
+    state.record.events.append("agent.processes_killed", remaining=remaining)
     return probe
 
 
 async def stop_and_verify_exited(state: RunState) -> None:
-    assert state.sandbox is not None
     await state.sandbox.stop()
-    with state.cost("verify"):
+    with state.record.cost("verify"):
         after = await asyncio.to_thread(state.sandbox.inspect)
-        state.store.write_json(Evidence.INSPECT_AFTER, after)
-        before = state.inspect_before or {}
-        checks = check_inspect(after, state.plan.policy, state.mounts(), phase="after", mount_inodes=_mount_inodes(state))
+        state.record.store.write_json(Evidence.INSPECT_AFTER, after)
+        before = state.record.inspect_before or {}
+        checks = check_inspect(after, state.plan.policy, state.folder.mounts(), phase="after", mount_inodes=state.folder.mount_inodes())
         checks += diff_captures(before, after)
-        state.add_checks("inspect-after", checks)
+        state.record.add_checks(CheckGroup.INSPECT_AFTER, checks)
 
 
 async def collect_deliverables(state: RunState) -> None:
@@ -596,43 +463,45 @@ async def collect_deliverables(state: RunState) -> None:
     lim = state.plan.limits
     manifest = await asyncio.to_thread(
         extract_deliverables,
-        state.workspace_host, state.run_dir / layout.DELIVERABLES_DIR, max_files=lim.deliverable_max_files,
+        state.folder.workspace_host, state.folder.run_dir / layout.DELIVERABLES_DIR, max_files=lim.deliverable_max_files,
         max_bytes=lim.deliverable_max_bytes, owner=(state.plan.policy.uid, state.plan.policy.gid) if os.geteuid() == 0 else None,
         mount_point=state.variant.output_dir,
     )
-    ev.write_json_new(state.run_dir / layout.DELIVERABLES, json.loads(manifest.model_dump_json()))
-    state.events.append("deliverables.collected", files=len(manifest.files), skipped=len(manifest.skipped), digest=manifest.digest)
+    ev.write_json_new(state.folder.run_dir / layout.DELIVERABLES, json.loads(manifest.model_dump_json()))
+    state.record.events.append("deliverables.collected", files=len(manifest.files), skipped=len(manifest.skipped), digest=manifest.digest)
     limited = [e for e in manifest.skipped if e.limit is not None]
     if limited:
-        state.warnings.append(
+        state.record.warnings.append(
             f"deliverables: {len(limited)} entr{'y' if len(limited) == 1 else 'ies'} of the workspace not copied at a limit "
             f"({limited[0].reason}: {limited[0].path}); the grader saw the rest ({layout.DELIVERABLES})")
 
 
 async def remove_sandbox(state: RunState) -> None:
-    if state.sandbox is not None:
+    if state.live.sandbox is not None:
         await state.sandbox.remove()
-        state.events.append("sandbox.removed", name=state.sandbox.name)
+        state.record.events.append("sandbox.removed", name=state.sandbox.name)
 
 
 def check_input_unchanged(state: RunState) -> None:
-    with state.cost("evidence"):
-        after = ev.hash_tree(state.public_host)
-    state.store.write_json(Evidence.INPUT_AFTER_RUN, after)
-    start = state.input_after_start or {}
-    if after["digest"] != start.get("digest"):
-        state.violations.append("[after-run] input.unchanged: the staged input changed during the run")
+    with state.record.cost("evidence"):
+        after = ev.hash_tree(state.folder.public_host)
+    state.record.store.write_json(Evidence.INPUT_AFTER_RUN, after)
+    start = state.record.input_after_start or {}
+    same = after["digest"] == start.get("digest")
+    state.record.add_checks(CheckGroup.AFTER_RUN, [Check(
+        "input.unchanged", same, start.get("digest"), after["digest"],
+        "" if same else "the staged input changed during the run")])
 
 
 async def stage_reference(state: RunState) -> None:
     """Trusted side, candidate container gone: source reference + start()'s writes."""
-    dest = state.reference_host
-    if state.source is not None:
-        await asyncio.to_thread(state.source.stage_reference, state.variant.data_key, dest, state.commitment)
+    dest = state.folder.reference_host
+    if state.live.source is not None:
+        await asyncio.to_thread(state.live.source.stage_reference, state.variant.data_key, dest, state.record.commitment)
     else:
         dest.mkdir(mode=0o700)
-    setup_tree = ev.hash_tree(state.setup_reference_host)
-    committed = state.reference_commit or {}
+    setup_tree = ev.hash_tree(state.folder.setup_reference_host)
+    committed = state.record.reference_commit or {}
     if setup_tree["digest"] != (committed.get("setup_written") or {}).get("digest"):
         raise GradingError("reference written by start() changed after it was committed")
     for rel in setup_tree["files"]:
@@ -640,44 +509,44 @@ async def stage_reference(state: RunState) -> None:
         if target.exists():
             raise GradingError(f"start() wrote {rel} into the reference, which the data source also holds")
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(state.setup_reference_host / rel, target)
+        shutil.copyfile(state.folder.setup_reference_host / rel, target)
     # The grading container reads it as the candidate uid: readable, on the trusted side
     # only; what is meant to run (execute bits, #!, ELF) stays runnable on its read-only mount.
     restore_runnable(dest)
-    state.store.write_json(
+    state.record.store.write_json(
         Evidence.REFERENCE_CHECK,
         {
-            "source_sha256": None if state.commitment is None else state.commitment.sha256,
+            "source_sha256": None if state.record.commitment is None else state.record.commitment.sha256,
             "setup_written_digest": setup_tree["digest"],
             "staged_tree": ev.hash_tree(dest),
-            "unpacked_at": _now().isoformat(),
+            "unpacked_at": now().isoformat(),
         },
     )
-    state.events.append("reference.staged")
+    state.record.events.append("reference.staged")
 
 
 async def grade(state: RunState) -> list[float]:
     plan, v = state.plan, state.variant
-    state.grader = Grader(
+    state.live.grader = Grader(
         state.prep.provider,
         image=plan.image,
         policy=plan.policy,
         run_id=plan.run_id,
         experiment=plan.experiment,
         inputs=GradingInputs(
-            input_host=state.input_host.resolve(),
-            deliverables_host=(state.run_dir / "deliverables").resolve(),
-            reference_host=state.reference_host.resolve(),
+            input_host=state.folder.input_host.resolve(),
+            deliverables_host=(state.folder.run_dir / "deliverables").resolve(),
+            reference_host=state.folder.reference_host.resolve(),
             input_dir=v.input_dir,
             output_dir=v.output_dir,
             reference_dir=v.reference_dir,
-            software_host=None if state.software_host is None else state.software_host.resolve(),
-            software_dir=f"{v.public_root}/software" if state.software_host is not None else None,
+            software_host=None if state.folder.software_host is None else state.folder.software_host.resolve(),
+            software_dir=f"{v.public_root}/software" if state.folder.software_host is not None else None,
             task_dir=v.task_dir,
-            scratch_host=state.scratch / "grading",
+            scratch_host=state.folder.scratch / "grading",
         ),
         command_timeout=plan.limits.grading_timeout_s,  # ALE graders run commands for up to about an hour
-        gui=_grading_gui(state),  # desktop (ale-desktop): evaluate()'s GUI calls, the live desktop
+        gui=state.extension.grading_gui(state),
     )
     try:
         process, timeout, env = state.prep.process, plan.limits.grading_timeout_s, judge_env(names=plan.judge_env)
@@ -685,45 +554,9 @@ async def grade(state: RunState) -> list[float]:
         async def evaluate(session: Any) -> Any:
             return await process.call("evaluate", v.index, session, timeout=timeout, env=env)
 
-        return await state.grader.grade(evaluate)
+        return await state.live.grader.grade(evaluate)
     finally:
-        await state.grader.close()
-
-
-# -- desktop (ale-desktop) -------------------------------------------------------
-async def start_desktop(state: RunState) -> None:
-    """Start the sandbox's desktop (as the desktop user, before start()); the
-    computer tool's resolution is the agent config's ``display_width``/``display_height``
-    (default 1024x768), scaled to the screen's."""
-    assert state.sandbox is not None and state.prep.desktop is not None
-    state.desktop = Desktop(state.sandbox, state.prep.desktop)
-    started = await state.desktop.start()
-    cfg = state.plan.agent.config or {}
-    state.computer = Computer(state.desktop, width=int(cfg.get("display_width", 1024)),
-                              height=int(cfg.get("display_height", 768)))
-    state.costs["desktop_start"] = started["start_s"]
-    state.store.write_json("desktop.json", {"spec": state.prep.desktop.to_dict(), "image": state.prep.image,
-                                            "tool_resolution": [state.computer.width, state.computer.height],
-                                            "started": started})
-    state.events.append("desktop.started", seconds=started["start_s"])
-
-
-def _grading_gui(state: RunState) -> Any:
-    """evaluate()'s GUI calls: served by the candidate's sandbox, still sealed, the
-    candidate's processes all killed, the desktop's alive (not recorded in the
-    trajectory, which is the agent's)."""
-    if state.computer is None or state.sandbox is None:
-        return None
-    return ContainerSession(ToolBox(state.sandbox, workdir="/", computer=state.computer))
-
-
-async def finish_desktop_sandbox(state: RunState) -> None:
-    """After evaluate(): stop the sandbox, inspect it (after), remove it."""
-    if state.desktop is None or state.sandbox is None:
-        return
-    await stop_and_verify_exited(state)
-    await remove_sandbox(state)
-# -- end desktop --
+        await state.live.grader.close()
 
 
 # -- the run -------------------------------------------------------------------
@@ -743,15 +576,16 @@ def _classify_failure(e: Exception, state: RunState) -> tuple[RunStatus, str, di
     if isinstance(e, TaskCallFailed):  # start() raised: the task could not be set up
         return RunStatus.INFRASTRUCTURE_ERROR, f"start() raised {e}", {"traceback": e.traceback[-8000:], "retryable": False}
     if isinstance(e, DataError):
-        if state.agent_started:
+        if state.live.agent_started:
             return RunStatus.GRADING_FAILED, f"{type(e).__name__}: {e}", {}
         # A reference failing its digest, password or limits is grading_failed;
         # an unreachable input is infrastructure_error (retryable), a missing one
         # too, recorded once (another attempt finds the same).
         return RunStatus(e.status), f"{type(e).__name__}: {e}", ({} if e.retryable else {"retryable": False})
     detail = f"{type(e).__name__}: {e}"
-    if state.agent_started and not _engine_down(state):
-        state.violations.append(f"[after-agent] run.checks_completed: the run's checks could not be completed ({detail})")
+    if state.live.agent_started and not _engine_down(state):
+        state.record.add_checks(CheckGroup.AFTER_AGENT, [Check(
+            "run.checks_completed", False, "the run's checks completed", detail, "the run's checks could not be completed")])
         return RunStatus.INVALID_EVALUATION_ENVIRONMENT, f"the seal could not be proven after the agent started: {detail}", {
             "traceback": traceback.format_exc()[-8000:]}
     return RunStatus.INFRASTRUCTURE_ERROR, detail, {"traceback": traceback.format_exc()[-8000:]}
@@ -771,6 +605,82 @@ def _status_after_agent(outcome: AgentOutcome | None) -> RunStatus:
     return {AgentEnd.FINISHED: RunStatus.SCORED, AgentEnd.FAILED: RunStatus.AGENT_FAILED, AgentEnd.TIMEOUT: RunStatus.TIMEOUT}[outcome.end]
 
 
+# -- the table, executed ---------------------------------------------------------
+async def _provision_step(state: RunState) -> None:
+    await provision(state)
+    await verify_created(state)
+    await state.sandbox.start()
+    state.record.events.append("sandbox.started")
+    await state.extension.sandbox_started(state)
+
+
+async def _verify_before_step(state: RunState) -> None:
+    await verify_running(state, "before")
+    seal_input_and_workspace(state)
+    await commit_reference(state)
+
+
+async def _agent_step(state: RunState) -> None:
+    state.live.agent_started = True
+    await run_agent(state)
+    record_model_gateway(state)
+
+
+async def _stop_step(state: RunState) -> None:
+    probe = await kill_agent_processes(state)
+    await verify_running(state, "after", probe, ran=True)
+
+
+async def _deliverables_step(state: RunState) -> None:
+    await collect_deliverables(state)
+    check_input_unchanged(state)
+
+
+async def _grade_step(state: RunState) -> None:
+    await stage_reference(state)
+    state.record.scores = await grade(state)
+
+
+Step = Callable[[RunState], Awaitable[None]]
+STEPS: dict[Phase, Step] = {
+    Phase.STAGE_INPUT: stage_input,
+    Phase.PROVISION: _provision_step,
+    Phase.TASK_START: run_task_setup,
+    Phase.VERIFY_BEFORE: _verify_before_step,
+    Phase.AGENT: _agent_step,
+    Phase.STOP: _stop_step,
+    Phase.DELIVERABLES: _deliverables_step,
+    Phase.GRADE: _grade_step,
+}
+
+
+async def release_sandbox(state: RunState) -> None:
+    """Stop the candidate's sandbox, inspect it (after), diff the captures, remove it."""
+    if state.live.sandbox is None:
+        return
+    await stop_and_verify_exited(state)
+    await remove_sandbox(state)
+
+
+async def _run_phases(state: RunState) -> None:
+    """Each phase of the run's shape in order: its step, then the sandbox's release
+    where the table puts it (also when the step failed: a grader's failure still
+    leaves the sandbox stopped and inspected), then its gate."""
+    for spec in phase_table(state.prep.shape):
+        async with state.record.phase(spec.phase):
+            try:
+                await STEPS[spec.phase](state)
+            except Exception:
+                if spec.releases_sandbox:
+                    with contextlib.suppress(Exception):  # the step's failure is the one to report
+                        await release_sandbox(state)
+                raise
+            if spec.releases_sandbox:
+                await release_sandbox(state)
+        if spec.gate and state.record.violations:
+            raise SealBroken()
+
+
 async def execute_run(
     plan: RunPlan, *, provider: SandboxProvider | None = None, prepared: Prepared | None = None
 ) -> RunResult:
@@ -785,76 +695,38 @@ async def execute_run(
     ev.write_json_new(run_dir / layout.PLAN, json.loads(plan.model_dump_json()))
     prep.process.log_path = run_dir / layout.TASK_LOG
     scratch = Path(plan.runs_dir).resolve() / ".scratch" / plan.run_id  # absolute: bind-mount sources
-    state = RunState(prep=prep, run_dir=run_dir, scratch=scratch, events=ev.EventLog(run_dir / layout.EVENTS), store=ev.EvidenceStore(run_dir))
-    started = _now()
+    record = RunRecord(events=ev.EventLog(run_dir / layout.EVENTS), store=ev.EvidenceStore(run_dir))
+    state = RunState(prep, RunFolder(run_dir, scratch, prep.variant), record, LiveHandles(), make_extension(prep))
+    started = now()
     status: RunStatus = RunStatus.INFRASTRUCTURE_ERROR
-    scores: list[float] | None = None
     error: str | None = None
     extra: dict[str, Any] = {}
-    state.events.append("run.start", run_id=plan.run_id, plan_digest=plan.digest())
-    with state.cost("evidence"):
+    record.events.append("run.start", run_id=plan.run_id, plan_digest=plan.digest())
+    with record.cost("evidence"):
         _record_static_evidence(state)
     try:
         _make_dirs(state)
-        async with state.phase(Phase.STAGE_INPUT):
-            await stage_input(state)
-        async with state.phase(Phase.PROVISION):
-            await provision(state)
-            await verify_created(state)
-            assert state.sandbox is not None
-            await state.sandbox.start()
-            state.events.append("sandbox.started")
-            if state.prep.desktop is not None:  # desktop (ale-desktop)
-                await start_desktop(state)
-        async with state.phase(Phase.TASK_START):
-            await run_task_setup(state)
-        async with state.phase(Phase.VERIFY_BEFORE):
-            await verify_running(state, "before")
-            seal_input_and_workspace(state)
-            await commit_reference(state)
-        if state.violations:
-            raise SealBroken()
-        async with state.phase(Phase.AGENT):
-            state.agent_started = True
-            await run_agent(state)
-            record_model_gateway(state)
-        async with state.phase(Phase.STOP):
-            probe = await kill_agent_processes(state)
-            await verify_running(state, "after", probe, ran=True)
-            if state.desktop is None:  # desktop (ale-desktop): kept alive (sealed) through evaluate()
-                await stop_and_verify_exited(state)
-        async with state.phase(Phase.DELIVERABLES):
-            await collect_deliverables(state)
-            if state.desktop is None:  # desktop (ale-desktop): removed after evaluate()
-                await remove_sandbox(state)
-            check_input_unchanged(state)
-        if state.violations:
-            raise SealBroken()
-        status = _status_after_agent(state.agent_outcome)
-        if state.agent_outcome and state.agent_outcome.end is not AgentEnd.FINISHED:
-            error = state.agent_outcome.detail
-        async with state.phase(Phase.GRADE):
-            try:
-                await stage_reference(state)
-                scores = await grade(state)
-            finally:  # desktop (ale-desktop): stop, inspect after, remove
-                await finish_desktop_sandbox(state)
+        await _run_phases(state)
+        status = _status_after_agent(state.live.agent_outcome)
+        if state.live.agent_outcome and state.live.agent_outcome.end is not AgentEnd.FINISHED:
+            error = state.live.agent_outcome.detail
     except Exception as e:
         status, error, more = _classify_failure(e, state)
-        scores = None
+        record.scores = None
         extra.update(more)
     finally:
         await _cleanup(state)
+    scores = record.scores
     attribution = None
-    if state.violations:
+    if state.record.violations:
         status, scores = RunStatus.INVALID_EVALUATION_ENVIRONMENT, None
-        attribution = state.invalid_attribution or (
-            InvalidAttribution.AFTER_AGENT_START if state.agent_started else InvalidAttribution.BEFORE_AGENT)
-    if state.agent_outcome and state.agent_outcome.usage:
-        extra["usage"] = state.agent_outcome.usage
-    extra["costs"] = {k: round(v, 4) for k, v in state.costs.items()}
-    if state.warnings:
-        extra["warnings"] = list(state.warnings)
+        attribution = state.record.invalid_attribution or (
+            InvalidAttribution.AFTER_AGENT_START if state.live.agent_started else InvalidAttribution.BEFORE_AGENT)
+    if state.live.agent_outcome and state.live.agent_outcome.usage:
+        extra["usage"] = state.live.agent_outcome.usage
+    extra["costs"] = {k: round(v, 4) for k, v in state.record.costs.items()}
+    if state.record.warnings:
+        extra["warnings"] = list(state.record.warnings)
     result = RunResult(
         run_id=plan.run_id,
         task_id=prep.variant.task_id,
@@ -865,11 +737,11 @@ async def execute_run(
         scores=scores,
         score=(sum(scores) / len(scores)) if scores else None,
         error=None if error is None else lossless.display(error),  # an agent may put any text in its end
-        violations=state.violations,
+        violations=state.record.violations,
         invalid_attribution=attribution,
-        phases=state.phases,
+        phases=state.record.phases,
         started_at=started,
-        ended_at=_now(),
+        ended_at=now(),
         harness_version=ale.__version__,
         experiment=plan.experiment,
         attempt=plan.attempt,
@@ -881,9 +753,9 @@ async def execute_run(
 
 def _record_static_evidence(state: RunState) -> None:
     plan = state.plan
-    state.store.write_json(Evidence.POLICY, json.loads(plan.policy.model_dump_json()))
-    state.store.write_json(Evidence.TASK_PROCESS, state.prep.process.evidence())
-    state.store.write_json(
+    state.record.store.write_json(Evidence.POLICY, json.loads(plan.policy.model_dump_json()))
+    state.record.store.write_json(Evidence.TASK_PROCESS, state.prep.process.evidence())
+    state.record.store.write_json(
         Evidence.HARNESS,
         {
             "ale_version": ale.__version__,
@@ -891,12 +763,13 @@ def _record_static_evidence(state: RunState) -> None:
             "task_dir": str(state.prep.task.path),
             "task_code_sha256": state.prep.task.code_hash,
             "plan_sha256": plan.digest(),
+            "run_shape": str(state.prep.shape),  # ale verify reads the phase table of this shape
         },
     )
     try:
-        state.store.write_json(Evidence.ENGINE, state.prep.provider.engine_record())
+        state.record.store.write_json(Evidence.ENGINE, state.prep.provider.engine_record())
     except SandboxError as e:
-        state.store.write_json(Evidence.ENGINE, {"error": str(e)})
+        state.record.store.write_json(Evidence.ENGINE, {"error": str(e)})
 
 
 async def _cleanup(state: RunState) -> None:
@@ -904,42 +777,42 @@ async def _cleanup(state: RunState) -> None:
     Shielded so that Ctrl-C during a run still removes what the run created."""
 
     async def _do() -> None:
-        if state.trajectory is not None:
+        if state.live.trajectory is not None:
             with contextlib.suppress(Exception):
-                state.trajectory.close(
-                    usage=(state.agent_outcome.usage if state.agent_outcome else {}),
-                    end=(state.agent_outcome.end.value if state.agent_outcome else "interrupted"),
+                state.live.trajectory.close(
+                    usage=(state.live.agent_outcome.usage if state.live.agent_outcome else {}),
+                    end=(state.live.agent_outcome.end.value if state.live.agent_outcome else "interrupted"),
                 )
         # Independent of each other: done at once.
         jobs = [state.prep.process.close()]
-        if state.sandbox is not None:
+        if state.live.sandbox is not None:
             jobs.append(state.sandbox.remove())
-        if state.grader is not None:
-            jobs.append(state.grader.close())
+        if state.live.grader is not None:
+            jobs.append(state.live.grader.close())
         outcomes = await asyncio.gather(*jobs, return_exceptions=True)
         # A removal that failed, a run interrupted mid-way or a create that was
         # still in flight when it was: sweep by the run's label, which finds what a
         # handle cannot (only this run's sandboxes carry it).
         task = asyncio.current_task()
         interrupted = task is not None and task.cancelling() > 0
-        if state.provisioning and (interrupted or state.sandbox is None or any(isinstance(o, BaseException) for o in outcomes)):
+        if state.live.provisioning and (interrupted or state.live.sandbox is None or any(isinstance(o, BaseException) for o in outcomes)):
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(state.prep.provider.remove_managed, run_id=state.plan.run_id)
-        await asyncio.to_thread(release_scratch, state.scratch)
+        await asyncio.to_thread(release_scratch, state.folder.scratch)
 
     await asyncio.shield(_do())
 
 
 def _finish_record(state: RunState, result: RunResult) -> None:
-    if state.workspace_at_creation is not None and not state.store.path(Evidence.WORKSPACE_EMPTY).exists():
+    if state.record.workspace_at_creation is not None and not state.record.store.path(Evidence.WORKSPACE_EMPTY).exists():
         # The run stopped before the agent's start: keep the creation proof alone.
-        state.store.write_json(Evidence.WORKSPACE_EMPTY, {"at_creation": state.workspace_at_creation})
-    state.store.write_json(Evidence.CHECKS, state.checks)
-    state.store.write_json(Evidence.PHASES, [p.model_dump(mode="json") for p in state.phases])
-    state.events.append("run.end", status=result.status.value, score=result.score)
-    tmp = state.run_dir / "result.json.tmp"
+        state.record.store.write_json(Evidence.WORKSPACE_EMPTY, {"at_creation": state.record.workspace_at_creation})
+    state.record.store.write_json(Evidence.CHECKS, state.record.checks)
+    state.record.store.write_json(Evidence.PHASES, [p.model_dump(mode="json") for p in state.record.phases])
+    state.record.events.append("run.end", status=result.status.value, score=result.score)
+    tmp = state.folder.run_dir / "result.json.tmp"
     tmp.write_text(result.model_dump_json(indent=2))
-    os.replace(tmp, state.run_dir / layout.RESULT)
+    os.replace(tmp, state.folder.run_dir / layout.RESULT)
     # Nothing may be written into the run folder after this: the manifest covers it all.
     key = load_or_create_signing_key(Path(state.plan.signing_key) if state.plan.signing_key else None)
-    ev.write_manifest_and_sign(state.run_dir, key)
+    ev.write_manifest_and_sign(state.folder.run_dir, key)

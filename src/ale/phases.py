@@ -1,0 +1,177 @@
+"""The run's phases, declared once: what each runs, the evidence it writes, the
+checks that follow it.
+
+``ale.runs.lifecycle`` executes this table (one step function per phase, one
+failure classifier) and ``ale verify`` (``ale.record.verify``) derives from it
+what a run folder must hold, which check groups ``checks.json`` must record and
+in which order the run's moments happened. Read ``PHASES`` to know a run.
+
+A run has one of two shapes (``RunShape``): in the ``standard`` shape the
+candidate's sandbox is stopped, inspected and removed before the reference is
+staged; a ``live_grading`` run (a desktop task, whose grader reads the live
+window) keeps the sandbox, still sealed, with every candidate process killed,
+until ``evaluate()`` ends, and stops, inspects and removes it then.
+
+Moments are spelled one way: ``before`` (the agent's first step), ``after``
+(the agent's turn ended and its processes are dead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ale.layout import DELIVERABLES, EVENTS, PLAN, RESULT, Evidence, evidence_path
+
+
+class Phase(StrEnum):
+    """The lifecycle's phases, in order; ``phases.json`` and ``result.json`` name them."""
+
+    STAGE_INPUT = "stage_input"
+    PROVISION = "provision"
+    TASK_START = "task_start"
+    VERIFY_BEFORE = "verify_before"
+    AGENT = "agent"
+    STOP = "stop"
+    DELIVERABLES = "deliverables"
+    GRADE = "grade"
+
+
+class RunShape(StrEnum):
+    STANDARD = "standard"
+    LIVE_GRADING = "live_grading"
+
+
+class CheckGroup(StrEnum):
+    """The groups checks are recorded under (``checks.json``'s ``phase`` field, the
+    ``[group]`` of a violation line)."""
+
+    INSPECT_BEFORE = "inspect-before"
+    PROBES_BEFORE = "probes-before"
+    AGENT_START = "agent-start"  # the workspace still empty, the public package without reference
+    AGENT = "agent"  # the model gateway's record
+    PROBES_AFTER = "probes-after"
+    INSPECT_AFTER = "inspect-after"
+    AFTER_RUN = "after-run"  # the input unchanged by the run
+    AFTER_AGENT = "after-agent"  # the run's own checks could not be completed once the agent started
+    WORKSPACE_AT_CREATION = "workspace-at-creation"  # ale verify: the workspace's listing when created
+    WORKSPACE_AT_AGENT_START = "workspace-at-agent-start"  # ... and when the agent started
+
+
+# Check groups whose evidence file, when present, obliges checks.json to record them.
+GROUP_EVIDENCE: dict[CheckGroup, str] = {
+    CheckGroup.INSPECT_BEFORE: evidence_path(Evidence.INSPECT_BEFORE),
+    CheckGroup.INSPECT_AFTER: evidence_path(Evidence.INSPECT_AFTER),
+    CheckGroup.PROBES_BEFORE: evidence_path(Evidence.probes("before")),
+    CheckGroup.PROBES_AFTER: evidence_path(Evidence.probes("after")),
+}
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    """One row of the table.
+
+    - ``runs``: what the phase does, in the words the docs use;
+    - ``opens_with``: evidence written as the phase opens, before anything in it can fail;
+    - ``writes``: evidence the phase has written once it completed;
+    - ``records``: evidence it writes that older run folders may lack (checked for
+      its shape when present, never required);
+    - ``checks``: the check groups it records;
+    - ``gate``: any violation recorded so far ends the run when the phase completes;
+    - ``releases_sandbox``: the candidate's sandbox is stopped, inspected (after) and
+      removed in this phase (at its end, whatever happened in it).
+    """
+
+    phase: Phase
+    runs: str
+    opens_with: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    records: tuple[str, ...] = ()
+    checks: tuple[CheckGroup, ...] = ()
+    gate: bool = False
+    releases_sandbox: bool = False
+
+
+# Written at the run's start (``opens``) and at its end, whatever the outcome.
+RUN_OPENS_WITH = (PLAN, evidence_path(Evidence.POLICY), evidence_path(Evidence.HARNESS), evidence_path(Evidence.ENGINE))
+RUN_CLOSES_WITH = (RESULT, EVENTS, evidence_path(Evidence.PHASES), evidence_path(Evidence.CHECKS))
+
+_STOP_RUNS = "kill every candidate process, then the probes (after), in the same exec"
+_RELEASE_RUNS = "stop the sandbox, inspect it (after), diff with the capture before, remove it"
+_RELEASE_WRITES = (evidence_path(Evidence.INSPECT_AFTER),)
+
+
+def _table(shape: RunShape) -> tuple[PhaseSpec, ...]:
+    live = shape is RunShape.LIVE_GRADING
+    return (
+        PhaseSpec(Phase.STAGE_INPUT, "stage the public package (input, software) into the run's scratch; the reference is not touched",
+                  records=(evidence_path(Evidence.INPUT_STAGED),)),
+        PhaseSpec(Phase.PROVISION, "create the sandbox, inspect it (before), start it"
+                  + (", start its desktop" if live else ""),
+                  writes=(evidence_path(Evidence.MOUNTS), evidence_path(Evidence.INSPECT_BEFORE), evidence_path(Evidence.IMAGE)),
+                  checks=(CheckGroup.INSPECT_BEFORE,)),
+        PhaseSpec(Phase.TASK_START, "the task's start(cfg, session); its input and reference writes land on the host"),
+        PhaseSpec(Phase.VERIFY_BEFORE, "the probes (before), hash the input, prove the workspace empty, commit the reference",
+                  writes=(evidence_path(Evidence.probes("before")), evidence_path(Evidence.INPUT_AFTER_START),
+                          evidence_path(Evidence.WORKSPACE_EMPTY), evidence_path(Evidence.REFERENCE_COMMIT)),
+                  checks=(CheckGroup.PROBES_BEFORE, CheckGroup.AGENT_START), gate=True),
+        PhaseSpec(Phase.AGENT, "the agent's turn, bounded by its wall time and the workspace's limits; the model gateway's record",
+                  opens_with=(evidence_path(Evidence.AGENT), evidence_path(Evidence.NETWORK)),
+                  checks=(CheckGroup.AGENT,)),
+        PhaseSpec(Phase.STOP, _STOP_RUNS if live else f"{_STOP_RUNS}; {_RELEASE_RUNS} (kept for the GRADE phase in a live_grading run)",
+                  writes=(evidence_path(Evidence.probes("after")),) + (() if live else _RELEASE_WRITES),
+                  checks=(CheckGroup.PROBES_AFTER,) + (() if live else (CheckGroup.INSPECT_AFTER,)),
+                  releases_sandbox=not live),
+        PhaseSpec(Phase.DELIVERABLES, "copy the workspace's regular files out, check the input unchanged",
+                  writes=(DELIVERABLES, evidence_path(Evidence.INPUT_AFTER_RUN)),
+                  checks=(CheckGroup.AFTER_RUN,), gate=True),
+        PhaseSpec(Phase.GRADE, "stage the reference (trusted side), evaluate() in the task process, its commands in a grading sandbox"
+                  + (f"; then {_RELEASE_RUNS}" if live else ""),
+                  writes=(evidence_path(Evidence.REFERENCE_CHECK),) + (_RELEASE_WRITES if live else ()),
+                  checks=(CheckGroup.INSPECT_AFTER,) if live else (),
+                  releases_sandbox=live),
+    )
+
+
+PHASES: dict[RunShape, tuple[PhaseSpec, ...]] = {shape: _table(shape) for shape in RunShape}
+
+
+def phase_table(shape: RunShape | str = RunShape.STANDARD) -> tuple[PhaseSpec, ...]:
+    return PHASES[RunShape(shape)]
+
+
+def spec_of(phase: Phase | str, shape: RunShape | str = RunShape.STANDARD) -> PhaseSpec:
+    return next(s for s in phase_table(shape) if s.phase == phase)
+
+
+# The run's moments in the order the evidence must show them (``ale verify``'s
+# ``times.order``): the sandbox's life from its inspect captures, the end of the
+# candidate's turn from phases.json, the reference's unpacking from its check.
+CREATED, STARTED, CANDIDATE_KILLED, FINISHED, REFERENCE_UNPACKED = (
+    "container created", "container started", "candidate processes killed", "container finished", "reference unpacked")
+
+
+def moment_order(shape: RunShape | str) -> tuple[str, ...]:
+    if RunShape(shape) is RunShape.LIVE_GRADING:
+        return (CREATED, STARTED, CANDIDATE_KILLED, REFERENCE_UNPACKED, FINISHED)
+    return (CREATED, STARTED, FINISHED, REFERENCE_UNPACKED)
+
+
+def required_evidence(shape: RunShape | str, reached: set[str], *, graded: bool) -> tuple[str, ...]:
+    """What a run folder must hold, given the phases ``phases.json`` records as
+    reached: the run's own records, everything each phase before the last reached
+    one wrote, what the last one wrote as it opened; all of it for a graded run."""
+    table = phase_table(shape)
+    out = list(RUN_OPENS_WITH + RUN_CLOSES_WITH)
+    last = max((i for i, s in enumerate(table) if s.phase in reached), default=-1)
+    for i, spec in enumerate(table):
+        if graded or i < last:
+            out += spec.opens_with + spec.writes
+        elif i == last:
+            out += spec.opens_with
+    return tuple(dict.fromkeys(out))
+
+
+def phase_evidence(shape: RunShape | str = RunShape.STANDARD) -> tuple[str, ...]:
+    """Every evidence file some phase writes, in table order."""
+    return tuple(dict.fromkeys(f for s in phase_table(shape) for f in s.opens_with + s.writes + s.records))
