@@ -219,3 +219,32 @@ def test_the_sandbox_check_agrees_where_it_already_does() -> None:
     for name in NAMES:
         if name not in ("CLOUDSDK_CONFIG", "KUBECONFIG", "SESSION_COOKIE", "AUTHOR"):
             assert looks_like_credential(name) is is_secret_name(name), name
+
+
+# -- the bubblewrap builder: ale.tasks.jail.bwrap_base --------------------------------
+BWRAP_SPELLINGS = ("--cap-drop", "--unshare-pid", "--die-with-parent", "nsswitch.conf", "ld.so.cache")
+
+
+def test_bubblewrap_sandboxes_are_built_only_in_tasks_jail() -> None:
+    hits = [f"{rel}:{line}: {text!r}" for rel, tree in _sources(skip=("tasks/jail.py",))
+            for line, text, _ in _strings(tree) if text in BWRAP_SPELLINGS]
+    assert not hits, "a second bubblewrap builder or /etc list (use ale.tasks.jail.bwrap_base):\n" + "\n".join(hits)
+
+
+def test_the_task_jail_and_a_confined_harness_start_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from ale.agents.gateway import confine
+    from ale.tasks import jail
+
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: "/usr/bin/bwrap" if name == "bwrap" else None)
+    monkeypatch.delenv("ALE_TASK_SANDBOX", raising=False)
+    (tmp_path / "cwd").mkdir()
+    task = jail.jail_argv(["true"], python="/usr/bin/python3", read_only=[], home=tmp_path, cwd=tmp_path)
+    harness, record = confine.bwrap_argv(["true"], cwd=tmp_path / "cwd", home=tmp_path, install=[], files=[], sockets={})
+    base, etc = jail.bwrap_base("/usr/bin/bwrap", network=False)
+    named, _ = jail.bwrap_base("/usr/bin/bwrap", network=False, hostname="ale-harness")
+    assert task is not None and task[: len(base)] == base
+    assert harness[: len(named)] == named
+    assert [p for p in record["read_only"] if p.startswith("/etc/")] == etc
+    assert etc and all(e[len("/etc/"):] in jail.ETC_FILES for e in etc)

@@ -25,8 +25,12 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+# The files of /etc every bubblewrap sandbox of ale sees (read-only, those that exist):
+# what programs need to start, resolve names and check certificates. The task jail
+# and a confined harness (ale.agents.gateway.confine) share this one list.
 ETC_FILES = ("passwd", "group", "nsswitch.conf", "hosts", "resolv.conf", "localtime", "ssl", "ca-certificates",
              "ld.so.cache", "alternatives", "mime.types", "gai.conf")
+NAMESPACES = ("pid", "ipc", "uts", "cgroup")  # always unshared; "net" too unless the sandbox keeps the network
 
 
 def _switch(name: str) -> bool | None:
@@ -61,7 +65,7 @@ def interpreter_roots(python: str) -> list[str]:
     return roots
 
 
-def system_binds(etc_files: tuple[str, ...]) -> tuple[list[str], list[str]]:
+def system_binds(etc_files: tuple[str, ...] = ETC_FILES) -> tuple[list[str], list[str]]:
     """bwrap arguments for the host's system, read-only: ``/usr``, Debian's ``/bin``,
     ``/lib``, ``/lib32``, ``/lib64``, ``/sbin`` (links into it, or folders), and the
     named files of ``/etc`` that exist; and the ``/etc`` paths bound."""
@@ -75,6 +79,21 @@ def system_binds(etc_files: tuple[str, ...]) -> tuple[list[str], list[str]]:
     etc = [f"/etc/{n}" for n in etc_files if Path(f"/etc/{n}").exists()]
     for e in etc:
         a += ["--ro-bind", e, e]
+    return a, etc
+
+
+def bwrap_base(bwrap: str, *, network: bool = False, hostname: str | None = None) -> tuple[list[str], list[str]]:
+    """The start of every bubblewrap sandbox ale makes (the task jail, a confined
+    harness): no capabilities, also when ale runs as root (bubblewrap would keep
+    root's: with CAP_SYS_ADMIN and CAP_MKNOD a process can make the host's disk a
+    device node and mount it); its own PID, IPC, UTS and cgroup namespaces, and its
+    own network namespace (loopback only) unless ``network``; it dies with its
+    parent; the host's system read-only (``system_binds``, ``ETC_FILES``); fresh
+    ``/proc`` and ``/dev``. Returns the arguments and the ``/etc`` paths bound."""
+    system, etc = system_binds(ETC_FILES)
+    a = [bwrap, "--die-with-parent", "--cap-drop", "ALL", *([] if network else ["--unshare-net"]), "--unshare-pid",
+         "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", *(["--hostname", hostname] if hostname else []),
+         *system, "--proc", "/proc", "--dev", "/dev"]
     return a, etc
 
 
@@ -97,16 +116,12 @@ def jail_argv(
     bwrap = shutil.which("bwrap")
     if bwrap is None or not jail_enabled():
         return None
-    # --cap-drop ALL: run by root, bubblewrap would keep root's capabilities, and a
-    # process with CAP_SYS_ADMIN and CAP_MKNOD can make the host's disk a device
-    # node and mount it; without them the binds are all it sees.
-    a = [bwrap, "--die-with-parent", "--cap-drop", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-         "--unshare-cgroup-try", *([] if network else ["--unshare-net"]), *system_binds(ETC_FILES)[0]]
+    a, _ = bwrap_base(bwrap, network=network)
     # /tmp on disk, inside the process's home: graders copy whole outputs to
     # /tmp/agenthle_eval, and a tmpfs would hold them in the host's memory.
     tmp = home / ".tmp"
     tmp.mkdir(mode=0o700, exist_ok=True)
-    a += ["--proc", "/proc", "--dev", "/dev", "--bind", str(tmp), "/tmp"]
+    a += ["--bind", str(tmp), "/tmp"]
     seen: set[str] = set()
     for q in [*interpreter_roots(python), *map(str, read_only)]:
         real = os.path.realpath(q)

@@ -3,9 +3,8 @@
 What the harness sees (``bwrap_argv``):
 
 - the file system: ``/usr`` read-only (with Debian's ``/bin``, ``/lib``, ``/lib64``,
-  ``/sbin`` links into it), a few files of ``/etc`` that programs need to start
-  (``passwd``, ``group``, ``nsswitch.conf``, ``hosts``, ``localtime``, ``ssl/``,
-  ``ca-certificates/``), fresh ``/proc``, ``/dev`` and ``/tmp``, its installation
+  ``/sbin`` links into it), the few files of ``/etc`` that programs need to start
+  (``ale.tasks.jail.ETC_FILES``, the task jail's), fresh ``/proc``, ``/dev`` and ``/tmp``, its installation
   folders (``install``, read-only), its working folder and its own ``HOME`` (both
   read-write, under the run's ``agent/``), and the run's prompt and MCP config files
   (read-only). Nothing else of the host: not the task data, not the operator's
@@ -15,6 +14,9 @@ What the harness sees (``bwrap_argv``):
   ``127.0.0.1`` ports and relays to their unix sockets, bound into the sandbox; so
   the harness's URLs are unchanged and these two are all it can reach.
 - processes: own PID, IPC and UTS namespaces; the sandbox dies with its parent.
+
+The start of the command line is the task jail's (``ale.tasks.jail.bwrap_base``):
+one builder for every bubblewrap sandbox of ale.
 
 ``UnixRelay`` is the host side for a TCP server (the MCP bridge) that has no unix
 socket of its own.
@@ -32,10 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from ale.agents.errors import AgentConfigError
-from ale.tasks.jail import system_binds
+from ale.tasks.jail import NAMESPACES, bwrap_base
 
 RELAY = Path(__file__).with_name("netns_relay.py")
-ETC_FILES = ("passwd", "group", "nsswitch.conf", "hosts", "localtime", "ssl", "ca-certificates", "ld.so.cache")
 SANDBOX_RUN = "/run/ale"
 
 
@@ -166,11 +167,8 @@ def bwrap_argv(
 ) -> tuple[list[str], dict[str, Any]]:
     """The command line that runs ``argv`` confined, and its record for the evidence."""
     bwrap = bwrap_path()
-    system, etc = system_binds(ETC_FILES)
-    # No capabilities, also when ale runs as root (bubblewrap would keep root's).
-    a = [bwrap, "--die-with-parent", "--cap-drop", "ALL", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-         "--unshare-cgroup-try", "--hostname", "ale-harness", *system]
-    a += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run", "--dir", SANDBOX_RUN]
+    a, etc = bwrap_base(bwrap, network=False, hostname="ale-harness")
+    a += ["--tmpfs", "/tmp", "--tmpfs", "/run", "--dir", SANDBOX_RUN]
     ro = []
     for p in install:
         if not Path(p).exists():
@@ -194,7 +192,7 @@ def bwrap_argv(
         "kind": "bubblewrap",
         "bwrap": bwrap,
         "version": bwrap_version(bwrap),
-        "namespaces": ["net", "pid", "ipc", "uts", "cgroup"],
+        "namespaces": ["net", *NAMESPACES],
         "capabilities": [],
         "network": {"interfaces": ["lo"], "reachable": {f"127.0.0.1:{p}": "relayed to a unix socket of the trusted side" for p in sockets}},
         "read_only": ["/usr", *etc, *ro, *map(str, files)],
