@@ -10,7 +10,9 @@
   ``tasks/common_setup.py`` is the shared no-op setup;
 - ``tasks/lab/_shared/helpers.py`` is a shared helper module;
 - ``tasks/lab/alpha`` and ``tasks/lab/beta`` each put their own ``scripts/`` on
-  ``sys.path`` and ``import score_outputs`` (twins that grade differently);
+  ``sys.path`` and ``import score_outputs``: twins that grade differently, so a
+  task handed the other's module cannot score as its own would (alpha's takes
+  ``(got, want)``, beta's one verdict and refuses anything but PASS/FAIL);
 - ``beta`` imports ``tasks.lab.beta.scripts.verify`` lazily inside ``evaluate``,
   ships ``scripts/verify.py`` into the grading sandbox under
   ``/tmp/agenthle_eval/<task>`` (made with ``session.interface.create_dir``) and
@@ -170,17 +172,19 @@ BETA_EVALUATE = '''from tasks.lab.beta.scripts import verify  # a lazy tasks.* i
         f"python {eval_dir}/verify.py {m['remote_output_dir']}/answer.txt {m['reference_dir']}/expected.txt")
     if r["return_code"] not in (0, 1):
         raise RuntimeError(f"the verifier broke: {r}")
-    return [score_outputs.score(r["stdout"].strip(), "PASS")]'''
+    return [score_outputs.score(r["stdout"].strip())]'''
 
 SCORE_ALPHA = '''
 def score(got: str, want: str) -> float:
     """alpha's grader: exact match."""
     return 1.0 if got == want else 0.0
 '''
+# Same module name, another grader: one argument (alpha's call fails on it), and
+# no verdict but PASS or FAIL scores (alpha's answers would raise here).
 SCORE_BETA = '''
-def score(verdict: str, want: str) -> float:
-    """beta's grader: the verifier's verdict (a different signature, same name)."""
-    return 1.0 if verdict == want else 0.0
+def score(verdict: str) -> float:
+    """beta's grader: the verifier's verdict."""
+    return {"PASS": 1.0, "FAIL": 0.0}[verdict]
 '''
 VERIFY = '''
 import os
