@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -21,11 +22,32 @@ def ale(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess
                           cwd=REPO, env={**os.environ, **(env or {})}, timeout=timeout)
 
 
+def help_commands(text: str) -> list[str]:
+    """The command names of a ``--help`` page's Commands panel (whole names, in order)."""
+    names: list[str] = []
+    inside = False
+    for line in text.splitlines():
+        if "Commands" in line and line.lstrip().startswith(("╭", "+")):
+            inside = True
+        elif inside and line.lstrip().startswith(("╰", "+")):
+            break
+        elif inside and (m := re.match(r"^\s*[│|] (\S+)\s", line)):
+            names.append(m.group(1))
+    return names
+
+
 def test_help_lists_the_verbs():
     p = ale("--help")
     assert p.returncode == 0
+    names = help_commands(p.stdout)
     for verb in ("run", "verify", "verify-container", "exp", "report", "cleanup", "image", "task", "data"):
-        assert verb in p.stdout
+        assert verb in names, f"{verb!r} is not a command of `ale --help`: {names}"
+    assert len(names) == len(set(names)), names
+
+
+def test_help_commands_are_whole_names():
+    page = "╭─ Commands ─╮\n│ verify-container  Check. │\n│                   more. │\n╰────────────╯\n"
+    assert help_commands(page) == ["verify-container"]  # no "verify" inside it
 
 
 @pytest.mark.docker
