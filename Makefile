@@ -19,3 +19,6 @@ bench: setup
 
 clean:
 	.venv/bin/ale cleanup || true
+
+.PHONY: docs
+docs: ; .venv/bin/python -m ale.isolation.rules --markdown > docs/isolation.md

@@ -16,15 +16,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ale.defaults import DEFAULT_INPUT_DIR, DEFAULT_OUTPUT_DIR
-from ale.isolation.checks import (
-    Check,
-    Phase,
-    check_inspect,
-    failures,
-    image_record,
-    violation_lines,
-)
-from ale.isolation.probes import run_probes, workspace_empty_checks, workspace_listing
+from ale.isolation.checks import Check, Moment, failures, image_record, violation_line
+from ale.isolation.probes import run_probes, workspace_listing
+from ale.isolation.rules import judge
 from ale.sandbox.base import ImageMissing, Mount, SandboxError, SandboxGone, SandboxProvider
 from ale.sandbox.policy import IsolationPolicy
 
@@ -32,7 +26,7 @@ from ale.sandbox.policy import IsolationPolicy
 class VerifyReport(BaseModel):
     ok: bool
     container: str
-    phase: Phase | None = None
+    phase: Moment | None = None  # the moment the container was judged at (named "phase" in the JSON since v0.1)
     checks: list[dict[str, Any]] = Field(default_factory=list)
     violations: list[str] = Field(default_factory=list)
     image: dict[str, Any] | None = None
@@ -40,21 +34,23 @@ class VerifyReport(BaseModel):
     inspect_path: str | None = None
 
 
-def _report(name: str, checks: list[Check], **extra: Any) -> VerifyReport:
+def _report(name: str, groups: list[tuple[str, list[Check]]], **extra: Any) -> VerifyReport:
+    """The report of every check, each group's failures as violation lines."""
+    checks = [c for _, cs in groups for c in cs]
     return VerifyReport(
         ok=bool(checks) and not failures(checks),
         container=name,
         checks=[c.to_dict() for c in checks],
-        violations=violation_lines(checks),
+        violations=[violation_line(group, c) for group, cs in groups for c in failures(cs)],
         **extra,
     )
 
 
-_PHASES: dict[str, Phase] = {"created": "before", "running": "running", "exited": "after"}
+_MOMENTS: dict[str, Moment] = {"created": "before", "running": "running", "exited": "after"}
 
 
-def _phase_of(status: Any) -> Phase | None:
-    return _PHASES.get(status) if isinstance(status, str) else None
+def _moment_of(status: Any) -> Moment | None:
+    return _MOMENTS.get(status) if isinstance(status, str) else None
 
 
 def verify_container(
@@ -79,16 +75,13 @@ def verify_container(
         if not os.path.isdir(path):
             check = Check(f"host.{label}_dir", False, "an existing folder", path,
                           f"{label} folder {path} does not exist on this host")
-            return _report(name_or_id, [check])
+            return _report(name_or_id, [("host", [check])])
     try:
         sandbox = provider.attach(name_or_id, policy)
         inspect = sandbox.inspect()
-    except SandboxGone:
-        return _report(name_or_id, [Check("inspect.available", None, "a container", None,
-                                          f"no container named {name_or_id!r}")])
     except SandboxError as e:
-        return _report(name_or_id, [Check("inspect.available", None, "a container", None,
-                                          f"inspect {name_or_id} failed: {e}")])
+        why = f"no container named {name_or_id!r}" if isinstance(e, SandboxGone) else f"inspect {name_or_id} failed: {e}"
+        return _report(name_or_id, [("host", [Check("inspect.available", None, "a container", None, why)])])
     inspect_path = None
     if save_inspect is not None:
         save_inspect.parent.mkdir(parents=True, exist_ok=True)
@@ -96,43 +89,43 @@ def verify_container(
         inspect_path = str(save_inspect)
 
     status = (inspect.get("State") or {}).get("Status")
-    phase = _phase_of(status)
-    checks: list[Check] = []
-    if phase is None:
-        checks.append(Check("state.known", None, "created, running or exited", status,
-                            f"container is {status!r}: cannot verify it"))
-        phase_for_checks: Phase = "before"
-    else:
-        phase_for_checks = phase
+    moment = _moment_of(status)
+    host: list[Check] = []
+    if moment is None:
+        host.append(Check("state.known", None, "created, running or exited", status,
+                          f"container is {status!r}: cannot verify it"))
 
-    image_inspect = None
-    image: dict[str, Any] | None = None
-    try:
-        image_inspect = provider.image_inspect(inspect.get("Image", ""))
-        image = image_record(image_inspect, inspect)
-    except (ImageMissing, SandboxError) as e:
-        checks.append(Check("image.available", None, "the container's image", inspect.get("Image"),
-                            f"cannot inspect the image: {e}"))
+    image_inspect, image, image_checks = _image(provider, inspect)
+    host += image_checks
 
     mounts = [
         Mount(os.path.abspath(input_dir), input_target, True),
         Mount(os.path.abspath(workspace_dir), workspace_target, False),
     ]
     inodes = {os.path.realpath(m.source): os.stat(m.source).st_ino for m in mounts}
-    checks += check_inspect(inspect, policy, mounts, phase=phase_for_checks,
-                            image_inspect=image_inspect, mount_inodes=inodes)
-    if phase == "before":
-        checks += workspace_empty_checks(workspace_listing(workspace_dir))
-
+    judged = moment or "before"  # an unknown state is judged as before (and fails state.before)
+    groups = [("host", host), (f"inspect-{judged}", judge(
+        judged, policy=policy, mounts=mounts, inspect=inspect, image_inspect=image_inspect, mount_inodes=inodes))]
+    if moment == "before":
+        groups.append(("workspace-before", judge(moment, workspace=workspace_listing(workspace_dir))))
     probe_output = None
-    if phase == "running":
-
+    if moment == "running":
         probe_output, probe_checks = asyncio.run(
-            run_probes(sandbox, policy, input_dir=input_target, workspace_dir=workspace_target)
+            run_probes(sandbox, policy, input_dir=input_target, workspace_dir=workspace_target, phase=moment)
         )
-        checks += probe_checks
-    return _report(inspect.get("Name", name_or_id).lstrip("/"), checks, phase=phase,
+        groups.append((f"probes-{moment}", probe_checks))
+    return _report(inspect.get("Name", name_or_id).lstrip("/"), groups, phase=moment,
                    image=image, probe_output=probe_output, inspect_path=inspect_path)
+
+
+def _image(provider: SandboxProvider, inspect: dict) -> tuple[dict | None, dict[str, Any] | None, list[Check]]:
+    """The container's image: its inspect, the record the report keeps, or why neither."""
+    try:
+        image_inspect = provider.image_inspect(inspect.get("Image", ""))
+    except (ImageMissing, SandboxError) as e:
+        return None, None, [Check("image.available", None, "the container's image", inspect.get("Image"),
+                                  f"cannot inspect the image: {e}")]
+    return image_inspect, image_record(image_inspect, inspect), []
 
 
 def render_report(report: VerifyReport) -> str:

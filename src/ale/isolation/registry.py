@@ -1,0 +1,233 @@
+"""What a seal rule is, when it runs, and the one registry every rule is listed in.
+
+A rule is one small named function that reads one kind of evidence (a source:
+the `docker inspect` capture, the two captures together, the probes' output,
+the workspace listing) at some moments of the sandbox's life, and returns its
+verdict ``(ok, observed, detail)``. The `@rule` decorator registers it under the
+id of the `Check` it produces (the id old run folders and `ale verify` compare),
+with the value it expects and the moments it applies to. Its docstring says what
+it checks (first paragraph) and why (the rest): `docs/isolation.md` is generated
+from it (`python -m ale.isolation.rules --markdown`).
+
+Evidence that lacks what a rule reads makes its check *unknown* (``ok=None``),
+and unknown counts as a failure: each source says which exceptions mean "the
+evidence lacks it" and how the check names that.
+
+The rules live in `inspect_rules`, `probe_rules` and `workspace_rules`; `rules`
+lists them all and judges a moment.
+"""
+
+from __future__ import annotations
+
+import inspect as _pyinspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, cast
+
+# The sandbox's moments: created and never started, running, exited. The one word
+# for them (`ale.result.Phase` is the run's lifecycle, a different thing).
+Moment = Literal["before", "running", "after"]
+MOMENTS: tuple[Moment, ...] = ("before", "running", "after")
+
+
+def as_moment(value: str) -> Moment:
+    """A moment from its name; anything else is a programming error."""
+    for m in MOMENTS:
+        if value == m:
+            return m
+    raise ValueError(f"not a moment: {value!r} (one of {', '.join(MOMENTS)})")
+
+
+@dataclass
+class Check:
+    """One verified aspect of the container. ``ok=None`` means unknown: a failure."""
+
+    id: str
+    ok: bool | None
+    expected: Any
+    observed: Any
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        # Shallow on purpose: the values are JSON data read from inspect or probes,
+        # and dataclasses.asdict's deep copy is the costliest step of a run's checks.
+        return {"id": self.id, "ok": self.ok, "expected": self.expected, "observed": self.observed, "detail": self.detail}
+
+    @property
+    def passed(self) -> bool:
+        return self.ok is True
+
+
+def failures(checks: Iterable[Check]) -> list[Check]:
+    """Checks that did not pass (failed or unknown)."""
+    return [c for c in checks if c.ok is not True]
+
+
+# A rule's verdict: passed (None: unknown), what it observed, and a human detail.
+Verdict = tuple[bool | None, Any, str]
+
+
+class Missing(Exception):
+    """A field a rule reads is absent from the document: its check is unknown."""
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.path = path
+
+
+@dataclass(frozen=True)
+class Source:
+    """A kind of evidence the rules read, and how its gaps read as unknown."""
+
+    name: str
+    reads: str  # what the evidence is, for the docs
+    # (exception types, the detail of the unknown check), tried in order
+    unknown: tuple[tuple[tuple[type[Exception], ...], Callable[[Exception], str]], ...]
+
+    def unknown_detail(self, e: Exception) -> str | None:
+        for kinds, detail in self.unknown:
+            if isinstance(e, kinds):
+                return detail(e)
+        return None
+
+
+def _missing_field(e: Exception) -> str:
+    return f"missing field {cast(Missing, e).path}"
+
+
+def _unparsable_value(e: Exception) -> str:
+    return f"unparsable value: {type(e).__name__}: {e}"
+
+
+_DOCUMENT_GAPS: tuple[tuple[tuple[type[Exception], ...], Callable[[Exception], str]], ...] = (
+    ((Missing,), _missing_field),
+    ((TypeError, ValueError, AttributeError), _unparsable_value),
+)
+INSPECT = Source("inspect", "the container's `docker inspect` document at that moment", _DOCUMENT_GAPS)
+CAPTURES = Source("captures", "the inspect captures at create and after exit, together", _DOCUMENT_GAPS)
+PROBES = Source(
+    "probes",
+    "the probe script's output (run inside the sandbox as the candidate user)",
+    (
+        ((KeyError,), lambda e: f"missing probe section or field {e.args[0]}"),
+        ((ValueError, IndexError, TypeError), lambda e: f"unparsable probe output: {e}"),
+    ),
+)
+WORKSPACE = Source(
+    "workspace",
+    "the host's listing of the workspace folder (lstat, no link followed)",
+    (((Missing,), _missing_field), ((KeyError, TypeError, ValueError, AttributeError), _unparsable_value)),
+)
+SOURCES: tuple[Source, ...] = (INSPECT, CAPTURES, PROBES, WORKSPACE)
+
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One registered rule: its check id, when it applies, what it expects."""
+
+    id: str  # the Check id; "{moment}" in it stands for the moment judged
+    source: Source
+    area: str
+    moments: tuple[Moment, ...]
+    summary: str  # what it checks (the docstring's first paragraph)
+    why: str  # why it matters (the rest of the docstring)
+    verdict: Callable[[Any], Verdict]  # of the source's subject, which has a ``moment``
+    expected_of: Callable[[Any], Any]
+    when: Callable[[Any], bool] | None = None
+    when_doc: str = ""  # in which case it applies beyond its moments, for the docs
+
+    @property
+    def name(self) -> str:
+        return self.verdict.__name__
+
+    def ids(self) -> tuple[str, ...]:
+        """Every check id this rule can produce."""
+        if "{moment}" not in self.id:
+            return (self.id,)
+        return tuple(self.id.format(moment=m) for m in self.moments)
+
+    def check_id(self, moment: Moment) -> str:
+        return self.id.format(moment=moment) if "{moment}" in self.id else self.id
+
+    def applies(self, subject: Any) -> bool:
+        """At the subject's moment, with the evidence the subject carries."""
+        return subject.moment in self.moments and (self.when is None or bool(self.when(subject)))
+
+    def check(self, subject: Any) -> Check:
+        """Run this rule alone on one subject; a gap in the evidence is unknown."""
+        cid = self.check_id(subject.moment)
+        expected = self.expected_of(subject)
+        try:
+            ok, observed, detail = self.verdict(subject)
+        except Exception as e:  # only the source's gaps are unknown; anything else is a bug
+            why = self.source.unknown_detail(e)
+            if why is None:
+                raise
+            return Check(cid, None, expected, None, why)
+        return Check(cid, None if ok is None else bool(ok), expected, observed, detail)
+
+
+REGISTRY: dict[str, Rule] = {}
+
+
+def _constant(value: Any) -> Callable[[Any], Any]:
+    return lambda _subject: value
+
+
+def rule(
+    check_id: str,
+    *,
+    source: Source,
+    area: str,
+    expected: Any = None,
+    moments: Iterable[Moment] = MOMENTS,
+    when: Callable[[Any], bool] | None = None,
+    when_doc: str = "",
+) -> Callable[[Callable[[S], Verdict]], Callable[[S], Verdict]]:
+    """Register the decorated verdict function as the rule producing `check_id`.
+
+    ``expected`` is the value the check records as expected: a constant, or a
+    function of the subject (a policy value). ``when`` narrows the rule to the
+    subjects that carry what it reads (``when_doc`` says so in the docs).
+    Within a source, registration order is the order of the checks a judge returns.
+    """
+    moments = tuple(moments)
+    for m in moments:
+        as_moment(m)
+
+    def register(fn: Callable[[S], Verdict]) -> Callable[[S], Verdict]:
+        text = _pyinspect.getdoc(fn) or ""
+        summary, _, why = text.partition("\n\n")
+        if not summary.strip():
+            raise ValueError(f"rule {check_id} ({fn.__name__}) has no docstring")
+        if check_id in REGISTRY:
+            raise ValueError(f"rule {check_id} is registered twice")
+        REGISTRY[check_id] = Rule(
+            id=check_id,
+            source=source,
+            area=area,
+            moments=moments,
+            summary=" ".join(summary.split()),
+            why=" ".join(why.split()),
+            verdict=fn,
+            expected_of=expected if callable(expected) else _constant(expected),
+            when=when,
+            when_doc=when_doc,
+        )
+        fn.rule = REGISTRY[check_id]  # type: ignore[attr-defined]
+        return fn
+
+    return register
+
+
+def rules_of(source: Source, *, area: str | None = None) -> list[Rule]:
+    """The registered rules reading `source` (of one area), in registration order."""
+    return [r for r in REGISTRY.values() if r.source is source and (area is None or r.area == area)]
+
+
+def judge_subject(source: Source, subject: Any) -> list[Check]:
+    """Every rule of `source` that applies to the subject, in registration order."""
+    return [r.check(subject) for r in rules_of(source) if r.applies(subject)]
