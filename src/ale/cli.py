@@ -288,17 +288,26 @@ def _print_adversarial(report) -> None:
 @task_app.command("list")
 def task_list(
     path: Annotated[Path, typer.Argument(help="A task folder or a tree of them (e.g. ALE's tasks/).")],
-    json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list of {path, status, reason, variants, snapshot}.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list of {path, status, reason, variants, snapshot, software}.")] = False,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Tasks loaded at once.")] = 4,
+    overlay: Annotated[Path | None, typer.Option("--overlay", envvar="ALE_OVERLAY", help="An operator's overlay of software needs (YAML/JSON).")] = None,
 ) -> None:
-    """Every task folder under PATH: ok (variants), unsupported (why) or error (the message)."""
+    """Every task folder under PATH: ok (variants), unsupported (why) or error (the message), and its declared software."""
     import json as _json
 
+    from ale.provision.needs import listing_software
+    from ale.provision.sources import ProvisionError, load_overlay
     from ale.tasks.listing import list_tasks
 
     if not path.exists():
         _fail(f"{path}: no such file or folder")
+    try:
+        ov = load_overlay(overlay) if overlay is not None else None
+    except ProvisionError as e:
+        _fail(str(e))
     rows = list_tasks(path, workers=jobs)
+    for r in rows:
+        r.software = listing_software(r.path, ov)
     if json_out:
         print(_json.dumps([r.to_dict() for r in rows], indent=1))
     else:
@@ -306,9 +315,21 @@ def task_list(
         for r in rows:
             rel = Path(r.path).relative_to(base).as_posix() if Path(r.path) != base else r.path
             detail = f"{r.variants} variant(s)" if r.status == "ok" else (r.reason or "").splitlines()[0][:300]
+            sw = r.software
+            if sw and r.status == "ok":
+                detail += f"  software {len(sw['provisioned'])}/{len(sw['declared'])}"
+                if sw["missing"]:
+                    detail += " (missing: " + ", ".join(m["name"] for m in sw["missing"])[:200] + ")"
+                if sw.get("error"):
+                    detail += f" ({sw['error']})"
             print(f"{r.status:<12} {rel}  {detail}")
     counts = {s: sum(1 for r in rows if r.status == s) for s in ("ok", "unsupported", "error")}
     err.print(f"{len(rows)} task folder(s): {counts['ok']} ok, {counts['unsupported']} unsupported, {counts['error']} error", markup=False)
+    ok = [r.software for r in rows if r.status == "ok" and r.software is not None]
+    full = sum(1 for s in ok if not s["missing"] and not s.get("error"))
+    names = {m["name"] for s in ok for m in s["missing"]}
+    err.print(f"software: {full} of {len(ok)} ok task(s) have every declared name provisioned; "
+              f"{len(names)} distinct name(s) missing", markup=False)
 
 
 @task_app.command("env")

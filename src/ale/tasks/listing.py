@@ -30,6 +30,8 @@ class TaskListing:
     reason: str | None
     variants: int
     snapshot: str | None = None
+    # {"declared", "provisioned", "missing"}: filled in by the caller (ale.provision is a layer above)
+    software: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
