@@ -1,0 +1,535 @@
+"""Build a task environment image from a ``SoftwareSpec``, on the trusted side.
+
+The image is the tools image plus, in this order (so that tasks with the same
+Debian set share the first stage):
+
+1. ``ale-env-system:<key>``: the spec's Debian packages (apt inside the build,
+   ``--no-install-recommends``, lists cleaned), pip and venv for the default
+   ``python3`` where it lacks them, ``uv``, and ``/etc/pip.conf`` and
+   ``/etc/uv/uv.toml``, which point pip and uv at the package store with no index,
+   uv's cache under ``/tmp`` and no Python downloads. Files, never image ENV: the
+   sandbox's environment is allowlisted by the isolation checks.
+2. the package store ``/opt/ale/wheels``: wheels for the spec's ``python`` and
+   ``store_only`` requirements with their dependencies, and the versions its lock
+   files pin. They are downloaded on the host with the host's pip (the build
+   container cannot verify PyPI's certificate here, the host's pip is configured
+   for it), for the image's interpreter and platform, and copied in; then the
+   ``python`` requirements are installed from the store, offline, into the default
+   ``python3``.
+3. ``/opt/ale/environment.json``: the record of what the image holds, taken by
+   running the built image once with no network: the Debian package list, the
+   default interpreter's Python packages, the store's files and digest. Its sha256
+   is the image label ``org.ale.env.record-sha256``.
+
+Cached by content: ``ale-env:<key12>`` with key = sha256(spec key, base image id,
+this recipe). A second build is a lookup. An empty spec is the base image itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import tomllib
+import zipfile
+from collections.abc import Iterable
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+from pydantic import BaseModel, Field
+
+from ale.paths import cache_dir
+from ale.sandbox.base import LABEL_MANAGED, LABEL_ROLE, SandboxError
+from ale.sandbox.image import Say, _dir_digest, _has_image, _sha, build_tools_image, images_dir
+from ale.sandbox.software import LockFile, SoftwareSpec
+
+ENV_REPO = "ale-env"
+SYSTEM_REPO = "ale-env-system"
+#: uv, from PyPI's ``uv`` wheel (which ships the binary); pinned so that the recipe,
+#: hence the cache key, does not drift.
+UV_VERSION = "0.13.9"
+STORE = "/opt/ale/wheels"
+RECORD_PATH = "/opt/ale/environment.json"
+#: Bump when the build changes in a way the files under images/env do not show.
+RECIPE_VERSION = "1"
+RECORD_ROLE = "env-record"
+LABEL_KEY = "org.ale.env.key"
+LABEL_RECORD = "org.ale.env.record-sha256"
+
+# Runs once in the built image (no network, uid 1000, read-only root): what it holds.
+RECORD_SCRIPT = r"""
+import hashlib, json, os, platform, shutil, subprocess, sys
+out = {"python": {"executable": sys.executable, "realpath": os.path.realpath(sys.executable),
+                  "version": platform.python_version()}}
+p = subprocess.run(["dpkg-query", "-W", "-f=${Package}\t${Version}\t${Architecture}\n"],
+                   capture_output=True, text=True)
+out["debian"] = sorted([dict(zip(("name", "version", "arch"), l.split("\t"))) for l in p.stdout.splitlines() if l],
+                       key=lambda d: d["name"])
+p = subprocess.run([sys.executable, "-m", "pip", "list", "--format", "json"], capture_output=True, text=True)
+if p.returncode == 0:
+    pk, how = [{"name": d["name"], "version": d["version"]} for d in json.loads(p.stdout)], "pip list"
+else:
+    import importlib.metadata as md
+    pk, how = [{"name": d.metadata["Name"], "version": d.version} for d in md.distributions()], "importlib.metadata"
+out["python"]["packages"] = sorted(pk, key=lambda d: d["name"].lower())
+out["python"]["lister"] = how
+store, files = "/opt/ale/wheels", []
+if os.path.isdir(store):
+    for n in sorted(os.listdir(store)):
+        h = hashlib.sha256()
+        with open(os.path.join(store, n), "rb") as f:
+            for b in iter(lambda: f.read(1 << 20), b""):
+                h.update(b)
+        files.append({"name": n, "sha256": h.hexdigest(), "size": os.path.getsize(os.path.join(store, n))})
+d = hashlib.sha256()
+for f in files:
+    d.update(f["name"].encode() + b"\0" + f["sha256"].encode() + b"\n")
+out["store"] = {"path": store, "files": files, "digest": d.hexdigest()}
+cmds = {}
+for c in ("python", "python3", "pip", "uv"):
+    w = shutil.which(c)
+    cmds[c] = os.path.realpath(w) if w else None
+out["commands"] = cmds
+uv = subprocess.run(["uv", "--version"], capture_output=True, text=True) if cmds["uv"] else None
+out["uv"] = uv.stdout.strip() if uv and uv.returncode == 0 else None
+print(json.dumps(out))
+"""
+
+# What a probe of the base image says about its interpreter and platform.
+_PLATFORM_SCRIPT = (
+    "import json, platform, sys; "
+    "print(json.dumps({'python': '%d.%d' % sys.version_info[:2], 'libc': platform.libc_ver(), "
+    "'machine': platform.machine()}))"
+)
+
+
+class EnvImage(BaseModel):
+    """A built (or found) task environment."""
+
+    tag: str
+    image_id: str
+    key: str
+    size: int
+    base: str
+    base_id: str
+    cached: bool = False
+    build_s: float = 0.0
+    #: what the image holds (``/opt/ale/environment.json``): Debian packages, the
+    #: default interpreter's packages, the store's files and digest, the spec, and
+    #: needs the build could not meet (``missing``: ``[{"name", "why"}]``).
+    record: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def store_digest(self) -> str | None:
+        return (self.record.get("store") or {}).get("digest")
+
+
+# --------------------------------------------------------------------------- needs
+
+
+def _requirement_lines(text: str) -> list[str]:
+    """The requirement lines of a requirements.txt that an index can provide:
+    options (``-r``, ``-e``, ``--index-url``), local paths and hashes dropped."""
+    out = []
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#") or line.startswith("-"):
+            continue
+        line = re.sub(r"\s--hash[= ]\S+", "", line).strip().rstrip("\\").strip()
+        if line.startswith((".", "/", "file:")) or ("://" in line and "@" not in line):
+            continue
+        out.append(line)
+    return out
+
+
+def lock_needs(lf: LockFile) -> tuple[list[str], list[str]]:
+    """(requirements resolved with their dependencies, exact pins taken without them)
+    that a lock file or manifest puts into the store."""
+    name = lf.name.rsplit("/", 1)[-1]
+    if name == "uv.lock":
+        data = tomllib.loads(lf.text)
+        pins = []
+        for pkg in data.get("package", []):
+            source = pkg.get("source") or {}
+            if "registry" in source and pkg.get("name") and pkg.get("version"):
+                pins.append(f"{pkg['name']}=={pkg['version']}")
+        return [], sorted(set(pins))
+    if name == "pyproject.toml":
+        data = tomllib.loads(lf.text)
+        reqs = list((data.get("project") or {}).get("dependencies") or [])
+        for group in (data.get("dependency-groups") or {}).values():
+            reqs += [r for r in group if isinstance(r, str)]
+        # `uv sync` builds a packaged project: its build backend must be in the store.
+        reqs += list((data.get("build-system") or {}).get("requires") or [])
+        return sorted(set(reqs)), []
+    return _requirement_lines(lf.text), []
+
+
+def _platform_args(target: dict[str, Any]) -> list[str]:
+    machine = target.get("machine") or "x86_64"
+    libc, version = (target.get("libc") or ["", ""])[:2]
+    args = ["--implementation", "cp", "--python-version", target["python"]]
+    if libc == "glibc" and re.fullmatch(r"2\.\d+", version or ""):
+        top = int(version.split(".")[1])
+        args += [a for k in range(top, 4, -1) for a in ("--platform", f"manylinux_2_{k}_{machine}")]
+        if machine in ("x86_64", "i686"):
+            args += ["--platform", f"manylinux2014_{machine}", "--platform", f"manylinux2010_{machine}",
+                     "--platform", f"manylinux1_{machine}"]
+        elif machine == "aarch64":
+            args += ["--platform", "manylinux2014_aarch64"]
+    else:
+        raise SandboxError(f"the base image's C library is {libc or 'unknown'} {version}: "
+                           "only glibc images can take PyPI's manylinux wheels")
+    return args
+
+
+def _run_lines(cmd: list[str], say: Say, *, what: str) -> None:
+    """Run a host command, streaming its output through ``say``."""
+    say(f"$ {' '.join(cmd[:4])} ... ({what})")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tail: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip()
+        if line:
+            say(f"  {line}")
+            tail = (tail + [line])[-20:]
+    if proc.wait() != 0:
+        raise SandboxError(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+
+
+def pip_download(reqs: Iterable[str], dest: Path, target: dict[str, Any], say: Say, *, no_deps: bool = False) -> None:
+    """Download wheels for ``reqs`` (with their dependencies unless ``no_deps``) into
+    ``dest``, for the target interpreter and platform, with the host's pip."""
+    reqs = list(reqs)
+    if not reqs:
+        return
+    cmd = [sys.executable, "-m", "pip", "download", "--dest", str(dest), "--only-binary=:all:",
+           "--progress-bar", "off", "--disable-pip-version-check", *_platform_args(target)]
+    if no_deps:
+        cmd.append("--no-deps")
+    _run_lines(cmd + reqs, say, what=f"pip download of {len(reqs)} requirement(s)")
+
+
+def _download_pins(pins: list[str], dest: Path, target: dict[str, Any], say: Say) -> list[dict[str, str]]:
+    """Locked pins, without their dependencies (the lock has them all). A pin with no
+    wheel for this platform (a Windows-only package, an sdist-only release) is
+    reported as missing rather than failing the build."""
+    if not pins:
+        return []
+    try:
+        pip_download(pins, dest, target, say, no_deps=True)
+        return []
+    except SandboxError:
+        say("some locked pins have no wheel for this platform; taking them one by one")
+    missing = []
+    for pin in pins:
+        try:
+            pip_download([pin], dest, target, lambda _line: None, no_deps=True)
+        except SandboxError as e:
+            missing.append({"name": pin, "why": f"no wheel for the image's platform: {str(e).splitlines()[-1]}"})
+    return missing
+
+
+def uv_binaries(target: dict[str, Any], say: Say = print) -> Path:
+    """A folder holding ``uv`` and ``uvx`` (``UV_VERSION``) for the target platform,
+    from PyPI's ``uv`` wheel, cached on the host."""
+    machine = target.get("machine") or "x86_64"
+    folder = cache_dir() / "uv" / f"{UV_VERSION}-{machine}"
+    if (folder / "uv").is_file() and (folder / "uvx").is_file():
+        return folder
+    with tempfile.TemporaryDirectory() as tmp:
+        pip_download([f"uv=={UV_VERSION}"], Path(tmp), target, say, no_deps=True)
+        wheel = next(Path(tmp).glob("uv-*.whl"))
+        folder.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheel) as z:
+            for name in ("uv", "uvx"):
+                member = next(m for m in z.namelist() if m.endswith(f".data/scripts/{name}"))
+                out = folder / f".{name}.part"
+                out.write_bytes(z.read(member))
+                out.chmod(0o755)
+                out.rename(folder / name)
+    return folder
+
+
+# --------------------------------------------------------------------------- docker
+
+
+def _build(client: docker.DockerClient, ctx: Path, dockerfile: str, *, tag: str | None,
+           buildargs: dict[str, str], labels: dict[str, str], say: Say, what: str) -> str:
+    """One ``docker build``, its output streamed through ``say``; returns the image id."""
+    image_id = None
+    errors: list[str] = []
+    tail: list[str] = []
+    try:
+        for chunk in client.api.build(path=str(ctx), dockerfile=dockerfile, tag=tag, buildargs=buildargs,
+                                      labels=labels, rm=True, forcerm=True, pull=False, decode=True):
+            if "stream" in chunk:
+                for line in str(chunk["stream"]).splitlines():
+                    if line.strip():
+                        say(f"  {line.rstrip()}")
+                        tail = (tail + [line.rstrip()])[-25:]
+                        m = re.match(r"Successfully built ([0-9a-f]+)", line)
+                        if m:
+                            image_id = image_id or m.group(1)
+            if "error" in chunk:
+                errors.append(str(chunk["error"]).strip())
+            aux = chunk.get("aux")
+            if isinstance(aux, dict) and aux.get("ID"):
+                image_id = str(aux["ID"])
+    except docker.errors.APIError as e:
+        raise SandboxError(f"building {what} failed: {e}") from e
+    if errors or image_id is None:
+        raise SandboxError(f"building {what} failed: {'; '.join(errors) or 'no image id'}\n" + "\n".join(tail))
+    return client.images.get(image_id).id
+
+
+def _run_once(client: docker.DockerClient, image: str, argv: list[str], *, timeout: float = 300) -> str:
+    """Run argv once in ``image``: no network, uid 1000, read-only root, no
+    capabilities; its stdout, or SandboxError with its stderr."""
+    container = client.containers.create(
+        image, command=argv, user="1000:1000", network_mode="none", read_only=True, cap_drop=["ALL"],
+        security_opt=["no-new-privileges"], tmpfs={"/tmp": "rw,nosuid,nodev,size=64m"},
+        labels={LABEL_MANAGED: "1", LABEL_ROLE: RECORD_ROLE}, detach=True,
+    )
+    try:
+        container.start()
+        status = container.wait(timeout=timeout)
+        out = container.logs(stdout=True, stderr=False).decode()
+        if status.get("StatusCode") != 0:
+            err = container.logs(stdout=False, stderr=True).decode()
+            raise SandboxError(f"running {argv[0]} in {image} failed (exit {status.get('StatusCode')}): {err[-1500:]}")
+        return out
+    finally:
+        with suppress(docker.errors.APIError):
+            container.remove(force=True)
+
+
+def _read_file(client: docker.DockerClient, image: str, path: str) -> bytes | None:
+    """A file of an image, read through a never-started container."""
+    container = client.containers.create(image, command=["true"], network_mode="none",
+                                         labels={LABEL_MANAGED: "1", LABEL_ROLE: RECORD_ROLE})
+    try:
+        try:
+            chunks, _ = container.get_archive(path)
+        except docker.errors.NotFound:
+            return None
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            member = tar.next()
+            f = tar.extractfile(member) if member else None
+            return f.read() if f else None
+    finally:
+        with suppress(docker.errors.APIError):
+            container.remove(force=True)
+
+
+def probe_platform(client: docker.DockerClient, image: str) -> dict[str, Any]:
+    """The default python3's version, the C library and the machine of ``image``."""
+    out = _run_once(client, image, ["python3", "-c", _PLATFORM_SCRIPT], timeout=120)
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def take_record(client: docker.DockerClient, image: str) -> dict[str, Any]:
+    """What ``image`` holds, read by running it once with no network."""
+    out = _run_once(client, image, ["python3", "-c", RECORD_SCRIPT])
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def _record_of(client: docker.DockerClient, image_id: str, *, run: bool) -> dict[str, Any]:
+    """The record of a built image, cached on the host by image id: read from
+    ``RECORD_PATH`` in the image, or (``run``, for an image without one) taken."""
+    cached = cache_dir() / "env-records" / f"{image_id.split(':')[-1]}.json"
+    with suppress(OSError, ValueError):
+        return dict(json.loads(cached.read_text()))
+    raw = _read_file(client, image_id, RECORD_PATH)
+    if raw is not None:
+        record = dict(json.loads(raw))
+    elif run:
+        record = take_record(client, image_id)
+    else:
+        raise SandboxError(f"image {image_id} has no {RECORD_PATH}")
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(".part")
+    tmp.write_text(json.dumps(record, sort_keys=True))
+    tmp.replace(cached)
+    return record
+
+
+def _refuse_volumes(client: docker.DockerClient, ref: str) -> Any:
+    image = client.images.get(ref)
+    volumes = (image.attrs.get("Config") or {}).get("Volumes")
+    if volumes:
+        raise SandboxError(f"{ref} declares VOLUME {sorted(volumes)}; it must declare none")
+    return image
+
+
+def _world_readable(ctx: Path) -> None:
+    """Modes for COPY: folders and executables 0755, other files 0644 (COPY keeps them)."""
+    for p in [ctx, *ctx.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() or os.access(p, os.X_OK) else 0o644)
+
+
+def _mb(n: int | float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+# --------------------------------------------------------------------------- build
+
+
+def spec_content(spec: SoftwareSpec) -> dict[str, Any]:
+    """The spec as its key sees it: an image is shared by every task with the same
+    needs, so where a need came from (a lock file's ``origin``) is the run's
+    evidence, not the image's."""
+    body = spec.model_dump(mode="json")
+    body["lockfiles"] = [{"name": lf.name, "text": lf.text} for lf in spec.lockfiles]
+    return body
+
+
+def env_folder() -> Path:
+    return images_dir() / "env"
+
+
+def recipe_digest() -> str:
+    """What, besides the spec and the base image, decides the image's content."""
+    mirror = os.environ.get("ALE_DEBIAN_MIRROR", "")
+    return _sha(RECIPE_VERSION, _dir_digest(env_folder()), RECORD_SCRIPT, UV_VERSION, mirror)
+
+
+def env_key(spec: SoftwareSpec, base_id: str) -> str:
+    return _sha(spec.key(), base_id, recipe_digest())
+
+
+def _system_stage(client: docker.DockerClient, spec: SoftwareSpec, base_ref: str, base_id: str,
+                  target: dict[str, Any], say: Say) -> str:
+    """Stage 1 (keyed by the Debian set): its content tag, built unless cached."""
+    folder = env_folder()
+    mirror = os.environ.get("ALE_DEBIAN_MIRROR", "")
+    recipe = _sha(RECIPE_VERSION, *(folder.joinpath(n).read_bytes() for n in ("Dockerfile.system", "pip.conf", "uv.toml")))
+    key = _sha(base_id, json.dumps(list(spec.debian)), mirror, recipe, UV_VERSION)[:12]
+    tag = f"{SYSTEM_REPO}:{key}"
+    if _has_image(client, tag):
+        say(f"system stage {tag} is cached (Debian: {' '.join(spec.debian) or 'none'})")
+        return tag
+    say(f"building {tag} FROM {base_ref} (apt: {' '.join(spec.debian) or 'pip/venv only'}; uv {UV_VERSION})...")
+    uv = uv_binaries(target, say)
+    with tempfile.TemporaryDirectory(prefix="ale-env-") as tmp:
+        ctx = Path(tmp)
+        for n in ("Dockerfile.system", "pip.conf", "uv.toml"):
+            shutil.copy(folder / n, ctx / n)
+        (ctx / "bin").mkdir()
+        for n in ("uv", "uvx"):
+            shutil.copy(uv / n, ctx / "bin" / n)
+        _world_readable(ctx)
+        _build(client, ctx, "Dockerfile.system", tag=tag,
+               buildargs={"BASE": base_ref, "DEBIAN_PACKAGES": " ".join(spec.debian), "DEBIAN_MIRROR": mirror},
+               labels={"org.ale.env.system-key": key}, say=say, what=tag)
+    _refuse_volumes(client, tag)
+    return tag
+
+
+def build_env_image(
+    spec: SoftwareSpec,
+    *,
+    client: docker.DockerClient | None = None,
+    base_image: str | None = None,
+    say: Say = print,
+) -> EnvImage:
+    """Build (or find cached) the environment image for ``spec`` ``FROM`` the base
+    image (default: the tools image, built or found via ``build_tools_image``).
+    An empty spec is the base image itself. Raises ``SandboxError``."""
+    if client is None:
+        from ale.sandbox.docker import connect
+
+        client = connect()
+    t0 = time.monotonic()
+    base_ref = build_tools_image(client, say=say) if base_image is None else base_image
+    base_id = _has_image(client, base_ref)
+    if base_id is None:
+        raise SandboxError(f"base image {base_ref} is not in the Docker engine")
+    base = _refuse_volumes(client, base_ref)
+    if spec.empty:
+        return EnvImage(tag=base_ref, image_id=base_id, key=_sha(spec.key(), base_id), size=int(base.attrs.get("Size") or 0),
+                        base=base_ref, base_id=base_id, cached=True, build_s=time.monotonic() - t0,
+                        record=_record_of(client, base_id, run=True))
+    key = env_key(spec, base_id)
+    tag = f"{ENV_REPO}:{key[:12]}"
+    image_id = _has_image(client, tag)
+    if image_id is not None:
+        image = _refuse_volumes(client, tag)
+        say(f"environment {tag} is cached ({_mb(image.attrs.get('Size') or 0)})")
+        return EnvImage(tag=tag, image_id=image_id, key=key, size=int(image.attrs.get("Size") or 0), base=base_ref,
+                        base_id=base_id, cached=True, build_s=time.monotonic() - t0,
+                        record=_record_of(client, image_id, run=False))
+
+    say(f"building environment {tag} FROM {base_ref}: Debian {list(spec.debian)}, Python {list(spec.python)}, "
+        f"store-only {list(spec.store_only)}, {len(spec.lockfiles)} lock file(s)")
+    target = probe_platform(client, base_ref)
+    missing: list[dict[str, str]] = []
+    if spec.python_version and spec.python_version != target["python"]:
+        missing.append({"name": f"Python {spec.python_version}",
+                        "why": f"the image's python3 is {target['python']}; no package here provides {spec.python_version}"})
+    system = _system_stage(client, spec, base_ref, base_id, target, say)
+
+    with tempfile.TemporaryDirectory(prefix="ale-env-") as tmp:
+        ctx = Path(tmp)
+        wheels = ctx / "wheels"
+        wheels.mkdir()
+        # Each set is resolved on its own (the store may then hold several versions of
+        # a package): what python3 gets, what `uv run --with` gets, what each manifest
+        # asks for; a lock file's pins are taken as they are.
+        pins: list[str] = []
+        resolve_sets = [list(spec.python), list(spec.store_only)]
+        for lf in spec.lockfiles:
+            r, p = lock_needs(lf)
+            resolve_sets.append(r)
+            pins += p
+        for reqs in resolve_sets:
+            pip_download(reqs, wheels, target, say)
+        missing += _download_pins(sorted(set(pins)), wheels, target, say)
+        store_bytes = sum(f.stat().st_size for f in wheels.iterdir())
+        say(f"package store: {len(list(wheels.iterdir()))} wheel(s), {_mb(store_bytes)}")
+        (ctx / "requirements.txt").write_text("".join(f"{r}\n" for r in spec.python))
+        _world_readable(ctx)
+        shutil.copy(env_folder() / "Dockerfile.python", ctx / "Dockerfile.python")
+        stage = _build(client, ctx, "Dockerfile.python", tag=None, buildargs={"SYSTEM": system},
+                       labels={}, say=say, what=f"the Python stage of {tag}")
+
+    say("recording what the image holds (one run, no network)...")
+    record = take_record(client, stage)
+    record.update(
+        key=key,
+        spec=spec_content(spec),
+        base={"ref": base_ref, "id": base_id},
+        platform=target,
+        missing=missing,
+        recipe=recipe_digest(),
+    )
+    body = json.dumps(record, sort_keys=True, indent=1).encode()
+    record_sha = hashlib.sha256(body).hexdigest()
+    with tempfile.TemporaryDirectory(prefix="ale-env-") as tmp:
+        ctx = Path(tmp)
+        (ctx / "environment.json").write_bytes(body)
+        (ctx / "Dockerfile").write_text(
+            f"FROM {stage}\nCOPY environment.json {RECORD_PATH}\n")
+        (ctx / "environment.json").chmod(0o644)
+        image_id = _build(client, ctx, "Dockerfile", tag=tag, buildargs={},
+                          labels={"org.ale.image": "env", LABEL_KEY: key, LABEL_RECORD: record_sha},
+                          say=say, what=tag)
+    image = _refuse_volumes(client, tag)
+    size, base_size = int(image.attrs.get("Size") or 0), int(base.attrs.get("Size") or 0)
+    elapsed = time.monotonic() - t0
+    say(f"built {tag} in {elapsed:.0f}s: {_mb(size)} (base {_mb(base_size)}, +{_mb(size - base_size)}); "
+        f"store {len(record['store']['files'])} wheel(s), digest {record['store']['digest'][:12]}")
+    return EnvImage(tag=tag, image_id=image_id, key=key, size=size, base=base_ref, base_id=base_id,
+                    cached=False, build_s=elapsed, record=record)
