@@ -23,11 +23,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_rig import Rig, can_build_rig  # noqa: E402
+from tests.conftest import require  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(420)]
 WHY = can_build_rig()
-if WHY:
-    pytest.skip(f"the Ray cluster test {WHY}", allow_module_level=True)
+require(not WHY, f"the Ray cluster test {WHY}", allow_module_level=True)
 
 TASK = textwrap.dedent("""\
     import asyncio

@@ -20,6 +20,7 @@ from ale.data.remote import BlobCache, RemoteSource, make_filesystem, storage_op
 from ale.data.sealing import seal_variant
 from ale.data.sources import open_source, prefetch
 from ale.status import RunStatus
+from tests.conftest import require_module
 from tests.test_data_support import (
     KEY,
     check_ale_layout,
@@ -70,8 +71,8 @@ def _listening_on_loopback_only(port: int) -> bool:
 
 @pytest.fixture(scope="module")
 def emulator():
-    pytest.importorskip("gcsfs")
-    pytest.importorskip("gcp_storage_emulator")
+    require_module("gcsfs")
+    require_module("gcp_storage_emulator")
     import gcp_storage_emulator.server as ges
 
     em_box: list[Emulator] = []
@@ -238,7 +239,7 @@ def test_gcs_prefetch_fills_cache(gcs, tmp_path: Path, monkeypatch) -> None:
 
 
 def test_gcs_endpoint_options(monkeypatch) -> None:
-    pytest.importorskip("gcsfs")
+    require_module("gcsfs")
     from gcsfs.core import GCSFileSystem
 
     for name in GCS_ENV:

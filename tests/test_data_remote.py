@@ -14,6 +14,7 @@ from ale.data.hashing import hash_tree
 from ale.data.remote import BlobCache, RemoteSource, parse_spec, storage_options_for
 from ale.data.sealing import seal_variant
 from ale.data.sources import open_source, prefetch
+from tests.conftest import require_module
 from tests.test_data_support import (
     ALE_PASSWORD,
     KEY,
@@ -34,7 +35,7 @@ from tests.test_data_support import (
 
 @pytest.fixture(scope="module")
 def moto_endpoint():
-    pytest.importorskip("moto")
+    require_module("moto")
     from moto.server import ThreadedMotoServer
 
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")}
@@ -64,7 +65,7 @@ def moto_endpoint():
 @pytest.fixture
 def s3(moto_endpoint, monkeypatch, tmp_path):
     """A fresh bucket; returns (s3fs file system, bucket name)."""
-    s3fs = pytest.importorskip("s3fs")
+    s3fs = require_module("s3fs")
 
     monkeypatch.setenv("ALE_S3_ENDPOINT_URL", moto_endpoint)
     monkeypatch.setenv("ALE_CACHE_DIR", str(tmp_path / "cache"))
@@ -149,7 +150,7 @@ def test_prefetch_fills_cache(s3, tmp_path: Path) -> None:
 
 @pytest.fixture
 def hf_endpoint(tmp_path: Path, monkeypatch):
-    pytest.importorskip("huggingface_hub")
+    require_module("huggingface_hub")
     repo = tmp_path / "hfrepo"
     make_variant(repo)
     ale_repo = tmp_path / "hf-ale"  # ALE's dataset: no tasks/ level, ALE's own reference.7z

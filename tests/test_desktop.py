@@ -24,6 +24,7 @@ from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE, Desktop, DesktopSpec, des
 from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.session import action_to_tool_args
 from ale.sandbox.tools import ToolBox
+from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parent.parent
 GUI_TASKS = ("click_button", "fill_form", "drag_slider", "context_menu")
@@ -151,8 +152,10 @@ def test_socket_and_process_probes_judge():
 def _desktop_image(docker_client) -> str:
     try:
         docker_client.images.get(DEFAULT_DESKTOP_IMAGE)
+        found = True
     except Exception:
-        pytest.skip(f"no {DEFAULT_DESKTOP_IMAGE} (ale image build --desktop)")
+        found = False
+    require(found, f"no {DEFAULT_DESKTOP_IMAGE} (ale image build --desktop; scripts/test.sh builds it)")
     return DEFAULT_DESKTOP_IMAGE
 
 

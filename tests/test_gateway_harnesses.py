@@ -3,7 +3,8 @@ behind the run's model gateway.
 
 Harnesses are found under ``ALE_HARNESS_PREFIX`` (default ``/opt/ale-harnesses``;
 ``scripts/setup.sh`` installs them there with npm, at the versions docs/agents.md
-names); a harness that is not installed is skipped.
+names); a harness that is not installed is skipped locally and fails in CI
+(``ALE_CI=1``, tests/conftest.py ``requires``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ale.agents.trajectory import load_trajectory
 from tests.fake_model_api import FakeModelAPI
 from tests.test_agents_support import box, make_ctx  # noqa: F401 - box is a fixture
 
-pytestmark = [pytest.mark.docker, pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")]
+pytestmark = [pytest.mark.docker, pytest.mark.requires(shutil.which("bwrap") is not None, "needs bubblewrap")]
 
 PREFIX = Path(os.environ.get("ALE_HARNESS_PREFIX", "/opt/ale-harnesses"))
 CLAUDE = PREFIX / "claude" / "node_modules" / ".bin" / "claude"
@@ -72,7 +73,7 @@ def _model_side_in_trajectory(run_dir: Path, shell_name: str) -> None:
     assert args == step.args
 
 
-needs_claude = pytest.mark.skipif(not CLAUDE.exists(), reason=f"Claude Code is not installed under {PREFIX}")
+needs_claude = pytest.mark.requires(CLAUDE.exists(), f"Claude Code is not installed under {PREFIX} (scripts/setup.sh, npm)")
 
 
 @needs_claude
@@ -137,7 +138,7 @@ def _codex(api: FakeModelAPI, *, builtins_off: bool = True) -> dict:
     }
 
 
-needs_codex = pytest.mark.skipif(not CODEX.exists(), reason=f"Codex CLI is not installed under {PREFIX}")
+needs_codex = pytest.mark.requires(CODEX.exists(), f"Codex CLI is not installed under {PREFIX} (scripts/setup.sh, npm)")
 
 
 @needs_codex
@@ -206,7 +207,7 @@ def _gemini(api: FakeModelAPI, run_dir: Path, *, builtins_off: bool = True) -> d
     }
 
 
-needs_gemini = pytest.mark.skipif(not GEMINI.exists(), reason=f"Gemini CLI is not installed under {PREFIX}")
+needs_gemini = pytest.mark.requires(GEMINI.exists(), f"Gemini CLI is not installed under {PREFIX} (scripts/setup.sh, npm)")
 
 
 @needs_gemini

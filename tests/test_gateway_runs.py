@@ -117,7 +117,7 @@ def test_server_side_web_search_after_an_answer_is_charged_to_the_agent(docker_c
     assert report.valid, report.reasons
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+@pytest.mark.requires(shutil.which("bwrap") is not None, "needs bubblewrap")
 def test_a_confined_harness_reads_no_host_file_and_reaches_no_other_address(docker_client, tmp_path, fake_api):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

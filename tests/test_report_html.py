@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ale.report import aggregate, write_html
+from tests.conftest import require_module
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run"]
@@ -20,9 +21,9 @@ def _report():
     return aggregate(results, units=units, run_paths={r.run_id: f"runs/{r.run_id}" for r in results}, experiment="html")
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install -y chromium)")
+@pytest.mark.requires(CHROMIUM is not None, "Debian's chromium is not installed (apt-get install -y chromium)")
 def test_html_report_renders_offline(tmp_path: Path) -> None:
-    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    playwright = require_module("playwright.sync_api")
     exp_dir = tmp_path / "exp"
     (exp_dir / "runs" / "t1-v0-A-r0-a1").mkdir(parents=True)
     (exp_dir / "runs" / "t1-v0-A-r0-a1" / "trajectory.json").write_text("{}")
