@@ -30,11 +30,13 @@ from ale.sandbox.env_image import (
     RECORD_PATH,
     EnvImage,
     build_env_image,
+    download_set,
+    lock_needs,
     probe_platform,
     spec_content,
     uv_binaries,
 )
-from ale.sandbox.policy import MIB, IsolationPolicy, TmpfsMount
+from ale.sandbox.policy import GIB, IsolationPolicy, TmpfsMount
 from ale.sandbox.software import LockFile, SoftwareSpec
 from tests.conftest import TOOLS_IMAGE
 
@@ -136,20 +138,54 @@ def _sealed(docker_client, image: str, policy: IsolationPolicy, project: Path, t
 @pytest.fixture(scope="module")
 def sealed(docker_client, env, project, tmp_path_factory) -> Iterator[Sealed]:
     """Sealed as the default policy says, but for an exec-able /tmp (see EXEC_TMP)."""
-    policy = IsolationPolicy(memory_bytes=1024 * MIB, tmpfs=(EXEC_TMP,))
+    policy = IsolationPolicy(memory_bytes=4 * GIB, tmpfs=(EXEC_TMP,))
     yield from _sealed(docker_client, env[0].tag, policy, project, tmp_path_factory.mktemp("sealed"))
 
 
 @pytest.fixture(scope="module")
 def sealed_default(docker_client, env, project, tmp_path_factory) -> Iterator[Sealed]:
     """Sealed exactly as the default policy says."""
-    policy = IsolationPolicy(memory_bytes=1024 * MIB)
+    policy = IsolationPolicy(memory_bytes=4 * GIB)
     yield from _sealed(docker_client, env[0].tag, policy, project, tmp_path_factory.mktemp("sealed-default"))
 
 
 def ok(r: ExecResult) -> str:
     assert r.ok, f"exit {r.exit_code}\nstdout: {r.text()}\nstderr: {r.stderr.decode(errors='replace')}"
     return r.text()
+
+
+# ---------------------------------------------------------------- needs (host only)
+
+
+def test_lock_files_become_pins_and_requirements():
+    lock = '''version = 1
+[[package]]
+name = "demo"
+version = "0.1.0"
+source = { virtual = "." }
+[[package]]
+name = "six"
+version = "1.16.0"
+source = { registry = "https://pypi.org/simple" }
+[[package]]
+name = "local"
+version = "1.0"
+source = { path = "vendor/local-1.0.whl" }
+'''
+    assert lock_needs(LockFile(name="uv.lock", text=lock)) == ([], ["six==1.16.0"])
+    pyproject = PYPROJECT + '[dependency-groups]\ndev = ["pytest>=8"]\n[build-system]\nrequires = ["hatchling"]\n'
+    assert lock_needs(LockFile(name="pyproject.toml", text=pyproject)) == (["hatchling", "pytest>=8", "six<1.17"], [])
+    reqs = "# pinned\nnumpy==2.1.0 --hash=sha256:abc \\\n-r other.txt\n-e .\n./vendor/x.whl\npandas>=2 ; python_version >= '3.9'\n"
+    assert lock_needs(LockFile(name="requirements.txt", text=reqs)) == (
+        ["numpy==2.1.0", "pandas>=2 ; python_version >= '3.9'"], [])
+
+
+def test_a_requirement_without_a_wheel_is_reported_missing_not_fatal(tmp_path):
+    target = {"python": "3.11", "libc": ["glibc", "2.36"], "machine": "x86_64"}
+    missing = download_set(["six==1.17.0", "ale-no-such-package-zz9"], tmp_path, target, say=lambda _l: None)
+    assert [m["name"] for m in missing] == ["ale-no-such-package-zz9"]
+    assert "no wheel for the image's interpreter and platform" in missing[0]["why"]
+    assert [p.name for p in tmp_path.iterdir()] == ["six-1.17.0-py2.py3-none-any.whl"]
 
 
 # ---------------------------------------------------------------- the image

@@ -222,6 +222,40 @@ def pip_download(reqs: Iterable[str], dest: Path, target: dict[str, Any], say: S
     _run_lines(cmd + reqs, say, what=f"pip download of {len(reqs)} requirement(s)")
 
 
+def _last_line(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[-1] if lines else type(e).__name__
+
+
+def download_set(reqs: list[str], dest: Path, target: dict[str, Any], say: Say) -> list[dict[str, str]]:
+    """One set of requirements resolved together, with their dependencies. If the
+    set fails, each requirement is tried alone; those that still fail are returned
+    as missing, not fatal. Wheels only: an sdist-only release is missing, never
+    built here (building runs the package's own code on the trusted side)."""
+    if not reqs:
+        return []
+    errors: dict[str, str] = {}
+    try:
+        pip_download(reqs, dest, target, say)
+        return []
+    except SandboxError as e:
+        if len(reqs) == 1:
+            errors[reqs[0]] = _last_line(e)
+        else:
+            say(f"resolving {len(reqs)} requirements together failed; trying each alone")
+    missing = []
+    for req in reqs:
+        why = errors.get(req)
+        if why is None:
+            try:
+                pip_download([req], dest, target, say)
+                continue
+            except SandboxError as e:
+                why = _last_line(e)
+        missing.append({"name": req, "why": f"no wheel for the image's interpreter and platform: {why}"})
+    return missing
+
+
 def _download_pins(pins: list[str], dest: Path, target: dict[str, Any], say: Say) -> list[dict[str, str]]:
     """Locked pins, without their dependencies (the lock has them all). A pin with no
     wheel for this platform (a Windows-only package, an sdist-only release) is
@@ -238,7 +272,7 @@ def _download_pins(pins: list[str], dest: Path, target: dict[str, Any], say: Say
         try:
             pip_download([pin], dest, target, lambda _line: None, no_deps=True)
         except SandboxError as e:
-            missing.append({"name": pin, "why": f"no wheel for the image's platform: {str(e).splitlines()[-1]}"})
+            missing.append({"name": pin, "why": f"no wheel for the image's platform: {_last_line(e)}"})
     return missing
 
 
@@ -495,11 +529,17 @@ def build_env_image(
             resolve_sets.append(r)
             pins += p
         for reqs in resolve_sets:
-            pip_download(reqs, wheels, target, say)
+            missing += download_set(reqs, wheels, target, say)
         missing += _download_pins(sorted(set(pins)), wheels, target, say)
+        for f in wheels.iterdir():
+            if f.suffix != ".whl":
+                f.unlink()  # an sdist pip wheel left behind: the store holds wheels only
         store_bytes = sum(f.stat().st_size for f in wheels.iterdir())
         say(f"package store: {len(list(wheels.iterdir()))} wheel(s), {_mb(store_bytes)}")
-        (ctx / "requirements.txt").write_text("".join(f"{r}\n" for r in spec.python))
+        for m in missing:
+            say(f"missing: {m['name']}: {m['why']}")
+        unmet = {m["name"] for m in missing}
+        (ctx / "requirements.txt").write_text("".join(f"{r}\n" for r in spec.python if r not in unmet))
         _world_readable(ctx)
         shutil.copy(env_folder() / "Dockerfile.python", ctx / "Dockerfile.python")
         stage = _build(client, ctx, "Dockerfile.python", tag=None, buildargs={"SYSTEM": system},
