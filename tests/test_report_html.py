@@ -42,7 +42,7 @@ def test_html_report_renders_offline(tmp_path: Path) -> None:
             page.wait_for_load_state("load")
             assert page.locator("svg#heatmap rect.cell").count() == 2 * 5  # agents × tasks
             assert page.locator("svg#histogram rect").count() > 0
-            assert page.locator("table#invalid tr").count() == 1 + 5
+            assert page.locator("table#invalid tr").count() == 1 + 5 + 1  # 5 invalid runs and 1 grading failure
             box = page.locator("svg#heatmap").bounding_box()
             assert box is not None and box["width"] > 100 and box["height"] > 100
             href = page.locator("a", has_text="trajectory.json").first.get_attribute("href")

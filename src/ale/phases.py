@@ -120,6 +120,7 @@ def _table(shape: RunShape) -> tuple[PhaseSpec, ...]:
                   checks=(CheckGroup.AGENT,)),
         PhaseSpec(Phase.STOP, _STOP_RUNS if live else f"{_STOP_RUNS}; {_RELEASE_RUNS} (kept for the GRADE phase in a live_grading run)",
                   writes=(evidence_path(Evidence.probes("after")),) + (() if live else _RELEASE_WRITES),
+                  records=(evidence_path(Evidence.SANDBOX_STOPPED),),
                   checks=(CheckGroup.PROBES_AFTER,) + (() if live else (CheckGroup.INSPECT_AFTER,)),
                   releases_sandbox=not live),
         PhaseSpec(Phase.DELIVERABLES, "copy the workspace's regular files out, check the input unchanged",
@@ -128,6 +129,7 @@ def _table(shape: RunShape) -> tuple[PhaseSpec, ...]:
         PhaseSpec(Phase.GRADE, "stage the reference (trusted side), evaluate() in the task process, its commands in a grading sandbox"
                   + (f"; then {_RELEASE_RUNS}" if live else ""),
                   writes=(evidence_path(Evidence.REFERENCE_CHECK),) + (_RELEASE_WRITES if live else ()),
+                  records=(evidence_path(Evidence.GRADING_ATTEMPTS),),
                   checks=(CheckGroup.INSPECT_AFTER,) if live else (),
                   releases_sandbox=live),
     )
@@ -155,6 +157,13 @@ def moment_order(shape: RunShape | str) -> tuple[str, ...]:
     if RunShape(shape) is RunShape.LIVE_GRADING:
         return (CREATED, STARTED, CANDIDATE_KILLED, REFERENCE_UNPACKED, FINISHED)
     return (CREATED, STARTED, FINISHED, REFERENCE_UNPACKED)
+
+
+# Evidence that stands in for another: a sandbox the candidate brought down during its
+# turn cannot be probed after it; its stopped state is recorded instead.
+STANDS_IN_FOR: dict[str, str] = {
+    evidence_path(Evidence.probes("after")): evidence_path(Evidence.SANDBOX_STOPPED),
+}
 
 
 def required_evidence(shape: RunShape | str, reached: set[str], *, graded: bool) -> tuple[str, ...]:

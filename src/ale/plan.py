@@ -38,6 +38,11 @@ class Limits(BaseModel):
     deliverable_max_files: int = 100_000  # as many as the copy looks at (its entry limit)
     deliverable_max_bytes: int = 2 * 1024**3
     grading_timeout_s: float = 3600.0  # evaluate() as a whole, and any one command it runs
+    # evaluate() that raises, times out or kills its process is tried again (a fresh
+    # task process and grading sandbox, the same deliverables and reference) up to this
+    # many attempts in all, waiting grading_backoff_s, then twice that, ... in between.
+    grading_attempts: int = Field(3, ge=1, le=10)
+    grading_backoff_s: float = Field(2.0, ge=0)
 
 
 class RunPlan(BaseModel):

@@ -27,6 +27,7 @@ from ale.sandbox.base import (
     LABEL_RUN,
     Mount,
     Sandbox,
+    SandboxError,
     SandboxProvider,
     SandboxSpec,
 )
@@ -53,11 +54,22 @@ INVALID_SCORES = "evaluate() returned an invalid score list"
 
 
 class GradingError(RuntimeError):
-    """The grader broke or returned something that is not a score list."""
+    """The grader broke or returned something that is not a score list.
 
-    def __init__(self, message: str, tb: str | None = None):
+    ``charged``: it did so again and again on the same signed deliverables, so the
+    failure is the candidate's (counted as 0, flagged); otherwise it is a single
+    attempt's failure, retried."""
+
+    def __init__(self, message: str, tb: str | None = None, *, charged: bool = False):
         super().__init__(message)
         self.traceback = tb
+        self.charged = charged
+
+
+class GradingEnvironmentError(GradingError):
+    """Grading failed for a reason the harness can show is its own: the grading
+    sandbox could not be created or started, the engine went away, the reference
+    could not be staged. Never charged to the candidate; the run is retried."""
 
 
 @dataclass
@@ -165,6 +177,7 @@ class Grader:
         self.gui = gui  # GUI calls' session: the candidate's live desktop (desktop tasks), else None
         self.container: Sandbox | None = None
         self._output: Path | None = None
+        self.environment_error: SandboxError | None = None  # the grading sandbox failed to start
 
     def output_host(self) -> Path:
         """The output folder evaluate() sees: with a scratch folder, a writable working
@@ -186,6 +199,13 @@ class Grader:
         return "/" if inside else GRADING_WORKDIR
 
     async def _container_session(self) -> ContainerSession:
+        try:
+            return await self._start_container()
+        except SandboxError as e:
+            self.environment_error = e
+            raise
+
+    async def _start_container(self) -> ContainerSession:
         i = self.inputs
         labels = {LABEL_RUN: self.run_id, LABEL_ROLE: "grader"}
         if self.experiment:
@@ -266,12 +286,23 @@ class Grader:
         try:
             value = await evaluate(self.session())
         except TaskProcessError as e:
+            self._raise_if_environment_failed()
             raise GradingError(f"evaluate() failed: {e}") from e
         except TaskCallFailed as e:
+            self._raise_if_environment_failed()
             raise GradingError(f"evaluate() raised {e}", e.traceback) from e
         except TaskError as e:
+            self._raise_if_environment_failed()
             raise GradingError(f"evaluate() could not run: {e}") from e
+        # A grader that caught the sandbox's failure may still return scores: they
+        # would score the harness's failure, never the candidate's work.
+        self._raise_if_environment_failed()
         return validate_scores(value)
+
+    def _raise_if_environment_failed(self) -> None:
+        if self.environment_error is not None:
+            raise GradingEnvironmentError(f"the grading sandbox could not be started: {self.environment_error}") \
+                from self.environment_error
 
     async def close(self) -> None:
         if self.container is not None:

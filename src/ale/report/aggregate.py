@@ -39,7 +39,7 @@ Definitions (docs/experiments.md repeats them for readers of a report):
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,15 +51,22 @@ from ale import layout
 from ale.result import RunResult
 from ale.runs.experiment import ReportSpec, TierSpec
 from ale.runs.store import UnitInfo, iter_results, read_units, unit_of
-from ale.status import InvalidAttribution, RunStatus, counts_toward_score, headline_score
+from ale.status import (
+    InvalidAttribution,
+    RunStatus,
+    counts_toward_score,
+    headline_score,
+    is_charged,
+)
 
 TIERS = ("near-term", "full-spectrum", "last-exam")
 COUNTING_POLICY = (
     "Headline means, pass rates and pass@k count every run an agent started: a run found invalid after "
-    "the agent started (possibly the candidate's doing) counts as 0 and is flagged for review. Runs invalid "
-    "before the agent started (the harness could not prove the seal; retried) or because of the controller's "
-    "configuration, grading failures and infrastructure errors are left out. The valid-only mean and the "
-    "difficulty tiers use valid runs alone."
+    "the agent started (possibly the candidate's doing), and a run whose grader failed again and again on "
+    "the candidate's signed deliverables, count as 0 and are flagged for review. Runs invalid before the "
+    "agent started (the harness could not prove the seal; retried) or because of the controller's "
+    "configuration, grading failures the harness can show were its own (the grading environment; retried) "
+    "and infrastructure errors are left out. The valid-only mean and the difficulty tiers use valid runs alone."
 )
 UNCLASSIFIED = "unclassified"
 
@@ -136,7 +143,9 @@ class Report(BaseModel):
     tiers: dict[str, list[str]]
     invalid_runs: list[RunRow]
     runs: list[RunRow]
-    flagged_runs: list[RunRow] = Field(default_factory=list)  # invalid after the agent started: review them
+    flagged_runs: list[RunRow] = Field(default_factory=list)  # charged to the candidate (counted as 0): review them
+    # Each kind of run the policy treats apart: "<status>" or "<status>/<attribution>" -> runs.
+    counts_by_kind: dict[str, int] = Field(default_factory=dict)
     warned_runs: list[RunRow] = Field(default_factory=list)  # runs whose result carries warnings (e.g. deliverables cut at a limit)
     counting_policy: str = COUNTING_POLICY
 
@@ -342,12 +351,17 @@ def aggregate(
         invalid_runs=[row for row in rows if row.status is RunStatus.INVALID_EVALUATION_ENVIRONMENT],
         runs=rows,
         flagged_runs=[row for row in rows if _flagged(row)],
+        counts_by_kind=dict(sorted(Counter(_kind(row) for row in rows).items())),
         warned_runs=[row for row in rows if row.warnings],
     )
 
 
 def _flagged(row: RunRow) -> bool:
-    return row.status is RunStatus.INVALID_EVALUATION_ENVIRONMENT and row.attribution == InvalidAttribution.AFTER_AGENT_START
+    return is_charged(row.status, row.attribution)
+
+
+def _kind(row: RunRow) -> str:
+    return f"{row.status.value}/{row.attribution}" if row.attribution else row.status.value
 
 
 def load_report(exp_dir: str | Path, options: ReportSpec | None = None) -> Report:

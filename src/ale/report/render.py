@@ -15,7 +15,7 @@ from typing import Any
 
 from ale import layout
 from ale.report.aggregate import TIERS, UNCLASSIFIED, Report
-from ale.status import InvalidAttribution, RunStatus
+from ale.status import InvalidAttribution, RunStatus, is_charged
 
 CSV_FIELDS = (
     "run_id", "unit_id", "item", "task", "variant", "agent", "repeat", "attempt",
@@ -27,6 +27,7 @@ _CHARGED_TO: dict[str, str] = {
     InvalidAttribution.AFTER_AGENT_START: "the agent (counted as 0; review)",
     InvalidAttribution.BEFORE_AGENT: "the harness (excluded, retried)",
     InvalidAttribution.CONTROLLER_CONFIGURATION: "the controller's configuration (excluded)",
+    InvalidAttribution.GRADING_ENVIRONMENT: "the grading environment (excluded, retried)",
 }
 
 _PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
@@ -112,7 +113,7 @@ def histogram_svg(report: Report, bins: int = 10) -> str:
 
 
 def _flagged_row(row: Any) -> bool:
-    return str(row.attribution) == InvalidAttribution.AFTER_AGENT_START
+    return is_charged(row.status, row.attribution)
 
 
 def _invalid(agent: Any) -> int:
@@ -198,7 +199,8 @@ def to_html(report: Report, *, link_base: str = "") -> str:
 
     # agents
     max_k = max([max(a.pass_at_k) for a in report.agents if a.pass_at_k] + [0])
-    out.append(f"<h2>Agents</h2><p class='policy'>{escape(report.counting_policy)}</p>"
+    kinds = ", ".join(f"{escape(k)}: {v}" for k, v in report.counts_by_kind.items())
+    out.append(f"<h2>Agents</h2><p class='policy'>{escape(report.counting_policy)}</p><p class='kinds'>runs by kind: {kinds}</p>"
                "<table id='agents'><tr><th>agent</th><th>mean</th><th>95% CI</th><th>valid-only mean</th>"
                f"<th>pass rate ≥ {report.pass_threshold:g}</th>"
                + "".join(f"<th>pass@{k}</th>" for k in range(1, max_k + 1))
@@ -260,15 +262,17 @@ def to_html(report: Report, *, link_base: str = "") -> str:
     out.append("</table></div>")
 
     # invalid
-    out.append(f"<h2>Invalid runs ({len(report.invalid_runs)}; flagged for review: {len(report.flagged_runs)})</h2>")
-    if report.invalid_runs:
-        out.append("<table id='invalid'><tr><th>run</th><th>agent</th><th>task</th><th>charged to</th><th>reason</th></tr>")
-        for r in report.invalid_runs:
+    uncounted = [r for r in report.runs if r.status in (RunStatus.INVALID_EVALUATION_ENVIRONMENT, RunStatus.GRADING_FAILED)]
+    out.append(f"<h2>Invalid runs and grading failures ({len(uncounted)}; flagged for review: {len(report.flagged_runs)})</h2>")
+    if uncounted:
+        out.append("<table id='invalid'><tr><th>run</th><th>agent</th><th>task</th><th>status</th><th>charged to</th>"
+                   "<th>reason</th></tr>")
+        for r in uncounted:
             charged = _CHARGED_TO.get(str(r.attribution), "unattributed")
             cls = " class='bad'" if _flagged_row(r) else ""
             out.append(
                 f"<tr{cls}><td>{link(r.path, r.run_id)}</td><td>{escape(r.agent)}</td><td>{escape(r.item)}</td>"
-                f"<td>{escape(charged)}</td><td>{escape(r.error or '')}</td></tr>"
+                f"<td>{escape(r.status.value)}</td><td>{escape(charged)}</td><td>{escape(r.error or '')}</td></tr>"
             )
         out.append("</table>")
     else:

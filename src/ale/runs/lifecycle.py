@@ -40,7 +40,7 @@ from ale.data.hashing import restore_runnable
 from ale.data.sources import open_source
 from ale.defaults import DEFAULT_TOOLS_IMAGE
 from ale.grading.deliverables import extract_deliverables
-from ale.grading.grader import Grader, GradingError, GradingInputs
+from ale.grading.grader import Grader, GradingEnvironmentError, GradingError, GradingInputs
 from ale.isolation.checks import Check, check_inspect, diff_captures
 from ale.isolation.probes import (
     judge_probes,
@@ -64,6 +64,7 @@ from ale.sandbox.base import (
     LABEL_RUN,
     ExecResult,
     ImageMissing,
+    Sandbox,
     SandboxError,
     SandboxProvider,
     SandboxSpec,
@@ -374,15 +375,20 @@ async def run_agent(state: RunState) -> None:
     limits = WorkspaceLimits.for_host(state.folder.workspace_host, plan.limits.workspace_max_bytes)
     state.record.events.append("workspace.watch", **limits.to_dict())
     watchdog = asyncio.ensure_future(watch(state.folder.workspace_host, limits))
+    alive = asyncio.ensure_future(_sandbox_stopped(state.sandbox))
     turn = asyncio.ensure_future(asyncio.wait_for(agent.run(ctx), state.prep.wall_time_s))
     try:
-        await asyncio.wait({turn, watchdog}, return_when=asyncio.FIRST_COMPLETED)
-        if not turn.done():  # a workspace limit: the agent's turn ends here
+        await asyncio.wait({turn, watchdog, alive}, return_when=asyncio.FIRST_COMPLETED)
+        if not turn.done():  # a workspace limit, or the sandbox stopped: the agent's turn ends here
             turn.cancel()
             with contextlib.suppress(BaseException):
                 await turn
-            reason = watchdog.result()
-            state.record.events.append("workspace.limit", reason=reason)
+            if watchdog.done():
+                reason = watchdog.result()
+                state.record.events.append("workspace.limit", reason=reason)
+            else:
+                reason = f"the sandbox stopped during the agent's turn ({alive.result()})"
+                state.record.events.append("sandbox.stopped", reason=reason)
             state.live.agent_outcome = AgentOutcome(AgentEnd.FAILED, detail=f"the agent's turn was ended: {reason}")
         else:
             state.live.agent_outcome = turn.result()
@@ -395,9 +401,38 @@ async def run_agent(state: RunState) -> None:
         state.live.agent_outcome = AgentOutcome(AgentEnd.FAILED, detail=f"{type(e).__name__}: {e}\n{traceback.format_exc()[-4000:]}")
     finally:
         watchdog.cancel()
+        alive.cancel()
     outcome = state.live.agent_outcome
     assert outcome is not None
     state.record.events.append("agent.ended", end=outcome.end.value, detail=(outcome.detail or "")[:2000])
+
+
+SANDBOX_POLL_S = 2.0  # how often the agent's turn checks that its sandbox still runs
+
+
+def _stopped_reason(inspect: dict[str, Any]) -> str | None:
+    """Why the sandbox is no longer running (None while it runs): out of memory, or
+    its init gone with an exit code."""
+    st = inspect.get("State") or {}
+    if st.get("Running") is True and st.get("Status") == "running":
+        return None
+    if st.get("OOMKilled"):
+        return f"out of memory: the kernel killed its init (OOMKilled, exit code {st.get('ExitCode')})"
+    return f"its init exited (status {st.get('Status')!r}, exit code {st.get('ExitCode')})"
+
+
+async def _sandbox_stopped(sandbox: Sandbox) -> str:
+    """Returns, with the reason, once the sandbox no longer runs (the candidate
+    filled its memory, its init died); runs as long as the agent's turn otherwise."""
+    while True:
+        await asyncio.sleep(SANDBOX_POLL_S)
+        try:
+            inspect = await asyncio.to_thread(sandbox.inspect)
+        except SandboxError:
+            continue  # the engine's hiccup is not the candidate's; the after-run checks judge it
+        reason = _stopped_reason(inspect)
+        if reason is not None:
+            return reason
 
 
 def record_model_gateway(state: RunState) -> None:
@@ -525,7 +560,7 @@ async def stage_reference(state: RunState) -> None:
     state.record.events.append("reference.staged")
 
 
-async def grade(state: RunState) -> list[float]:
+async def grade(state: RunState, process: TaskProcess, *, attempt: int = 1) -> list[float]:
     plan, v = state.plan, state.variant
     state.live.grader = Grader(
         state.prep.provider,
@@ -543,13 +578,13 @@ async def grade(state: RunState) -> list[float]:
             software_host=None if state.folder.software_host is None else state.folder.software_host.resolve(),
             software_dir=f"{v.public_root}/software" if state.folder.software_host is not None else None,
             task_dir=v.task_dir,
-            scratch_host=state.folder.scratch / "grading",
+            scratch_host=state.folder.grading_scratch if attempt == 1 else state.folder.grading_scratch.with_name(f"grading-{attempt}"),
         ),
         command_timeout=plan.limits.grading_timeout_s,  # ALE graders run commands for up to about an hour
         gui=state.extension.grading_gui(state),
     )
     try:
-        process, timeout, env = state.prep.process, plan.limits.grading_timeout_s, judge_env(names=plan.judge_env)
+        timeout, env = plan.limits.grading_timeout_s, judge_env(names=plan.judge_env)
 
         async def evaluate(session: Any) -> Any:
             return await process.call("evaluate", v.index, session, timeout=timeout, env=env)
@@ -572,12 +607,17 @@ def _classify_failure(e: Exception, state: RunState) -> tuple[RunStatus, str, di
     if isinstance(e, SealBroken):
         return RunStatus.INVALID_EVALUATION_ENVIRONMENT, "the sandbox was not proven sealed; see violations", {}
     if isinstance(e, GradingError):
+        # Charged to the candidate only when it repeated on its deliverables; a single
+        # failure of the grading environment is the harness's (retried).
+        state.record.invalid_attribution = (
+            InvalidAttribution.AFTER_AGENT_START if e.charged else InvalidAttribution.GRADING_ENVIRONMENT)
         return RunStatus.GRADING_FAILED, str(e), ({"grading_traceback": e.traceback} if e.traceback else {})
     if isinstance(e, TaskCallFailed):  # start() raised: the task could not be set up
         return RunStatus.INFRASTRUCTURE_ERROR, f"start() raised {e}", {"traceback": e.traceback[-8000:], "retryable": False}
     if isinstance(e, DataError):
-        if state.live.agent_started:
-            return RunStatus.GRADING_FAILED, f"{type(e).__name__}: {e}", {}
+        if state.live.agent_started:  # the reference could not be staged: the harness's
+            state.record.invalid_attribution = InvalidAttribution.GRADING_ENVIRONMENT
+            return RunStatus.GRADING_FAILED, f"{type(e).__name__}: {e}", ({} if e.retryable else {"retryable": False})
         # A reference failing its digest, password or limits is grading_failed;
         # an unreachable input is infrastructure_error (retryable), a missing one
         # too, recorded once (another attempt finds the same).
@@ -627,8 +667,35 @@ async def _agent_step(state: RunState) -> None:
 
 
 async def _stop_step(state: RunState) -> None:
+    """Kill every candidate process and probe; a sandbox the candidate already
+    brought down (out of memory, its init gone) is judged from its stopped state."""
+    inspect = await asyncio.to_thread(state.sandbox.inspect)
+    if _stopped_reason(inspect) is not None:
+        judge_stopped_sandbox(state, inspect)
+        return
     probe = await kill_agent_processes(state)
     await verify_running(state, "after", probe, ran=True)
+
+
+def judge_stopped_sandbox(state: RunState, inspect: dict[str, Any]) -> None:
+    """The container stopped during the candidate's turn: nothing can run in it and
+    its configuration can no longer change (the inspect after, diffed with the one
+    before, still judges that). Its state is recorded, the turn is the agent's
+    failure with that reason, and the workspace is graded as it was left."""
+    st = inspect.get("State") or {}
+    reason = _stopped_reason(inspect) or ""
+    record = {key: st.get(key) for key in ("Status", "Running", "Pid", "OOMKilled", "ExitCode", "StartedAt", "FinishedAt")}
+    state.record.store.write_json(Evidence.SANDBOX_STOPPED, {"reason": reason, "state": record})
+    state.record.events.append("sandbox.stopped", reason=reason)
+    dead = st.get("Running") is False and st.get("Pid") == 0 and st.get("Status") in ("exited", "dead")
+    state.record.add_checks(CheckGroup.PROBES_AFTER, [Check(
+        "sandbox.stopped_nothing_runs", dead, {"Running": False, "Pid": 0, "Status": "exited"}, record,
+        "" if dead else "the sandbox is neither running nor stopped with no process")])
+    outcome = state.live.agent_outcome
+    if outcome is None or outcome.end is AgentEnd.FINISHED or "sandbox stopped" not in (outcome.detail or ""):
+        state.live.agent_outcome = AgentOutcome(
+            AgentEnd.FAILED, detail=f"the sandbox stopped during the agent's turn: {reason}",
+            usage=outcome.usage if outcome is not None else {})
 
 
 async def _deliverables_step(state: RunState) -> None:
@@ -637,8 +704,61 @@ async def _deliverables_step(state: RunState) -> None:
 
 
 async def _grade_step(state: RunState) -> None:
-    await stage_reference(state)
-    state.record.scores = await grade(state)
+    try:
+        await stage_reference(state)
+    except GradingError as e:  # start()'s reference changed: not the candidate's doing
+        raise GradingEnvironmentError(str(e), e.traceback) from e
+    state.record.scores = await grade_with_retries(state)
+
+
+async def grade_with_retries(state: RunState) -> list[float]:
+    """evaluate() on the same signed deliverables and the same reference, up to
+    ``limits.grading_attempts`` times (each retry with a fresh task process and a
+    fresh grading sandbox, after a backoff). A failure the harness can show is its
+    own (the grading sandbox, the engine) ends it at once, retryable; a failure that
+    repeats on every attempt is charged to the candidate."""
+    lim = state.plan.limits
+    attempts: list[dict[str, Any]] = []
+    try:
+        for n in range(1, lim.grading_attempts + 1):
+            process = state.prep.process if n == 1 else await _fresh_task_process(state)
+            started = now()
+            try:
+                scores = await grade(state, process, attempt=n)
+                attempts.append({"attempt": n, "started_at": started.isoformat(), "ended_at": now().isoformat(),
+                                 "scores": scores})
+                return scores
+            except GradingError as e:
+                attempts.append({"attempt": n, "started_at": started.isoformat(), "ended_at": now().isoformat(),
+                                 "error": lossless.display(str(e))[:4000],
+                                 "traceback": None if e.traceback is None else lossless.display(e.traceback)[-4000:],
+                                 "grading_environment": isinstance(e, GradingEnvironmentError)})
+                if isinstance(e, GradingEnvironmentError):
+                    raise
+                state.record.events.append("grading.failed", attempt=n, error=lossless.display(str(e))[:500])
+                if _engine_down(state):
+                    raise GradingEnvironmentError(f"the engine stopped answering while grading: {e}", e.traceback) from e
+                if n == lim.grading_attempts:
+                    raise GradingError(f"evaluate() failed on all {n} attempts on the same deliverables; last: {e}",
+                                       e.traceback, charged=True) from e
+                await asyncio.sleep(lim.grading_backoff_s * 2 ** (n - 1))
+        raise AssertionError("unreachable")  # pragma: no cover
+    finally:
+        state.record.store.write_json(Evidence.GRADING_ATTEMPTS, attempts)
+
+
+async def _fresh_task_process(state: RunState) -> TaskProcess:
+    """A new task process for a grading retry (its load() run again); the old one is
+    closed, so a grader that left it broken cannot break the next attempt."""
+    old = state.live.task_process or state.prep.process
+    await old.close()
+    process = old.fresh()
+    state.live.task_process = process
+    try:
+        await process.start()
+    except (TaskProcessError, TaskCallFailed, TaskError) as e:
+        raise GradingError(f"the task process for a grading retry did not start: {e}") from e
+    return process
 
 
 Step = Callable[[RunState], Awaitable[None]]
@@ -717,7 +837,7 @@ async def execute_run(
     finally:
         await _cleanup(state)
     scores = record.scores
-    attribution = None
+    attribution = state.record.invalid_attribution if status is RunStatus.GRADING_FAILED else None
     if state.record.violations:
         status, scores = RunStatus.INVALID_EVALUATION_ENVIRONMENT, None
         attribution = state.record.invalid_attribution or (
@@ -785,6 +905,8 @@ async def _cleanup(state: RunState) -> None:
                 )
         # Independent of each other: done at once.
         jobs = [state.prep.process.close()]
+        if state.live.task_process is not None:
+            jobs.append(state.live.task_process.close())
         if state.live.sandbox is not None:
             jobs.append(state.sandbox.remove())
         if state.live.grader is not None:

@@ -186,6 +186,7 @@ class LiveHandles:
     grader: Grader | None = None
     source: DataSource | None = None
     trajectory: TrajectoryWriter | None = None
+    task_process: TaskProcess | None = None  # a grading retry's fresh task process (the first is Prepared's)
     agent_outcome: AgentOutcome | None = None
     agent_started: bool = False  # from here on, a failure may be the candidate's doing
     provisioning: bool = False  # a sandbox may exist from here on (cleanup sweeps by label if in doubt)

@@ -7,10 +7,11 @@ probes verify them, and the policy used is stored with each run's evidence.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ale.defaults import CANDIDATE_USER
 from ale.documents import load_document
@@ -30,10 +31,34 @@ def default_cpus() -> float:
     return float(min(4, host_cpu_count()))
 
 
+# Docker's /dev/shm (64 MiB unless told otherwise): a tmpfs too, charged to the
+# container's memory like every tmpfs page.
+SHM_BYTES = 64 * MIB
+# A tmpfs's pages cannot be reclaimed: filled, they take the memory the container's
+# init needs, and the kernel kills it. Every tmpfs together, /dev/shm included, must
+# leave this share of the memory limit free.
+TMPFS_MEMORY_SHARE = 0.5
+MIN_TMPFS_BYTES = 16 * MIB
+_UNITS = {"": 1, "k": 1024, "m": MIB, "g": GIB}
+
+
 class TmpfsMount(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     path: str = "/tmp"
     options: str = "rw,nosuid,nodev,size=1g"
+
+    @property
+    def size_bytes(self) -> int | None:
+        """The ``size=`` option in bytes (None: none given, the kernel's default of half the RAM)."""
+        for opt in self.options.split(","):
+            m = re.fullmatch(r"size=(\d+)([kmgKMG]?)", opt.strip())
+            if m:
+                return int(m.group(1)) * _UNITS[m.group(2).lower()]
+        return None
+
+    def with_size(self, size: int) -> TmpfsMount:
+        opts = [o for o in self.options.split(",") if not o.strip().startswith("size=")]
+        return self.model_copy(update={"options": ",".join([*opts, f"size={size // MIB}m"])})
 
 
 class IsolationPolicy(BaseModel):
@@ -73,6 +98,37 @@ class IsolationPolicy(BaseModel):
                 f"cpus={v} exceeds this host's {n} CPU(s); Docker refuses it. Use cpus <= {n}."
             )
         return v
+
+    @model_validator(mode="after")
+    def _default_tmpfs_fits_memory(self) -> IsolationPolicy:
+        """The default /tmp is sized to fit the memory limit (``fit_tmpfs``); tmpfs the
+        operator states are theirs (``load`` refuses them when they do not fit)."""
+        if "tmpfs" not in self.model_fields_set:
+            object.__setattr__(self, "tmpfs", self.fit_tmpfs().tmpfs)
+        return self
+
+    def tmpfs_problem(self) -> str | None:
+        """Why these tmpfs could take the memory the sandbox's init needs, or None."""
+        sizes = [t.size_bytes for t in self.tmpfs]
+        budget = int(self.memory_bytes * TMPFS_MEMORY_SHARE)
+        if all(s is not None for s in sizes) and sum(s or 0 for s in sizes) + SHM_BYTES <= budget:
+            return None
+        return (f"tmpfs {[t.path + ':' + t.options for t in self.tmpfs]} with /dev/shm ({SHM_BYTES // MIB} MiB) "
+                f"may take more than {TMPFS_MEMORY_SHARE:.0%} of memory_bytes ({self.memory_bytes // MIB} MiB): a "
+                "candidate that fills them takes the memory the sandbox's init needs and the kernel kills it. "
+                f"Give each tmpfs a size= that fits in {max(0, budget - SHM_BYTES) // MIB} MiB in all, or raise memory_bytes.")
+
+    def fit_tmpfs(self) -> IsolationPolicy:
+        """This policy with its tmpfs sizes scaled down (never up) so that, with
+        /dev/shm, they fit in ``TMPFS_MEMORY_SHARE`` of the memory limit: a card that
+        lowers the memory must not leave a /tmp the candidate can fill to death."""
+        budget = max(int(self.memory_bytes * TMPFS_MEMORY_SHARE) - SHM_BYTES, MIN_TMPFS_BYTES * max(1, len(self.tmpfs)))
+        sizes = [t.size_bytes or self.memory_bytes for t in self.tmpfs]
+        if sum(sizes) <= budget:
+            return self
+        scale = budget / sum(sizes)
+        fitted = tuple(t.with_size(max(MIN_TMPFS_BYTES, int(s * scale) // MIB * MIB)) for t, s in zip(self.tmpfs, sizes, strict=True))
+        return self.model_copy(update={"tmpfs": fitted})
 
     @field_validator("user")
     @classmethod
@@ -122,4 +178,8 @@ class IsolationPolicy(BaseModel):
             data = {}
         if not isinstance(data, dict):
             raise ValueError(f"isolation policy {p} must be a mapping, got {type(data).__name__}")
-        return cls.model_validate(data)
+        policy = cls.model_validate(data)
+        problem = policy.tmpfs_problem()
+        if problem is not None:
+            raise ValueError(f"isolation policy {p}: {problem}")
+        return policy

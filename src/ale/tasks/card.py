@@ -281,7 +281,7 @@ def policy_for_card(policy: IsolationPolicy, card: TaskCard) -> tuple[IsolationP
     update = {k: v for k, v in fitted.items() if k not in policy.model_fields_set}
     if not update:
         return policy, []
-    return policy.model_copy(update=update), [n for k, n in notes.items() if k in update]
+    return policy.model_copy(update=update).fit_tmpfs(), [n for k, n in notes.items() if k in update]
 
 
 def _host_memory() -> int:

@@ -246,6 +246,12 @@ class TaskProcess:
             shutil.rmtree(self._home, ignore_errors=True)
             self._home = None
 
+    def fresh(self) -> TaskProcess:
+        """A new, unstarted task process with this one's task, environment, log, card
+        and network (a grading retry starts from a clean process)."""
+        return TaskProcess(self.path, environment=self.environment, log_path=self.log_path, card=self._card,
+                           network=self.network)
+
     @staticmethod
     def _kill(proc: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
