@@ -10,6 +10,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -228,6 +229,18 @@ def test_gui_task_check_oracle_one_nop_zero(docker_client, tmp_path, task):
     assert "oracle 1.0, nop 0" in r.stdout + r.stderr
 
 
+def attack_sections(steps: list[dict]) -> dict[str, str]:
+    """bench/desktop_attack.json's shell steps by their ``## <what>`` header: each
+    step's stdout and stderr."""
+    out = {}
+    for s in steps:
+        text = s.get("stdout", "") + s.get("stderr", "")
+        m = re.match(r"## (.+)\n", text)
+        if s["tool"] == "shell" and m:
+            out[m[1]] = text
+    return out
+
+
 @pytest.mark.docker
 def test_candidate_shell_cannot_reach_the_desktop_and_the_run_is_graded(docker_client, tmp_path):
     _desktop_image(docker_client)
@@ -240,7 +253,30 @@ def test_candidate_shell_cannot_reach_the_desktop_and_the_run_is_graded(docker_c
     steps = json.loads((run / "trajectory.json").read_text())["steps"]
     out = "\n".join(s["stdout"] + s["stderr"] for s in steps)
     assert "CONNECTED" not in out and "STOPPED" not in out and "KILLED" not in out and "READ " not in out
-    assert "unable to open display" in out and "Operation not permitted" in out
+    attack = attack_sections(steps)
+    # Each way in fails on its own (one refusal must not stand for another).
+    assert "unable to open display" in attack["open the display (socket path)"]
+    tcp = attack["open the display (abstract socket, TCP)"]
+    assert len(re.findall(r"^refused ", tcp, re.M)) == 6, tcp  # 2 unix addresses, 4 ports
+    cookie = attack["read the X cookie"]
+    assert "Xauthority: Permission denied" in cookie and "unable to open display" in cookie, cookie
+    helper = attack["reach the desktop helper"]
+    assert "PermissionError" in helper or "ConnectionRefusedError" in helper, helper
+    signals = attack["signal desktop processes"]
+    assert signals.count("Operation not permitted") >= 2, signals  # STOP and KILL of at least one process
+    browser = attack["attach to the browser (ptrace, its pipe fds)"]
+    pid = re.search(r"^browser pid (\d+)$", browser, re.M)
+    assert pid, f"the attack found no browser process to attack:\n{browser}"
+    assert f"/proc/{pid[1]}/fd/3: Permission denied" in browser and "pipe write refused" in browser, browser
+    assert "ptrace attach -1 Operation not permitted" in browser, browser
+    assert "ptrace seize -1 Operation not permitted" in browser, browser
+    procfs = attack["read /proc of desktop processes"]
+    assert re.search(rf"^browser /proc/{pid[1]}$", procfs, re.M), f"no browser process to read:\n{procfs}"
+    assert re.search(r"^Name:\s+chromium$", procfs, re.M) and re.search(r"^Uid:\s+1001\s", procfs, re.M), procfs
+    for f in ("environ", "maps", "smaps", "stack", "syscall", "auxv", "mem"):
+        assert f"denied {f}: PermissionError" in procfs, (f, procfs)
+    for d in ("fd", "cwd", "root", "map_files"):
+        assert f"denied {d}/" in procfs, (d, procfs)
     assert steps[-1]["tool"] == "computer" and steps[-1]["files"]["image"]["path"].endswith(".png")  # desktop intact
     checks = json.loads((run / "evidence" / "checks.json").read_text())
     assert all(c["ok"] for c in checks)
