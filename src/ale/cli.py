@@ -391,30 +391,37 @@ def schema(out_dir: Annotated[Path, typer.Argument()] = Path("schemas")) -> None
 
 @app.command()
 def verify(
-    run_dir: Annotated[Path, typer.Argument(help="A run folder (or a copy of one).")],
+    run_dir: Annotated[Path, typer.Argument(help="A run folder, or an experiment's output folder (its runs, then its report re-derived).")],
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     public_key: Annotated[Path | None, typer.Option("--public-key", help="Verify against this Ed25519 public key (PEM) instead of the recorded one.")] = None,
     trusted_keys: Annotated[Path | None, typer.Option("--trusted-keys", help="Accept a signature by any of these keys: an experiment's nodes.json, a PEM bundle or a folder of PEMs.")] = None,
 ) -> None:
-    """Re-check a run from its evidence alone. Exit 0 valid, 1 invalid, 2 unusable."""
+    """Re-check a run from its evidence alone (an experiment: every run, then every figure
+    of its stored report re-derived). Exit 0 valid, 1 invalid, 2 unusable."""
     import tempfile
 
+    from ale import layout
     from ale.cli_verify import verify_command
     from ale.record.signing import SignatureInvalid
     from ale.record.trusted_keys import load_trusted_keys, signer_key
 
+    if (run_dir / layout.EXPERIMENT_RECORD).is_file():  # an experiment: its runs, then its report re-derived
+        from ale.cli_verify import verify_experiment_command
+
+        raise typer.Exit(verify_experiment_command(run_dir, json_out, public_key, trusted_keys))
     if trusted_keys is None:
         raise typer.Exit(verify_command(run_dir, json_out, public_key))
     if public_key is not None:
         _fail("give --public-key or --trusted-keys, not both")
     try:
-        pem = signer_key(run_dir, load_trusted_keys(trusted_keys))
+        keys = load_trusted_keys(trusted_keys)
+        pem = signer_key(run_dir, keys)
     except SignatureInvalid as e:
         _fail(str(e))
     with tempfile.TemporaryDirectory() as tmp:
         key_file = Path(tmp) / "trusted.pem"
         key_file.write_bytes(pem)
-        code = verify_command(run_dir, json_out, key_file)
+        code = verify_command(run_dir, json_out, key_file, keys)
     raise typer.Exit(code)
 
 
@@ -461,6 +468,9 @@ def _register_subcommands() -> None:
     app.add_typer(node_app, name="node")
     app.command("report")(report_command)
     app.command("cleanup")(cleanup_command)
+    from ale.cli_regrade import regrade_command
+
+    app.command("regrade")(regrade_command)
     image_app.command("bake")(bake_command)
 
 

@@ -29,14 +29,13 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 
 
 def write_reports(exp_dir: Path) -> tuple[Path, Path]:
-    """Write ``report.json`` and ``report.html`` into the experiment folder."""
-    from ale.report import load_report, to_json, write_html
+    """Write ``report.json`` and ``report.html`` into the experiment folder: each run
+    with its latest grading (regrades), as ``ale verify EXP_DIR`` re-derives it."""
+    from ale.report import write_html
+    from ale.report.verify_experiment import experiment_report, write_report_json
 
-    report = load_report(exp_dir)
-    json_path = exp_dir / layout.REPORT_JSON
-    tmp = json_path.with_suffix(".json.tmp")
-    tmp.write_text(to_json(report))
-    tmp.replace(json_path)
+    report, regrades = experiment_report(exp_dir)
+    json_path = write_report_json(exp_dir, report, regrades)
     html_path = write_html(report, exp_dir / layout.REPORT_HTML, exp_dir)
     return json_path, html_path
 

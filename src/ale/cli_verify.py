@@ -11,10 +11,12 @@ from rich.markup import escape
 from ale.record.verify import VerifyReport, verify_run_dir
 
 
-def verify_command(run_dir: Path, json_out: bool, public_key: Path | None) -> int:
+def verify_command(run_dir: Path, json_out: bool, public_key: Path | None,
+                   trusted: dict[str, bytes] | None = None) -> int:
     """Verify a run folder, print the report, return the exit code:
-    0 valid, 1 invalid (reasons listed), 2 unusable input."""
-    report = verify_run_dir(run_dir, public_key)
+    0 valid, 1 invalid (reasons listed), 2 unusable input. ``trusted``: keys its
+    regrades may be signed by (``--trusted-keys``)."""
+    report = verify_run_dir(run_dir, public_key, regrade_keys=trusted)
     if json_out:
         print(json.dumps(report.model_dump(mode="json"), indent=2, default=str))
     else:
@@ -50,3 +52,37 @@ def print_report(report: VerifyReport, console: Console) -> None:
     for note in report.notes:
         if not note.startswith("signature checked with"):
             console.print(f"  [dim]note: {escape(note)}[/]")
+
+
+# -- an experiment folder (ale.report.verify_experiment) ------------------------------
+def verify_experiment_command(exp_dir: Path, json_out: bool, public_key: Path | None, trusted_keys: Path | None) -> int:
+    """Verify every run of an experiment and re-derive its stored report; exit 0 when
+    every figure matches, 1 naming the first that differs, 2 for unusable input."""
+    from ale.record.signing import SignatureInvalid
+    from ale.record.trusted_keys import load_trusted_keys
+    from ale.report.verify_experiment import verify_experiment
+
+    try:
+        trusted = load_trusted_keys(trusted_keys) if trusted_keys is not None else None
+        result = verify_experiment(exp_dir, public_key=public_key, trusted=trusted)
+    except SignatureInvalid as e:
+        print(f"error: {e}")
+        return 2
+    if json_out:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+        return result.exit_code
+    console = Console(soft_wrap=True)
+    ok = sum(result.runs.values())
+    if not result.usable:
+        console.print(f"[bold red]UNUSABLE[/] {escape(str(exp_dir))}: {escape(result.problems[0])}")
+    elif result.valid:
+        console.print(f"[bold green]VALID[/] experiment {escape(str(exp_dir))}: {ok} run(s) verify; "
+                      f"{result.figures} figure(s) of {escape(str(exp_dir.name))}/report.json re-derived and equal")
+    else:
+        console.print(f"[bold red]INVALID[/] experiment {escape(str(exp_dir))}: {ok}/{len(result.runs)} run(s) verify")
+        console.print(f"  first difference: {escape(result.problems[0])}", highlight=False)
+        for p in result.problems[1:20]:
+            console.print(f"  [red]✗[/] {escape(p)}", highlight=False)
+    for note in result.notes:
+        console.print(f"  [dim]note: {escape(note)}[/]")
+    return result.exit_code

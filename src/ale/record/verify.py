@@ -47,7 +47,7 @@ from ale.phases import (
     required_evidence,
 )
 from ale.record import evidence as ev
-from ale.record import signing
+from ale.record import regrades, signing
 from ale.redaction import unredacted_secrets
 from ale.result import RunResult
 from ale.sandbox.base import Mount
@@ -77,6 +77,7 @@ class VerifyReport(BaseModel):
     status: str | None = None
     key_source: str | None = None
     notes: list[str] = []
+    latest_grading: dict[str, Any] | None = None  # regrades: the last regrade's grading, when they verify
 
     @property
     def exit_code(self) -> int:
@@ -90,9 +91,12 @@ class _Unusable(Exception):
     pass
 
 
-def verify_run_dir(run_dir: Path, public_key_path: Path | None = None) -> VerifyReport:
-    """Verify one run folder. Never raises for a bad folder: the report says what is wrong."""
+def verify_run_dir(run_dir: Path, public_key_path: Path | None = None, *,
+                   regrade_keys: dict[str, bytes] | None = None) -> VerifyReport:
+    """Verify one run folder. Never raises for a bad folder: the report says what is wrong.
+    ``regrade_keys`` (key id -> PEM): keys a regrade may be signed by (``--trusted-keys``)."""
     v = _Verifier(Path(run_dir))
+    v.regrade_keys = regrade_keys or {}
     try:
         v.run(public_key_path)
     except _Unusable as e:
@@ -174,6 +178,8 @@ class _Verifier:
         self._unreadable: set[str] = set()
         self._digests: dict[str, str] = {}
         self.violations: list[str] = []  # isolation failures the evidence shows
+        self.regrade_keys: dict[str, bytes] = {}  # key id -> PEM: keys a regrade may be signed by
+        self.latest_grading: dict[str, Any] | None = None  # the last regrade's grading, when regrades verify
 
     # -- recording -----------------------------------------------------------
     def check(self, cid: str, ok: bool | None, expected: Any = None, observed: Any = None,
@@ -188,7 +194,7 @@ class _Verifier:
         return VerifyReport(
             run_dir=str(self.run_dir), valid=self.usable and not self.reasons, usable=self.usable,
             reasons=self.reasons, checks=self.checks, run_id=self.run_id, status=self.status,
-            key_source=self.key_source, notes=self.notes,
+            key_source=self.key_source, notes=self.notes, latest_grading=self.latest_grading,
         )
 
     # -- reading ---------------------------------------------------------------
@@ -243,6 +249,7 @@ class _Verifier:
         self.guarded("records", self.verify_records, result)
         self.guarded("gateway", self.verify_model_gateway, result)
         self.guarded("status", self.verify_status, result)
+        self.guarded("regrades", self.verify_regrades, result, public_key_path)
 
     def guarded(self, step: str, fn: Any, *args: Any) -> Any:
         """Run one verification step; a record so malformed that the step itself
@@ -308,6 +315,9 @@ class _Verifier:
 
     def verify_files(self, statement: dict | None) -> None:
         files, odd = ev.run_files(self.run_dir)
+        # regrades/ is appended after the run was signed; verify_regrades checks it
+        files = {rel: p for rel, p in files.items() if not regrades.is_regrade_path(rel)}
+        odd = [rel for rel in odd if not regrades.is_regrade_path(rel)]
         self._present = set(files)
         for rel in odd:
             self.check(f"file.{rel}", False, "a regular file", "link or special file",
@@ -864,4 +874,29 @@ class _Verifier:
             self.check("result.status_consistent", True, "status and score follow from the evidence",
                        {"status": status.value, "score": result.score})
 
-
+    # == regrades (ale.record.regrades) ===========================================
+    # A regrade is appended after the run was signed: verify_files leaves regrades/
+    # to this section, which checks each regrade's signature, its files, its chain
+    # to the attestation before it and its record against the grading it replaced.
+    def verify_regrades(self, result: Any, public_key_path: Path | None) -> None:
+        if not (self.run_dir / regrades.REGRADES_DIR).exists():
+            return
+        deliverables = _as_dict(self.load(layout.DELIVERABLES))
+        after_start = _as_dict(self.load(layout.evidence_path(Evidence.INPUT_AFTER_START)))
+        commit = _as_dict(self.load(layout.evidence_path(Evidence.REFERENCE_COMMIT)))
+        original: dict[str, Any] = {
+            "run_id": self.run_id,
+            "deliverables_digest": deliverables.get("digest"),
+            "input_digest": after_start.get("digest"),
+            "reference_sha256": _as_dict(commit.get("source")).get("sha256"),
+            "ended_at": None if result is None else result.ended_at.isoformat(),
+        }
+        if result is not None:
+            original.update(regrades.grading_summary(json.loads(result.model_dump_json())))
+        found = regrades.check_regrades(
+            self.run_dir, original, regrades.key_chooser(self.run_dir, public_key_path, self.regrade_keys))
+        for c in found.checks:
+            self.check(c.id, c.ok, c.expected, c.observed, c.detail, area="regrades")
+        self.notes += found.notes
+        self.latest_grading = found.latest
+    # == end of regrades ==========================================================
