@@ -29,11 +29,12 @@ from ale import layout
 from ale.record import evidence as ev
 from ale.redaction import redact
 from ale.sandbox.base import Mount
-from ale.sandbox.policy import GIB, IsolationPolicy
+from ale.sandbox.policy import GIB, IsolationPolicy, TmpfsMount
 
 FIX = Path(__file__).parent / "fixtures"
 CAPTURES = ("inspect_good.json", "inspect_good_after.json", "image_good.json", "probe_good.txt")
-POLICY = IsolationPolicy(memory_bytes=1 * GIB, cpus=1)
+# The captures were recorded before tmpfs were fitted to the memory: their policy names its 1 GiB /tmp.
+POLICY = IsolationPolicy(memory_bytes=1 * GIB, cpus=1, tmpfs=(TmpfsMount(),))
 MOUNTS = [
     Mount("/tmp/ale-fixture/input", "/input", True),
     Mount("/tmp/ale-fixture/workspace", "/workspace", False),

@@ -40,10 +40,10 @@ from ale.isolation.probes import (
 )
 from ale.isolation.verify_container import VerifyReport, render_report
 from ale.sandbox.base import Mount
-from ale.sandbox.policy import GIB, IsolationPolicy
+from ale.sandbox.policy import GIB, IsolationPolicy, TmpfsMount
 
 FIX = Path(__file__).parent / "fixtures"
-POLICY = IsolationPolicy(memory_bytes=1 * GIB, cpus=1)
+POLICY = IsolationPolicy(memory_bytes=1 * GIB, cpus=1, tmpfs=(TmpfsMount(),))  # as the fixtures were captured
 MOUNTS = [
     Mount("/tmp/ale-fixture/input", "/input", True),
     Mount("/tmp/ale-fixture/workspace", "/workspace", False),

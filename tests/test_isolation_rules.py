@@ -32,11 +32,11 @@ from ale.isolation.rules import all_check_ids, all_rules, judge, markdown, rule_
 from ale.isolation.verify_container import verify_container
 from ale.isolation.workspace_rules import WorkspaceSubject
 from ale.sandbox.base import Mount
-from ale.sandbox.policy import GIB, IsolationPolicy
+from ale.sandbox.policy import GIB, IsolationPolicy, TmpfsMount
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = Path(__file__).parent / "fixtures"
-POLICY = IsolationPolicy(memory_bytes=1 * GIB, cpus=1)
+POLICY = IsolationPolicy(memory_bytes=1 * GIB, cpus=1, tmpfs=(TmpfsMount(),))  # as the fixtures were captured
 MOUNTS = (Mount("/tmp/ale-fixture/input", "/input", True), Mount("/tmp/ale-fixture/workspace", "/workspace", False))
 # What the desktop probes print in a sealed sandbox: a private X socket, the
 # candidate's init, the probe and its exec's wrapper.

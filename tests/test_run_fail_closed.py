@@ -70,15 +70,15 @@ def test_task_writing_into_the_workspace_makes_the_run_invalid(docker_client, tm
 
 
 def test_drift_found_after_the_agent_withholds_the_score(docker_client, tmp_path, monkeypatch):
-    real = lifecycle.check_inspect
+    real = lifecycle.judge
 
-    def drifting(inspect, policy, mounts, *, phase, **kw):
-        checks = real(inspect, policy, mounts, phase=phase, **kw)
-        if phase == "after":
+    def drifting(moment, **kw):
+        checks = real(moment, **kw)
+        if moment == "after" and "inspect" in kw:
             checks.append(Check("test.drift", False, "sealed", "drifted", "injected by the test"))
         return checks
 
-    monkeypatch.setattr(lifecycle, "check_inspect", drifting)
+    monkeypatch.setattr(lifecycle, "judge", drifting)
     plan = plan_for(EXAMPLES / "secrets" / "echo_secret", tmp_path, agent="oracle")
     result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
     assert result.status is RunStatus.INVALID_EVALUATION_ENVIRONMENT

@@ -77,15 +77,15 @@ def test_a_candidate_that_locks_its_workspace_and_fills_tmp_still_counts(tmp_pat
 # -- attribution ---------------------------------------------------------------------
 def _inject(monkeypatch, target: str) -> None:
     """A sealed container whose inspect check fails in one phase (`before` or `after`)."""
-    real = lifecycle.check_inspect
+    real = lifecycle.judge
 
-    def check(inspect, policy, mounts, *, phase, **kw):
-        checks = real(inspect, policy, mounts, phase=phase, **kw)
-        if phase == target:
+    def check(moment, **kw):
+        checks = real(moment, **kw)
+        if moment == target and "inspect" in kw:
             checks.append(Check("test.drift", False, "sealed", "drifted", "injected by the test"))
         return checks
 
-    monkeypatch.setattr(lifecycle, "check_inspect", check)
+    monkeypatch.setattr(lifecycle, "judge", check)
 
 
 @pytest.mark.docker

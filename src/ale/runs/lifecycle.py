@@ -41,7 +41,7 @@ from ale.data.sources import open_source
 from ale.defaults import DEFAULT_TOOLS_IMAGE
 from ale.grading.deliverables import extract_deliverables
 from ale.grading.grader import Grader, GradingEnvironmentError, GradingError, GradingInputs
-from ale.isolation.checks import Check, check_inspect, diff_captures
+from ale.isolation.checks import Check
 from ale.isolation.probes import (
     judge_probes,
     probe_command,
@@ -49,6 +49,7 @@ from ale.isolation.probes import (
     workspace_empty_checks,
     workspace_listing,
 )
+from ale.isolation.rules import judge
 from ale.layout import Evidence
 from ale.phases import CheckGroup, Phase, phase_table
 from ale.plan import RunPlan
@@ -275,9 +276,8 @@ async def _verify_created(state: RunState) -> None:
     if image is None or image.get("Id") != inspect.get("Image"):  # the container's image, as the engine says now
         image = await asyncio.to_thread(state.prep.provider.image_inspect, inspect.get("Image", state.plan.image))
     state.record.store.write_json(Evidence.IMAGE, image)
-    checks = check_inspect(
-        inspect, state.plan.policy, state.folder.mounts(), phase="before", image_inspect=image, mount_inodes=state.folder.mount_inodes()
-    )
+    checks = judge("before", policy=state.plan.policy, mounts=state.folder.mounts(), inspect=inspect, image_inspect=image,
+                   mount_inodes=state.folder.mount_inodes())
     state.record.add_checks(CheckGroup.INSPECT_BEFORE, checks)
 
 
@@ -487,8 +487,8 @@ async def stop_and_verify_exited(state: RunState) -> None:
         after = await asyncio.to_thread(state.sandbox.inspect)
         state.record.store.write_json(Evidence.INSPECT_AFTER, after)
         before = state.record.inspect_before or {}
-        checks = check_inspect(after, state.plan.policy, state.folder.mounts(), phase="after", mount_inodes=state.folder.mount_inodes())
-        checks += diff_captures(before, after)
+        checks = judge("after", policy=state.plan.policy, mounts=state.folder.mounts(), inspect=after,
+                       mount_inodes=state.folder.mount_inodes(), captures=(before, after))
         state.record.add_checks(CheckGroup.INSPECT_AFTER, checks)
 
 
