@@ -17,13 +17,13 @@ from ale.status import InvalidAttribution, RunStatus
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "ale"
 
-# Files that still break a rule, each until its owner fixes it. Keep this empty:
-# an entry is a known debt, named in the failure message of the rule it breaks.
+# KNOWN DEBT, TEMPORARY: files that still break a rule, each until its owner fixes
+# it (issue 17); remove an entry as soon as its file is clean. Keep this empty.
 KNOWN_DEBT: dict[str, set[str]] = {
-    "statuses": {"record/verify.py"},
-    "layout": {"record/verify.py", "runs/lifecycle.py"},
-    "score tolerance": {"record/verify.py"},
-    "secret names": {"isolation/inspect_rules.py"},
+    "statuses": {"runs/lifecycle.py"},  # "grading_environment" as a grading attempt's key
+    "layout": {"record/verify.py", "runs/lifecycle.py"},  # "deliverables/", "evidence/"; "deliverables", "result.json.tmp"
+    "score tolerance": {"record/verify.py"},  # the mean check's rel_tol=1e-9, abs_tol=1e-12
+    "secret names": {"isolation/inspect_rules.py"},  # looks_like_credential's own lists
 }
 
 
@@ -57,7 +57,10 @@ def _strings(tree: ast.Module) -> Iterator[tuple[int, str, ast.AST | None]]:
 
 
 def _debt(rule: str, hits: list[str]) -> list[str]:
+    """The hits a known debt does not cover; a debt already paid fails (remove it)."""
     allowed = KNOWN_DEBT.get(rule, set())
+    paid = sorted(f for f in allowed if not any(h.split(":", 1)[0] == f for h in hits))
+    assert not paid, f"{paid} no longer break the {rule!r} rule: remove them from KNOWN_DEBT"
     return [h for h in hits if h.split(":", 1)[0] not in allowed]
 
 
