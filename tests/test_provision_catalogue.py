@@ -92,6 +92,8 @@ def test_version_suffixes_are_parsed() -> None:
     assert p.version == "0.52.2" and "sabaki" in p.candidates
     p = parse_name("LEAP 1.26 (leaptorch)")
     assert p.version == "1.26" and {"leap", "leaptorch"} <= set(p.candidates)
+    p = parse_name("python3.12")
+    assert p.version == "3.12" and "python" in p.candidates
     assert parse_name("BWA-MEM2").version is None  # a digit inside a name is not a version
     assert parse_name("h5py").version is None
 

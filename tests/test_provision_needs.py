@@ -203,3 +203,14 @@ def test_task_list_json_has_the_software_field(tmp_path: Path) -> None:
     assert human.returncode == 0, human.stderr
     assert "software 1/2 (missing: Docker)" in human.stdout and "software 2/2" in human.stdout
     assert "software: 1 of 2 ok task(s) have every declared name provisioned; 1 distinct name(s) missing" in human.stderr
+
+
+def test_the_corpus_bench_counts_a_tree(tmp_path: Path) -> None:
+    task(tmp_path, "good", {"vm": LINUX, "software": ["pandas", "NCBI BLAST+"]})
+    task(tmp_path, "bad", {"vm": LINUX, "software": ["Docker"]})
+    task(tmp_path, "windows", {"vm": {"snapshot": "cpu-free"}, "software": ["Excel"]})
+    bench = Path(__file__).resolve().parents[1] / "bench" / "corpus_software.py"
+    p = subprocess.run([sys.executable, str(bench), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("2 task(s); 3 distinct declared name(s); 1 fully provisioned, 1 not")
+    assert "lab/bad: Docker" in p.stdout and "container    Docker: a nested container runtime" in p.stdout

@@ -222,6 +222,8 @@ def load_catalogue() -> Catalogue:
 # -- names ----------------------------------------------------------------------------
 _PARENS = re.compile(r"\(([^()]*)\)")
 _VERSION_SUFFIX = re.compile(r"^(?P<name>.*?\S)[\s_-]+v?(?P<version>\d+(?:\.\d+)*)(?P<plus>\+)?$", re.IGNORECASE)
+# "python3.12": a dotted version glued to a name (a lone digit is part of names: h5py, bwa-mem2)
+_GLUED_VERSION = re.compile(r"^(?P<name>.*?[a-z])(?P<version>\d+(?:\.\d+)+)(?P<plus>\+)?$", re.IGNORECASE)
 _SPLIT = re.compile(r"\s+/\s+|\s*;\s*|,\s+|\s+with\s+|\s+and\s+", re.IGNORECASE)
 TASK_SOFTWARE = re.compile(r"(^|[\s`'\"(/.])software/", re.IGNORECASE)
 
@@ -268,7 +270,7 @@ def parse_name(text: str) -> NameParts:
         if not piece:
             continue
         candidates.append(piece)
-        m = _VERSION_SUFFIX.match(piece)
+        m = _VERSION_SUFFIX.match(piece) or _GLUED_VERSION.match(piece)
         if m:
             candidates.append(m.group("name"))
             if i == 0 or version is None:
