@@ -19,7 +19,10 @@ import pytest
 TASK = textwrap.dedent("""\
     import cua_bench as cb
 
-    SCORE = {score}
+
+
+    def score():
+        return {score}
 
 
     @cb.tasks_config
@@ -46,12 +49,13 @@ TASK = textwrap.dedent("""\
         if not await session.file_exists("/workspace/answer.txt"):
             return [0.0]
         got = (await session.read_file("/workspace/answer.txt")).strip()
-        return [SCORE if got == want else 0.0]
+        return [score() if got == want else 0.0]
 """)
 
 
-def write_task_tree(root: Path, score: float) -> Path:
-    """A task tree ``root/demo/tiny`` whose grader gives ``score`` to a right answer."""
+def write_task_tree(root: Path, score: float | str) -> Path:
+    """A task tree ``root/demo/tiny`` whose grader gives ``score`` to a right answer
+    (an expression: ``"1 / 0"`` makes it raise)."""
     task = root / "demo" / "tiny"
     task.mkdir(parents=True, exist_ok=True)
     (task / "main.py").write_text(TASK.format(score=score))
@@ -85,10 +89,9 @@ class Finished:
         return next(p for p in (exp_dir / "runs").iterdir() if f"-{agent}-" in p.name)
 
 
-@pytest.fixture(scope="session")
-def finished_experiment(tmp_path_factory, docker_client) -> Iterator[Finished]:
-    base = tmp_path_factory.mktemp("regrade-exp")
-    write_task_tree(base / "tasks", 0.5)
+def run_experiment(base: Path, basetemp: Path, *, agents: str = "[{name: oracle}, {name: nop}]", extra: str = "") -> str:
+    """Data for ``demo/tiny`` and an experiment over ``base/tasks``, run to its end in
+    ``base/out`` (a subprocess, as an operator runs it); returns its name."""
     variant = base / "data" / "tasks" / "demo" / "tiny" / "base"
     (variant / "input").mkdir(parents=True)
     (variant / "reference").mkdir(parents=True)
@@ -98,7 +101,7 @@ def finished_experiment(tmp_path_factory, docker_client) -> Iterator[Finished]:
     (base / "exp.yaml").write_text(textwrap.dedent(f"""\
         name: {name}
         tasks_root: tasks
-        agents: [{{name: oracle}}, {{name: nop}}]
+        agents: {agents}
         tasks: [{{path: demo/tiny}}]
         repeats: 1
         concurrency: 2
@@ -106,13 +109,20 @@ def finished_experiment(tmp_path_factory, docker_client) -> Iterator[Finished]:
           data_source: local:{base / "data"}
           policy: {{cpus: 1, memory_bytes: 268435456}}
         output: out
-    """))
+    """) + extra)
     # the same config folder as the autouse fixture gives each test (the signing key)
-    env = {**os.environ, "ALE_CONFIG_DIR": str(tmp_path_factory.getbasetemp() / "ale-config"),
-           "ALE_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "ale-cache")}
+    env = {**os.environ, "ALE_CONFIG_DIR": str(basetemp / "ale-config"), "ALE_CACHE_DIR": str(basetemp / "ale-cache")}
     res = subprocess.run([sys.executable, "-m", "ale.cli_exp", "run", str(base / "exp.yaml"), "--plain"],
                          capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
+    return name
+
+
+@pytest.fixture(scope="session")
+def finished_experiment(tmp_path_factory, docker_client) -> Iterator[Finished]:
+    base = tmp_path_factory.mktemp("regrade-exp")
+    write_task_tree(base / "tasks", 0.5)
+    name = run_experiment(base, tmp_path_factory.getbasetemp())
     try:
         yield Finished(base, name)
     finally:

@@ -17,7 +17,7 @@ from ale.record import regrades as rg
 from ale.record.verify import verify_run_dir
 from ale.runs.regrade import latest_grading, map_task
 from ale.status import RunStatus
-from tests.regrade_rig import Finished, finished_experiment, write_task_tree
+from tests.regrade_rig import Finished, finished_experiment, run_experiment, write_task_tree
 
 __all__ = ["finished_experiment"]  # the session fixture, imported for pytest
 
@@ -144,6 +144,37 @@ def test_regrade_an_experiment_rewrites_its_report(finished_experiment: Finished
     means = {a["agent"]: a["mean"] for a in report["agents"]}
     assert means == {"oracle": 1.0, "nop": 0.0}
     assert report["regrades"]["runs"] == 2 and list(report["regrades"]["task_code"].values()) == [2]
+
+
+def test_a_run_charged_for_a_broken_grader_is_regraded_once_it_is_fixed(tmp_path_factory, docker_client,
+                                                                         tmp_path: Path) -> None:
+    from ale.report.verify_experiment import experiment_report, verify_experiment
+    from ale.sandbox.docker import remove_containers
+    from ale.status import InvalidAttribution
+
+    base = tmp_path_factory.mktemp("broken-grader")
+    write_task_tree(base / "tasks", "1 / 0")  # the grader raises on every right answer
+    name = run_experiment(base, tmp_path_factory.getbasetemp(), agents="[{name: oracle}]",
+                          extra="limits: {grading_attempts: 1}\n")
+    try:
+        exp = base / "out"
+        run = next(p for p in (exp / "runs").iterdir() if not p.name.startswith("."))
+        before = latest_grading(run)
+        assert before.status is RunStatus.GRADING_FAILED
+        report, _ = experiment_report(exp)
+        assert [r.run_id for r in report.flagged_runs] == [run.name]  # charged: 0 in the headline, flagged
+
+        code, out = _regrade(str(exp), "--tasks", str(write_task_tree(tmp_path / "fixed", 1.0)), "--reason", "ZeroDivisionError")
+        assert code == 0, out
+        after = latest_grading(run)
+        assert (after.status, after.score) == (RunStatus.SCORED, 1.0)
+        assert after.regrade is not None
+        assert after.regrade["old"]["invalid_attribution"] == InvalidAttribution.AFTER_AGENT_START
+        report = json.loads((exp / layout.REPORT_JSON).read_text())
+        assert report["flagged_runs"] == [] and report["agents"][0]["mean"] == 1.0
+        assert verify_experiment(exp).valid
+    finally:
+        remove_containers(docker_client, experiment=name)
 
 
 def test_map_task_finds_the_same_task_in_another_tree(tmp_path: Path) -> None:

@@ -101,3 +101,16 @@ def test_no_stored_report_fails(finished_experiment: Finished, tmp_path: Path) -
     (exp / layout.REPORT_JSON).unlink()
     code, out = _verify(exp)
     assert code == 1 and "report.json is missing" in out.replace("\n", " "), out
+
+
+def test_a_report_from_before_regrades_still_verifies(finished_experiment: Finished, tmp_path: Path) -> None:
+    exp = finished_experiment.copy(tmp_path)
+    path = exp / layout.REPORT_JSON
+    doc = json.loads(path.read_text())
+    del doc["regrades"]  # written before regrades existed; no run was regraded since
+    path.write_text(json.dumps(doc))
+    assert verify_experiment(exp).valid
+    del doc["counts_by_status"]
+    path.write_text(json.dumps(doc))
+    result = verify_experiment(exp)
+    assert not result.valid and "another ale version" in result.problems[0], result.problems

@@ -175,6 +175,8 @@ def verify_experiment(exp_dir: Path, *, public_key: Path | None = None,
             out.run_reasons[rel] = report.reasons[:5] or ["unusable"]
     recomputed, regrades = experiment_report(exp_dir, verified)
     fresh = json.loads(report_json(recomputed, regrades))
+    if REGRADES_KEY not in stored and not regrades["runs"]:
+        del fresh[REGRADES_KEY]  # a report written before regrades existed, of runs never regraded
     diffs = _diff(_keyed(stored), _keyed(fresh))
     out.figures = _count(_keyed(fresh))
     for path, was, now in diffs:
@@ -274,6 +276,10 @@ def _why(exp_dir: Path, path: str, stored: dict[str, Any], out: ExperimentVerifi
                if not (exp_dir / str(r.get("path") or Path(layout.RUNS_DIR, str(rid)))).exists()]
     if missing:
         return f"run(s) removed from the experiment folder: {', '.join(missing[:3])}"
+    top = path.split(".", 1)[0].split("[", 1)[0]
+    if top not in stored:
+        return (f"the stored report has no {top!r}: it was written by another ale version "
+                "(`ale exp run` of the same file rewrites it, running nothing)")
     if path.startswith(f"{REGRADES_KEY}."):
         for rid, row in stored_runs.items():
             stale = _stale_regrade(exp_dir, str(rid), row, stored)
