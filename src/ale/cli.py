@@ -461,6 +461,7 @@ def _register_subcommands() -> None:
     from ale.cli_data import bake_command, data_app
     from ale.cli_exp import cleanup_command, exp_app, report_command
     from ale.cli_node import node_app
+    from ale.cli_view import export_command, view_command
 
     app.add_typer(exp_app, name="exp")
     app.add_typer(data_app, name="data")
@@ -468,6 +469,8 @@ def _register_subcommands() -> None:
     app.add_typer(node_app, name="node")
     app.command("report")(report_command)
     app.command("cleanup")(cleanup_command)
+    app.command("view")(view_command)
+    app.command("export")(export_command)
     from ale.cli_regrade import regrade_command
 
     app.command("regrade")(regrade_command)
