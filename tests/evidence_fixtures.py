@@ -34,7 +34,7 @@ from ale.sandbox.policy import GIB, IsolationPolicy, TmpfsMount
 FIX = Path(__file__).parent / "fixtures"
 CAPTURES = ("inspect_good.json", "inspect_good_after.json", "image_good.json", "probe_good.txt")
 # The captures were recorded before tmpfs were fitted to the memory: their policy names its 1 GiB /tmp.
-POLICY = IsolationPolicy(memory_bytes=1 * GIB, cpus=1, tmpfs=(TmpfsMount(),))
+POLICY = IsolationPolicy(memory_bytes=1 * GIB, cpus=1, tmpfs=(TmpfsMount(options="rw,nosuid,nodev,size=1g"),))
 MOUNTS = [
     Mount("/tmp/ale-fixture/input", "/input", True),
     Mount("/tmp/ale-fixture/workspace", "/workspace", False),

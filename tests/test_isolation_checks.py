@@ -43,7 +43,7 @@ from ale.sandbox.base import Mount
 from ale.sandbox.policy import GIB, IsolationPolicy, TmpfsMount
 
 FIX = Path(__file__).parent / "fixtures"
-POLICY = IsolationPolicy(memory_bytes=1 * GIB, cpus=1, tmpfs=(TmpfsMount(),))  # as the fixtures were captured
+POLICY = IsolationPolicy(memory_bytes=1 * GIB, cpus=1, tmpfs=(TmpfsMount(options="rw,nosuid,nodev,size=1g"),))  # as the fixtures were captured
 MOUNTS = [
     Mount("/tmp/ale-fixture/input", "/input", True),
     Mount("/tmp/ale-fixture/workspace", "/workspace", False),

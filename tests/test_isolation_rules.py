@@ -36,7 +36,7 @@ from ale.sandbox.policy import GIB, IsolationPolicy, TmpfsMount
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = Path(__file__).parent / "fixtures"
-POLICY = IsolationPolicy(memory_bytes=1 * GIB, cpus=1, tmpfs=(TmpfsMount(),))  # as the fixtures were captured
+POLICY = IsolationPolicy(memory_bytes=1 * GIB, cpus=1, tmpfs=(TmpfsMount(options="rw,nosuid,nodev,size=1g"),))  # as the fixtures were captured
 MOUNTS = (Mount("/tmp/ale-fixture/input", "/input", True), Mount("/tmp/ale-fixture/workspace", "/workspace", False))
 # What the desktop probes print in a sealed sandbox: a private X socket, the
 # candidate's init, the probe and its exec's wrapper.

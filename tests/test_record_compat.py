@@ -46,7 +46,9 @@ def test_a_new_run_folder_has_the_shape_of_an_old_one(docker_client, tmp_path) -
     # The staged-input record names the data layout it found; result.json says
     # who an invalid run is charged to.
     added = "evidence/task-process.json"
-    assert new.pop("plan.json") == sorted([*old.pop("plan.json"), "provider", "judge_env"])
+    # plan.json also says whether the task's software is provided, and the overlay.
+    assert new.pop("plan.json") == sorted([*old.pop("plan.json"), "provider", "judge_env", "provision_software",
+                                           "software_overlay"])
     assert new.pop("result.json") == sorted([*old.pop("result.json"), "invalid_attribution"])
     # The trajectory holds the model side (from the model gateway) where there is one.
     assert new.pop("trajectory.json") == sorted([*old.pop("trajectory.json"), "model_turns"])
@@ -56,9 +58,11 @@ def test_a_new_run_folder_has_the_shape_of_an_old_one(docker_client, tmp_path) -
     # The deliverables manifest records its folders, limits and how the walk ended.
     assert new.pop("deliverables.json") == sorted([*old.pop("deliverables.json"), "directories", "entries_visited",
                                                    "limits", "seconds", "stopped"])
-    assert new.pop(added) and added in new["files"] and added in new["manifest.json"]
-    new["files"].remove(added)
-    new["manifest.json"].remove(added)
+    # Since the wave of 2026-12: the run's software (environment.json), and each grading attempt.
+    for added in (added, "evidence/environment.json", "evidence/grading-attempts.json"):
+        assert new.pop(added) and added in new["files"] and added in new["manifest.json"], added
+        new["files"].remove(added)
+        new["manifest.json"].remove(added)
     # The task log notes every command the task ran (the oracle runs `wc`), so it is
     # there even for a task that prints nothing; it always was for one that printed.
     assert "task.log" in new["files"] and "task.log" not in old["files"]

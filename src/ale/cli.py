@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ale.cli_output import err, fail
+from ale.cli_output import err, fail, software_progress
 from ale.defaults import DEFAULT_INPUT_DIR, DEFAULT_OUTPUT_DIR, DEFAULT_TOOLS_IMAGE
 from ale.status import RunStatus
 
@@ -42,7 +42,7 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 
 def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: Path, script: Path | None,
           image: str, policy: Path | None, signing_key: Path | None, timeout: float | None, config: dict | None = None,
-          workspace_max_bytes: int | None = None):
+          workspace_max_bytes: int | None = None, *, software: bool = True, overlay: Path | None = None):
     from ale.plan import AgentSpec, Limits, RunPlan, new_run_id
     from ale.sandbox.policy import IsolationPolicy
 
@@ -69,6 +69,8 @@ def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: 
         limits=Limits(wall_time_s=timeout, workspace_max_bytes=workspace_max_bytes),
         runs_dir=str(runs_dir),
         signing_key=str(signing_key) if signing_key else None,
+        provision_software=software,
+        software_overlay=str(overlay.resolve()) if overlay is not None else None,
     )
 
 
@@ -100,7 +102,7 @@ def _execute(plan):
     from ale.runs.lifecycle import PreflightError, execute_run
 
     try:
-        with terminate_as_interrupt():
+        with terminate_as_interrupt(), software_progress():
             return asyncio.run(execute_run(plan))
     except PreflightError as e:
         _fail(str(e))
@@ -138,6 +140,8 @@ def run(
     timeout: Annotated[float | None, typer.Option("--timeout", help="Agent wall time in seconds (default: the task card's).")] = None,
     agent_config: Annotated[str | None, typer.Option("--agent-config", help="Agent configuration as JSON.")] = None,
     workspace_max_bytes: Annotated[int | None, typer.Option("--workspace-max-bytes", min=1, help="Cap the workspace in bytes (as root a tmpfs of this size; else the watchdog ends the turn there). Default: 20 GiB or half the free disk.")] = None,
+    software: Annotated[bool, typer.Option("--software/--no-software", help="Provide the task's declared software (its environment image, built on first use; docs/software.md).")] = True,
+    overlay: Annotated[Path | None, typer.Option("--overlay", envvar="ALE_OVERLAY", help="An operator's overlay of software needs (YAML/JSON).")] = None,
 ) -> None:
     """Run one task variant with one agent; print the run folder last."""
     cfg = None
@@ -146,7 +150,8 @@ def run(
             cfg = json.loads(agent_config)
         except json.JSONDecodeError as e:
             _fail(f"--agent-config is not valid JSON: {e}")
-    plan = _plan(task_dir, agent, variant, data, runs_dir, script, image, policy, signing_key, timeout, cfg, workspace_max_bytes)
+    plan = _plan(task_dir, agent, variant, data, runs_dir, script, image, policy, signing_key, timeout, cfg, workspace_max_bytes,
+                 software=software, overlay=overlay)
     result = _execute(plan)
     _print_result(result, plan.run_dir)
     if result.status in FAILED_RUN:
@@ -459,21 +464,23 @@ def verify_container_cmd(
 def _register_subcommands() -> None:
     from ale.cli_agents import app as agents_app
     from ale.cli_data import bake_command, data_app
+    from ale.cli_env import env_app
     from ale.cli_exp import cleanup_command, exp_app, report_command
     from ale.cli_node import node_app
     from ale.cli_view import export_command, view_command
 
     app.add_typer(exp_app, name="exp")
     app.add_typer(data_app, name="data")
+    app.add_typer(env_app, name="env")
     app.add_typer(agents_app, name="agents")
     app.add_typer(node_app, name="node")
     app.command("report")(report_command)
     app.command("cleanup")(cleanup_command)
-    app.command("view")(view_command)
-    app.command("export")(export_command)
     from ale.cli_regrade import regrade_command
 
     app.command("regrade")(regrade_command)
+    app.command("view")(view_command)
+    app.command("export")(export_command)
     image_app.command("bake")(bake_command)
 
 

@@ -75,11 +75,14 @@ def run_command(
         return
     use_plain = plain or not sys.stderr.isatty()
     progress = PlainProgress() if use_plain else RichProgress(err)
+    from ale.cli_output import software_progress
+
     try:
-        summary = asyncio.run(
-            run_experiment(exp, progress=progress, concurrency=concurrency, allow_changed=allow_changed,
-                           cluster=cluster)
-        )
+        with software_progress():
+            summary = asyncio.run(
+                run_experiment(exp, progress=progress, concurrency=concurrency, allow_changed=allow_changed,
+                               cluster=cluster)
+            )
     except (ExperimentChanged, OutputBusy, ExperimentError) as e:
         _fail(str(e))
     except SandboxError as e:
@@ -182,8 +185,9 @@ def report_command(
         console.print("by status: " + ", ".join(f"{k} {v}" for k, v in report.counts_by_status.items() if v))
         console.print("tiers: " + ", ".join(f"{k} {len(v)}" for k, v in report.tiers.items()))
         if report.flagged_runs:
-            console.print(f"[red]{len(report.flagged_runs)} run(s) invalid after the agent started[/] "
-                          "(counted as 0 in the headline; review them): " + ", ".join(r.run_id for r in report.flagged_runs[:10]))
+            console.print(f"[red]{len(report.flagged_runs)} run(s) charged to the candidate[/] (invalid after the agent "
+                          "started, or a grader that failed again and again on its deliverables; counted as 0 in the "
+                          "headline; review them): " + ", ".join(r.run_id for r in report.flagged_runs[:10]))
         others = [r for r in report.invalid_runs if r not in report.flagged_runs]
         if others:
             console.print(f"[red]{len(others)} invalid run(s)[/] charged to the harness or the controller (excluded): "
@@ -191,6 +195,7 @@ def report_command(
         if report.warned_runs:
             console.print(f"[yellow]{len(report.warned_runs)} run(s) with warnings[/] (scored as they are; look at them): "
                           + escape("; ".join(f"{r.run_id}: {r.warnings[0]}" for r in report.warned_runs[:5])), highlight=False)
+        console.print("by kind: " + ", ".join(f"{k} {v}" for k, v in report.counts_by_kind.items()), highlight=False)
         console.print(report.counting_policy, markup=False, highlight=False)
 
 

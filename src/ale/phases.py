@@ -106,9 +106,11 @@ def _table(shape: RunShape) -> tuple[PhaseSpec, ...]:
     return (
         PhaseSpec(Phase.STAGE_INPUT, "stage the public package (input, software) into the run's scratch; the reference is not touched",
                   records=(evidence_path(Evidence.INPUT_STAGED),)),
-        PhaseSpec(Phase.PROVISION, "create the sandbox, inspect it (before), start it"
+        PhaseSpec(Phase.PROVISION, "provide the task's software (its environment image, built on first use), "
+                  "create the sandbox from it, inspect it (before), start it"
                   + (", start its desktop" if live else ""),
                   writes=(evidence_path(Evidence.MOUNTS), evidence_path(Evidence.INSPECT_BEFORE), evidence_path(Evidence.IMAGE)),
+                  records=(evidence_path(Evidence.ENVIRONMENT),),
                   checks=(CheckGroup.INSPECT_BEFORE,)),
         PhaseSpec(Phase.TASK_START, "the task's start(cfg, session); its input and reference writes land on the host"),
         PhaseSpec(Phase.VERIFY_BEFORE, "the probes (before), hash the input, prove the workspace empty, commit the reference",

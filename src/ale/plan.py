@@ -58,6 +58,11 @@ class RunPlan(BaseModel):
     # The judge credentials evaluate() gets: names <NAME> of ALE_JUDGE_<NAME> in the
     # controller's environment (values never enter the plan). None: every one.
     judge_env: tuple[str, ...] | None = None
+    # The task's software (ale.runs.software): its needs built into an environment
+    # image the sandboxes start from; False: the image as given. The overlay is an
+    # operator's file of needs the task files do not state.
+    provision_software: bool = True
+    software_overlay: str | None = None
     policy: IsolationPolicy = Field(default_factory=IsolationPolicy)
     limits: Limits = Field(default_factory=Limits)
     runs_dir: str = "runs"

@@ -27,8 +27,9 @@ from ale import layout, lossless
 from ale.agents.gateway import record as gateway_record
 from ale.agents.trajectory import Trajectory
 from ale.grading.deliverables import DeliverablesManifest, SkippedEntry, listing_digest
-from ale.isolation.checks import Check, check_inspect, diff_captures, failures, violation_line
-from ale.isolation.probes import parse_probes, workspace_empty_checks
+from ale.isolation.checks import Check, failures, violation_line
+from ale.isolation.probes import workspace_empty_checks
+from ale.isolation.rules import judge
 from ale.layout import Evidence
 from ale.phases import (
     CANDIDATE_KILLED,
@@ -38,6 +39,7 @@ from ale.phases import (
     REFERENCE_UNPACKED,
     RUN_CLOSES_WITH,
     RUN_OPENS_WITH,
+    STANDS_IN_FOR,
     STARTED,
     CheckGroup,
     Phase,
@@ -52,13 +54,15 @@ from ale.redaction import unredacted_secrets
 from ale.result import RunResult
 from ale.sandbox.base import Mount
 from ale.sandbox.policy import IsolationPolicy
+from ale.sandbox.software import RECORD_LABEL, record_digest
 from ale.status import InvalidAttribution, RunStatus
 
 # What each phase writes is declared once, in ale.phases; the verifier derives from
 # it what a folder must hold. The JSON type each record must hold: anything else is
 # unknown, and unknown is invalid.
 _RECORDS = RUN_OPENS_WITH + RUN_CLOSES_WITH + tuple(dict.fromkeys(f for shape in RunShape for f in phase_evidence(shape)))
-LIST_FILES = frozenset({layout.evidence_path(Evidence.MOUNTS), layout.evidence_path(Evidence.PHASES), layout.evidence_path(Evidence.CHECKS)})
+LIST_FILES = frozenset({layout.evidence_path(Evidence.MOUNTS), layout.evidence_path(Evidence.PHASES),
+                        layout.evidence_path(Evidence.CHECKS), layout.evidence_path(Evidence.GRADING_ATTEMPTS)})
 OBJECT_FILES = frozenset(
     {layout.PLAN, layout.RESULT, layout.DELIVERABLES, layout.MANIFEST, layout.ATTESTATION}
     | {f for f in _RECORDS if f.endswith(".json")}
@@ -246,6 +250,8 @@ class _Verifier:
         self.guarded("input", self.verify_input_and_workspace)
         self.guarded("reference", self.verify_reference)
         self.guarded("times", self.verify_times)
+        self.guarded("sandbox_stopped", self.verify_sandbox_stopped)
+        self.guarded("environment", self.verify_environment)
         self.guarded("records", self.verify_records, result)
         self.guarded("gateway", self.verify_model_gateway, result)
         self.guarded("status", self.verify_status, result)
@@ -419,7 +425,7 @@ class _Verifier:
         graded = result is not None and (result.status.carries_score or result.score is not None)
         required = required_evidence(shape, self._phase_names(), graded=graded)
         for rel in required:
-            if rel not in self._present:
+            if rel not in self._present and STANDS_IN_FOR.get(rel) not in self._present:
                 why = "the run reports a graded outcome" if graded else "the run reached the phase that records it"
                 self.check(f"evidence.{rel}", False, "present", None, f"{rel} is missing, yet {why}")
         for rel in phase_evidence(shape):
@@ -577,13 +583,11 @@ class _Verifier:
         self.notes.append("bind-mount inodes were compared at run time; verify compares sources by path")
         image = self.load(layout.evidence_path(Evidence.IMAGE))
         if before is not None:
-            self._add_isolation(CheckGroup.INSPECT_BEFORE, check_inspect(
-                before, policy, mounts, phase="before", image_inspect=image, mount_inodes=None))
+            self._add_isolation(CheckGroup.INSPECT_BEFORE, judge(
+                "before", policy=policy, mounts=mounts, inspect=before, image_inspect=image))
         if after is not None:
-            self._add_isolation(CheckGroup.INSPECT_AFTER, check_inspect(
-                after, policy, mounts, phase="after", mount_inodes=None))
-        if before is not None and after is not None:
-            self._add_isolation(CheckGroup.INSPECT_AFTER, diff_captures(before, after))
+            self._add_isolation(CheckGroup.INSPECT_AFTER, judge(
+                "after", policy=policy, mounts=mounts, inspect=after, captures=(before, after) if before is not None else None))
         input_dir = next((m.target for m in mounts if m.read_only), None)
         workspace_dir = next((m.target for m in mounts if not m.read_only), None)
         for phase, raw in probes.items():
@@ -595,8 +599,8 @@ class _Verifier:
                 break
             # Older probe files keep stderr after a "#stderr" line; newer ones as a section.
             stdout = raw.split("\n#stderr\n", 1)[0]
-            self._add_isolation(CheckGroup.PROBES_BEFORE if phase == "before" else CheckGroup.PROBES_AFTER, parse_probes(
-                stdout, policy, input_dir=input_dir, workspace_dir=workspace_dir, phase=phase))
+            self._add_isolation(CheckGroup.PROBES_BEFORE if phase == "before" else CheckGroup.PROBES_AFTER, judge(
+                phase, policy=policy, mounts=mounts, probes=stdout, input_dir=input_dir, workspace_dir=workspace_dir))
 
     def verify_input_and_workspace(self) -> None:
         trees = {}
@@ -720,6 +724,48 @@ class _Verifier:
                 self.check("times.reference_committed", ok, "reference committed before the agent started",
                            {"committed_at": commit.get("committed_at"), "agent_started_at": agent.get("started_at")},
                            "" if ok else "the reference was not committed before the agent started", area="times")
+
+    def verify_environment(self) -> None:
+        """The recorded environment is the image the sandbox ran: its id is the one
+        the inspect before names, and what it says the image holds is what the image's
+        own label commits to (the sha256 of its record)."""
+        env = self.load(layout.evidence_path(Evidence.ENVIRONMENT))
+        if not isinstance(env, dict) or "image_id" not in env:
+            return
+        before = _as_dict(self.load(layout.evidence_path(Evidence.INSPECT_BEFORE)))
+        ran = before.get("Image")
+        ok = ran == env.get("image_id")
+        self.check("environment.image", ok, env.get("image_id"), ran,
+                   "" if ok else "evidence/environment.json names another image than the sandbox ran", area="environment")
+        record = env.get("record")
+        if isinstance(record, dict):
+            labels = _as_dict(_as_dict(_as_dict(self.load(layout.evidence_path(Evidence.IMAGE))).get("Config")).get("Labels"))
+            want, got = labels.get(RECORD_LABEL), record_digest(record)
+            ok = want is not None and want == got == env.get("record_sha256")
+            self.check("environment.record", ok, want, got,
+                       "" if ok else "the environment's record is not the one its image carries", area="environment")
+
+    def verify_sandbox_stopped(self) -> None:
+        """A sandbox recorded as stopped during the agent's turn (its after-probes could
+        not run) must be so in the inspect after: exited, no process, finished before
+        the harness began to stop the turn."""
+        rel = layout.evidence_path(Evidence.SANDBOX_STOPPED)
+        stopped = self.load(rel)
+        if stopped is None:
+            return
+        after = self.load(layout.evidence_path(Evidence.INSPECT_AFTER))
+        st = _as_dict(_as_dict(after).get("State"))
+        phases = self.load(layout.evidence_path(Evidence.PHASES))
+        stop = next((p for p in phases if isinstance(p, dict) and p.get("name") == Phase.STOP), None) \
+            if isinstance(phases, list) else None
+        finished, stop_started = parse_time(st.get("FinishedAt")), parse_time(_as_dict(stop).get("started_at"))
+        ok = (st.get("Status") in ("exited", "dead") and st.get("Pid") == 0 and finished is not None
+              and stop_started is not None and finished <= stop_started)
+        self.check("sandbox.stopped_during_turn", ok, "exited with no process before the turn was stopped",
+                   {"Status": st.get("Status"), "Pid": st.get("Pid"), "FinishedAt": st.get("FinishedAt"),
+                    "stop_started_at": _as_dict(stop).get("started_at")},
+                   "" if ok else f"{rel} says the sandbox stopped during the agent's turn; the inspect after does not show it",
+                   area="isolation")
 
     def verify_records(self, result: Any) -> None:
         """The smaller records: engine, network, agent, phases and the checks the
@@ -873,6 +919,7 @@ class _Verifier:
         if not problems:
             self.check("result.status_consistent", True, "status and score follow from the evidence",
                        {"status": status.value, "score": result.score})
+
 
     # == regrades (ale.record.regrades) ===========================================
     # A regrade is appended after the run was signed: verify_files leaves regrades/

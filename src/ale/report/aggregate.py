@@ -90,6 +90,7 @@ class RunRow(BaseModel):
     path: str | None = None  # the run folder, relative to the experiment folder
     trajectory: str | None = None  # trajectory.json, relative to the experiment folder
     warnings: list[str] = Field(default_factory=list)  # result.extra["warnings"]: counted, worth a look
+    environment: str | None = None  # the image the run's sandboxes started from (result.extra["environment"])
 
 
 class AgentSummary(BaseModel):
@@ -244,6 +245,7 @@ def aggregate(
                 path=path,
                 trajectory=trajectory,
                 warnings=[str(w) for w in (r.extra or {}).get("warnings", [])],
+                environment=((r.extra or {}).get("environment") or {}).get("image"),
             )
         )
 

@@ -19,7 +19,7 @@ from ale.status import InvalidAttribution, RunStatus, is_charged
 
 CSV_FIELDS = (
     "run_id", "unit_id", "item", "task", "variant", "agent", "repeat", "attempt",
-    "status", "score", "counted", "headline", "attribution", "error", "path",
+    "status", "score", "counted", "headline", "attribution", "error", "path", "environment",
 )
 
 # Who an invalid run is charged to, as the report says it.

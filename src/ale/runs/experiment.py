@@ -147,6 +147,10 @@ class EnvironmentSpec(BaseModel):
     image: str = DEFAULT_TOOLS_IMAGE
     signing_key: str | None = None
     judge_env: tuple[str, ...] | None = None  # ALE_JUDGE_<NAME> names evaluate() gets (None: all)
+    # The tasks' software (docs/software.md): built into environment images before the
+    # runs; an overlay file adds needs the task files do not state.
+    provision_software: bool = True
+    software_overlay: str | None = None
     # Where the attempts run: `local` (this process, one engine) or `ray:HOST:PORT`
     # (a Ray cluster's GCS address; `ale exp run --cluster` and ALE_CLUSTER override).
     # Not part of the content hash: where a run executes does not change what it is.
@@ -541,6 +545,8 @@ def plan_units(exp: Experiment) -> list[PlannedUnit]:
                         signing_key=env.signing_key,
                         provider=env.provider,
                         judge_env=env.judge_env,
+                        provision_software=env.provision_software,
+                        software_overlay=str(exp.resolve(env.software_overlay)) if env.software_overlay else None,
                     )
                     units.append(PlannedUnit(unit_id, task.task, variant, agent.display, repeat, plan))
     return units

@@ -56,6 +56,7 @@ from ale.plan import RunPlan
 from ale.record import evidence as ev
 from ale.record.signing import load_or_create_signing_key
 from ale.result import RunResult
+from ale.runs import software
 from ale.runs.extensions import make_extension
 from ale.runs.state import LiveHandles, Prepared, RunFolder, RunRecord, RunState, now
 from ale.runs.watchdog import WorkspaceLimits, watch
@@ -253,7 +254,7 @@ async def provision(state: RunState) -> None:
     state.live.sandbox = await state.prep.provider.create(
         SandboxSpec(
             name=f"ale-{plan.run_id}"[:120],
-            image=state.prep.image or plan.image,
+            image=state.live.image or state.prep.image or plan.image,
             policy=plan.policy,
             mounts=tuple(mounts),
             labels=labels,
@@ -564,7 +565,7 @@ async def grade(state: RunState, process: TaskProcess, *, attempt: int = 1) -> l
     plan, v = state.plan, state.variant
     state.live.grader = Grader(
         state.prep.provider,
-        image=plan.image,
+        image=state.live.image or plan.image,
         policy=plan.policy,
         run_id=plan.run_id,
         experiment=plan.experiment,
@@ -612,6 +613,8 @@ def _classify_failure(e: Exception, state: RunState) -> tuple[RunStatus, str, di
         state.record.invalid_attribution = (
             InvalidAttribution.AFTER_AGENT_START if e.charged else InvalidAttribution.GRADING_ENVIRONMENT)
         return RunStatus.GRADING_FAILED, str(e), ({"grading_traceback": e.traceback} if e.traceback else {})
+    if isinstance(e, software.SoftwareError):  # before the sandbox: the task's software could not be provided
+        return RunStatus.INFRASTRUCTURE_ERROR, str(e), ({} if e.retryable else {"retryable": False})
     if isinstance(e, TaskCallFailed):  # start() raised: the task could not be set up
         return RunStatus.INFRASTRUCTURE_ERROR, f"start() raised {e}", {"traceback": e.traceback[-8000:], "retryable": False}
     if isinstance(e, DataError):
@@ -646,7 +649,30 @@ def _status_after_agent(outcome: AgentOutcome | None) -> RunStatus:
 
 
 # -- the table, executed ---------------------------------------------------------
+async def provide_software(state: RunState) -> None:
+    """The task's software before the seal: its environment image, found or built
+    on the trusted side from its needs (the staged input's runtime_env included)."""
+    base = state.prep.image or state.plan.image
+    if not state.plan.provision_software:
+        state.live.image = base
+        state.record.store.write_json(Evidence.ENVIRONMENT, {"image": base, "kind": "as given", "base": base,
+                                                              "note": "provision_software is off"})
+        return
+    image, doc = await software.provide(state.plan.task_dir, input_dir=state.folder.input_host,
+                                        overlay_path=state.plan.software_overlay, base_image=base)
+    state.live.image = None if doc.get("kind") == "base" else image  # nothing to add: the images as planned
+    state.record.store.write_json(Evidence.ENVIRONMENT, doc)
+    state.record.environment = {"image": image, "kind": doc.get("kind"), "missing": len(doc.get("missing", []))}
+    state.record.events.append("software.provided", image=image, kind=doc.get("kind"),
+                               missing=[m.get("name") for m in doc.get("missing", [])])
+    if doc.get("missing"):
+        names = ", ".join(str(m.get("name")) for m in doc["missing"][:8])
+        state.record.warnings.append(f"software: {len(doc['missing'])} declared need(s) not provided ({names}); "
+                                     f"see {layout.evidence_path(Evidence.ENVIRONMENT)}")
+
+
 async def _provision_step(state: RunState) -> None:
+    await provide_software(state)
     await provision(state)
     await verify_created(state)
     await state.sandbox.start()
@@ -845,6 +871,8 @@ async def execute_run(
     if state.live.agent_outcome and state.live.agent_outcome.usage:
         extra["usage"] = state.live.agent_outcome.usage
     extra["costs"] = {k: round(v, 4) for k, v in state.record.costs.items()}
+    if state.record.environment is not None:
+        extra["environment"] = state.record.environment
     if state.record.warnings:
         extra["warnings"] = list(state.record.warnings)
     result = RunResult(

@@ -147,6 +147,7 @@ class RunRecord:
     reference_commit: dict | None = None  # what was committed before the agent started
     invalid_attribution: InvalidAttribution | None = None  # set by a phase that knows better than agent_started
     scores: list[float] | None = None  # what evaluate() returned
+    environment: dict[str, Any] | None = None  # result.extra["environment"]: the image the sandboxes started from
 
     @contextlib.contextmanager
     def cost(self, what: str) -> Iterator[None]:
@@ -186,6 +187,7 @@ class LiveHandles:
     grader: Grader | None = None
     source: DataSource | None = None
     trajectory: TrajectoryWriter | None = None
+    image: str | None = None  # the image the sandboxes start from, once the task's software is provided
     task_process: TaskProcess | None = None  # a grading retry's fresh task process (the first is Prepared's)
     agent_outcome: AgentOutcome | None = None
     agent_started: bool = False  # from here on, a failure may be the candidate's doing

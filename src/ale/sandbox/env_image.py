@@ -16,7 +16,7 @@ Debian set share the first stage):
    for it), for the image's interpreter and platform, and copied in; then the
    ``python`` requirements are installed from the store, offline, into the default
    ``python3``.
-3. ``/opt/ale/environment.json``: the record of what the image holds, taken by
+3. ``/opt/ale/software-record.json``: the record of what the image holds, taken by
    running the built image once with no network: the Debian package list, the
    default interpreter's Python packages, the store's files and digest. Its sha256
    is the image label ``org.ale.env.record-sha256``.
@@ -52,7 +52,7 @@ from pydantic import BaseModel, Field
 from ale.paths import cache_dir
 from ale.sandbox.base import LABEL_MANAGED, LABEL_ROLE, SandboxError
 from ale.sandbox.image import Say, _dir_digest, _has_image, _sha, build_tools_image, images_dir
-from ale.sandbox.software import LockFile, SoftwareSpec
+from ale.sandbox.software import RECORD_LABEL, LockFile, SoftwareSpec
 
 ENV_REPO = "ale-env"
 SYSTEM_REPO = "ale-env-system"
@@ -60,12 +60,12 @@ SYSTEM_REPO = "ale-env-system"
 #: hence the cache key, does not drift.
 UV_VERSION = "0.13.9"
 STORE = "/opt/ale/wheels"
-RECORD_PATH = "/opt/ale/environment.json"
+RECORD_PATH = "/opt/ale/software-record.json"
 #: Bump when the build changes in a way the files under images/env do not show.
 RECIPE_VERSION = "1"
 RECORD_ROLE = "env-record"
 LABEL_KEY = "org.ale.env.key"
-LABEL_RECORD = "org.ale.env.record-sha256"
+LABEL_RECORD = RECORD_LABEL
 
 # Runs once in the built image (no network, uid 1000, read-only root): what it holds.
 RECORD_SCRIPT = r"""
@@ -125,7 +125,7 @@ class EnvImage(BaseModel):
     base_id: str
     cached: bool = False
     build_s: float = 0.0
-    #: what the image holds (``/opt/ale/environment.json``): Debian packages, the
+    #: what the image holds (``/opt/ale/software-record.json``): Debian packages, the
     #: default interpreter's packages, the store's files and digest, the spec, and
     #: needs the build could not meet (``missing``: ``[{"name", "why"}]``).
     record: dict[str, Any] = Field(default_factory=dict)
@@ -437,7 +437,7 @@ def env_folder() -> Path:
 def recipe_digest() -> str:
     """What, besides the spec and the base image, decides the image's content."""
     mirror = os.environ.get("ALE_DEBIAN_MIRROR", "")
-    return _sha(RECIPE_VERSION, _dir_digest(env_folder()), RECORD_SCRIPT, UV_VERSION, mirror)
+    return _sha(RECIPE_VERSION, _dir_digest(env_folder()), RECORD_SCRIPT, RECORD_PATH, UV_VERSION, mirror)
 
 
 def env_key(spec: SoftwareSpec, base_id: str) -> str:
@@ -559,10 +559,10 @@ def build_env_image(
     record_sha = hashlib.sha256(body).hexdigest()
     with tempfile.TemporaryDirectory(prefix="ale-env-") as tmp:
         ctx = Path(tmp)
-        (ctx / "environment.json").write_bytes(body)
+        (ctx / "software-record.json").write_bytes(body)
         (ctx / "Dockerfile").write_text(
-            f"FROM {stage}\nCOPY environment.json {RECORD_PATH}\n")
-        (ctx / "environment.json").chmod(0o644)
+            f"FROM {stage}\nCOPY software-record.json {RECORD_PATH}\n")
+        (ctx / "software-record.json").chmod(0o644)
         image_id = _build(client, ctx, "Dockerfile", tag=tag, buildargs={},
                           labels={"org.ale.image": "env", LABEL_KEY: key, LABEL_RECORD: record_sha},
                           say=say, what=tag)

@@ -45,7 +45,9 @@ _UNITS = {"": 1, "k": 1024, "m": MIB, "g": GIB}
 class TmpfsMount(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     path: str = "/tmp"
-    options: str = "rw,nosuid,nodev,size=1g"
+    # exec: a venv the candidate makes in /tmp (python -m venv, uv) must run its
+    # interpreter and load compiled packages; Docker adds noexec unless told.
+    options: str = "rw,exec,nosuid,nodev,size=1g"
 
     @property
     def size_bytes(self) -> int | None:

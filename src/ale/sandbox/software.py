@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -63,3 +64,13 @@ class SoftwareSpec(BaseModel):
         body = self.model_dump(mode="json")
         body["lockfiles"] = [{"name": lf.name, "text": lf.text} for lf in self.lockfiles]
         return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# The image label holding the sha256 of the record an environment image carries
+# (/opt/ale/environment.json), which a run copies into its evidence.
+RECORD_LABEL = "org.ale.env.record-sha256"
+
+
+def record_digest(record: dict[str, Any]) -> str:
+    """The sha256 of a record as the image holds it (sorted keys, indent 1)."""
+    return hashlib.sha256(json.dumps(record, sort_keys=True, indent=1).encode()).hexdigest()

@@ -1,0 +1,109 @@
+"""A run's software, provisioned before the seal.
+
+What the task needs (its card's ``software`` list, its variant's staged
+``input/runtime_env/`` manifests, an ``environment`` block, the operator's overlay:
+``ale.provision.resolve_needs``) becomes a content-cached environment image on the
+trusted side (``ale.sandbox.env_image``), built on first use and found afterwards.
+The candidate's sandbox and the grading sandbox start from it; the seal is
+unchanged. ``evidence/environment.json`` records the image, every need with its
+origin, what is missing and why, and what the image holds (its record, whose
+sha256 the image carries as a label that ``ale verify`` re-derives).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ale.provision.needs import Provisioning, resolve_needs
+from ale.provision.sources import Overlay, ProvisionError, load_overlay
+from ale.sandbox.base import SandboxError
+from ale.sandbox.software import record_digest
+
+log = logging.getLogger("ale.software")
+
+Say = Callable[[str], None]
+
+# One build per spec at a time in this process: concurrent runs of the same needs
+# wait for the first build and then find its image.
+_BUILD_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _build_lock(key: str) -> threading.Lock:
+    with _LOCKS_GUARD:
+        return _BUILD_LOCKS.setdefault(key, threading.Lock())
+
+class SoftwareError(RuntimeError):
+    """The task's software could not be provided (a malformed environment block or
+    overlay: final; a build that failed: retryable). Raised before the candidate's
+    sandbox exists."""
+
+    def __init__(self, message: str, *, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
+
+
+def read_overlay(path: str | None) -> Overlay | None:
+    if path is None:
+        return None
+    try:
+        return load_overlay(path)
+    except ProvisionError as e:
+        raise SoftwareError(str(e)) from e
+
+
+def resolve(task_dir: str | Path, *, input_dir: Path | None, overlay: Overlay | None) -> Provisioning:
+    try:
+        return resolve_needs(task_dir, input_dir=input_dir if input_dir is not None and input_dir.is_dir() else None,
+                             overlay=overlay)
+    except ProvisionError as e:
+        raise SoftwareError(str(e)) from e
+
+
+def build_for(prov: Provisioning, base_image: str, say: Say) -> tuple[str, dict[str, Any]]:
+    """The image a run with these needs starts from, and the environment record for
+    its evidence: the base itself when nothing is needed, a ready image the task
+    names, or the (cached) environment image built on ``base_image``."""
+    doc: dict[str, Any] = {
+        "base": base_image,
+        "spec_key": prov.spec.key(),
+        "declared": prov.declared,
+        "needs": [n.model_dump(mode="json") for n in prov.needs],
+        "missing": [m.model_dump(mode="json") for m in prov.missing],
+        "notes": prov.notes,
+    }
+    if prov.image is not None:
+        doc.update(image=prov.image, kind="ready image")
+        return prov.image, doc
+    if prov.spec.empty:
+        doc.update(image=base_image, kind="base")
+        return base_image, doc
+    from ale.sandbox.env_image import build_env_image
+
+    try:
+        with _build_lock(f"{prov.spec.key()}:{base_image}"):
+            env = build_env_image(prov.spec, base_image=base_image, say=say)
+    except SandboxError as e:
+        raise SoftwareError(f"building the environment of {prov.task} failed: {e}", retryable=True) from e
+    doc.update(image=env.tag, kind="environment image", image_id=env.image_id, key=env.key, size=env.size,
+               cached=env.cached, build_s=round(env.build_s, 3), record=env.record,
+               record_sha256=record_digest(env.record))
+    built_missing = [m for m in env.record.get("missing", []) if isinstance(m, dict)]
+    if built_missing:
+        doc["missing"] = doc["missing"] + [{"name": m.get("name"), "origin": "build", "why": m.get("why"), "kind": "build"}
+                                           for m in built_missing]
+    return env.tag, doc
+
+
+async def provide(task_dir: str | Path, *, input_dir: Path | None, overlay_path: str | None, base_image: str,
+                  say: Say | None = None) -> tuple[str, dict[str, Any]]:
+    """Resolve and build off the event loop (a first build takes minutes)."""
+    speak = say or log.info
+    overlay = read_overlay(overlay_path)
+    prov = await asyncio.to_thread(resolve, task_dir, input_dir=input_dir, overlay=overlay)
+    return await asyncio.to_thread(build_for, prov, base_image, speak)
