@@ -21,7 +21,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ale.layout import DELIVERABLES, EVENTS, PLAN, RESULT, Evidence, evidence_path
+from ale.layout import (
+    DELIVERABLES,
+    EVENTS,
+    PLAN,
+    RESULT,
+    Agent,
+    Evidence,
+    agent_path,
+    evidence_path,
+)
 
 
 class Phase(StrEnum):
@@ -119,6 +128,7 @@ def _table(shape: RunShape) -> tuple[PhaseSpec, ...]:
                   checks=(CheckGroup.PROBES_BEFORE, CheckGroup.AGENT_START), gate=True),
         PhaseSpec(Phase.AGENT, "the agent's turn, bounded by its wall time and the workspace's limits; the model gateway's record",
                   opens_with=(evidence_path(Evidence.AGENT), evidence_path(Evidence.NETWORK)),
+                  records=(agent_path(Agent.PROMPT),),
                   checks=(CheckGroup.AGENT,)),
         PhaseSpec(Phase.STOP, _STOP_RUNS if live else f"{_STOP_RUNS}; {_RELEASE_RUNS} (kept for the GRADE phase in a live_grading run)",
                   writes=(evidence_path(Evidence.probes("after")),) + (() if live else _RELEASE_WRITES),

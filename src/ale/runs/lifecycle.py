@@ -351,6 +351,9 @@ async def run_agent(state: RunState) -> None:
     plan, v = state.plan, state.variant
     agent = state.prep.agent
     state.record.store.write_json(Evidence.AGENT, agent_evidence(plan.agent))
+    prompt = state.folder.run_dir / layout.agent_path(layout.Agent.PROMPT)  # what the agent was asked, signed with the run
+    prompt.parent.mkdir(exist_ok=True)
+    prompt.write_text(v.description, encoding="utf-8", errors="surrogateescape")
     state.record.store.write_json(Evidence.NETWORK, {"network_mode": plan.policy.network_mode, "controller": "outside the sandbox; tools reach it only through docker exec"})
     state.live.trajectory = TrajectoryWriter(state.folder.run_dir, plan.run_id, plan.agent.display)
     deadline = time.monotonic() + state.prep.wall_time_s
