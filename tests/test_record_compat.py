@@ -61,7 +61,7 @@ def test_a_new_run_folder_has_the_shape_of_an_old_one(docker_client, tmp_path) -
     # Since the wave of 2026-12: the run's software (environment.json), and each grading attempt.
     # The prompt the agent received is part of the signed record (agent/prompt.txt).
     for added in (added, "evidence/environment.json", "evidence/grading-attempts.json", "agent/prompt.txt"):
-        assert (new.pop(added) or added.endswith(".txt")) and added in new["files"] and added in new["manifest.json"], added
+        assert (added.endswith(".txt") or new.pop(added)) and added in new["files"] and added in new["manifest.json"], added
         new["files"].remove(added)
         new["manifest.json"].remove(added)
     # The task log notes every command the task ran (the oracle runs `wc`), so it is
