@@ -130,21 +130,38 @@ def rig():
         yield r
 
 
-def test_token_auth_on_and_no_public_dashboard(rig: Rig) -> None:
-    code = textwrap.dedent(f"""
-        import os, ray
-        os.environ["RAY_AUTH_MODE"] = "disabled"
-        try:
-            ray.init(address="{rig.address}", log_to_driver=False)
-            ray.get(ray.remote(lambda: 1).remote(), timeout=20)
-        except Exception as e:
-            print("refused", type(e).__name__)
-        else:
-            print("joined")
-    """)
+JOIN = """
+import os, sys, ray
+if sys.argv[2] == "without":
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+try:
+    ray.init(address=sys.argv[1], log_to_driver=False)
+except Exception as e:
+    print("refused", type(e).__name__)
+else:
+    print("connected")
+"""
+
+
+def _join(rig: Rig, token: bool) -> subprocess.CompletedProcess:
     env = {k: v for k, v in rig.env.items() if not k.startswith("RAY_AUTH")}
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert "joined" not in p.stdout, p.stdout + p.stderr
+    if token:  # as ale's cluster client joins (ale.runs.node): token mode, the rig's token file
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=rig.env["RAY_AUTH_TOKEN_PATH"])
+    return subprocess.run([sys.executable, "-c", JOIN, rig.address, "with" if token else "without"],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def refused_for_the_token(p: subprocess.CompletedProcess) -> bool:
+    """The cluster's own refusal: GCS answers Unauthenticated / InvalidAuthToken (not
+    an unreachable address, a crash or a timeout, which refuse anyone)."""
+    return p.stdout.strip() == "refused ConnectionError" and "InvalidAuthToken" in p.stderr
+
+
+def test_token_auth_on_and_no_public_dashboard(rig: Rig) -> None:
+    without = _join(rig, token=False)
+    assert refused_for_the_token(without), without.stdout + without.stderr[-2000:]
+    with_token = _join(rig, token=True)  # the same client, with the token: the refusal was the token's
+    assert with_token.stdout.strip() == "connected", with_token.stdout + with_token.stderr[-2000:]
     listening = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdout
     dash = [line.split()[3] for line in listening.splitlines() if line.split()[3].endswith(":8265")]
     assert all(a.startswith(("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")) for a in dash), dash
