@@ -196,6 +196,12 @@ def report_command(
             console.print(f"[yellow]{len(report.warned_runs)} run(s) with warnings[/] (scored as they are; look at them): "
                           + escape("; ".join(f"{r.run_id}: {r.warnings[0]}" for r in report.warned_runs[:5])), highlight=False)
         console.print("by kind: " + ", ".join(f"{k} {v}" for k, v in report.counts_by_kind.items()), highlight=False)
+        from ale.report.verify_experiment import experiment_report
+
+        _, regrades = experiment_report(exp_dir)
+        if regrades["runs"]:
+            console.print(f"{regrades['runs']} run(s) counted with a regrade, with task code "
+                          + ", ".join(f"{c[:12]}… ({n})" for c, n in regrades["task_code"].items()), highlight=False)
         console.print(report.counting_policy, markup=False, highlight=False)
 
 

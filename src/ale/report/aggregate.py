@@ -388,8 +388,10 @@ def load_report(exp_dir: str | Path, options: ReportSpec | None = None) -> Repor
                 options = ReportSpec.model_validate(rep)
     results = []
     paths = {}
+    from ale.runs.regrade import apply_latest_grading
+
     for run_dir, result in iter_results(root):
-        results.append(result)
+        results.append(apply_latest_grading(run_dir, result))  # a regraded run counts with its latest grading
         paths[result.run_id] = run_dir.relative_to(root).as_posix()
     if not results and not (root / layout.RUNS_DIR).is_dir():
         raise FileNotFoundError(f"{root}: not an experiment folder (no runs/ inside)")
