@@ -20,10 +20,6 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "ale"
 # KNOWN DEBT, TEMPORARY: files that still break a rule, each until its owner fixes
 # it (issue 17); remove an entry as soon as its file is clean. Keep this empty.
 KNOWN_DEBT: dict[str, set[str]] = {
-    "statuses": {"runs/lifecycle.py"},  # "grading_environment" as a grading attempt's key
-    "layout": {"record/verify.py", "runs/lifecycle.py"},  # "deliverables/", "evidence/"; "deliverables", "result.json.tmp"
-    "score tolerance": {"record/verify.py"},  # the mean check's rel_tol=1e-9, abs_tol=1e-12
-    "secret names": {"isolation/inspect_rules.py"},  # looks_like_credential's own lists
 }
 
 
@@ -205,8 +201,6 @@ def test_agents_and_evidence_share_the_secret_name_rule(name: str) -> None:
     assert is_secret_name(name) is (name not in ("PATH", "HOME", "LANG", "AUTHOR", "EDITOR"))
 
 
-@pytest.mark.xfail(strict=True, reason="known debt: ale/isolation/inspect_rules.py keeps its own looks_like_credential "
-                                       "(no CLOUDSDK_*, KUBECONFIG, cookie; AUTHOR is one); its owner makes it use is_secret_name")
 @pytest.mark.parametrize("name", ["CLOUDSDK_CONFIG", "KUBECONFIG", "SESSION_COOKIE", "AUTHOR"])
 def test_the_sandbox_check_shares_the_secret_name_rule(name: str) -> None:
     from ale.isolation.checks import looks_like_credential

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ale.isolation.registry import CAPTURES, INSPECT, Missing, Moment, Verdict, rule
+from ale.redaction import is_secret_name
 from ale.sandbox.base import Mount
 from ale.sandbox.policy import IsolationPolicy
 
@@ -32,9 +33,6 @@ DOCKER_DEFAULT_CAPS = frozenset(
 )  # fmt: skip
 
 # Environment names that carry credentials or redirect traffic, whatever the allowlist says.
-_CREDENTIAL_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|AUTH", re.IGNORECASE)
-_CREDENTIAL_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "GCP_", "GCLOUD_", "HF_", "HUGGING")
-_FORBIDDEN_NAMES = frozenset({"DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "HF_TOKEN"})
 
 
 @dataclass(frozen=True)
@@ -137,14 +135,9 @@ def _parse_bind(spec: str) -> tuple[str, str, bool]:
 
 
 def looks_like_credential(name: str) -> bool:
-    """A variable name that carries a secret or a route out (proxies, Docker)."""
-    up = name.upper()
-    return bool(
-        _CREDENTIAL_NAME.search(up)
-        or up.startswith(_CREDENTIAL_PREFIXES)
-        or up.endswith("_PROXY")
-        or up in _FORBIDDEN_NAMES
-    )
+    """A variable name that carries a secret (the one rule, ``redaction.is_secret_name``)
+    or a route out of the sandbox (a proxy)."""
+    return is_secret_name(name) or name.upper().endswith("_PROXY")
 
 
 def _is_document(s: InspectSubject) -> bool:

@@ -27,6 +27,7 @@ from ale import layout, lossless
 from ale.agents.gateway import record as gateway_record
 from ale.agents.trajectory import Trajectory
 from ale.grading.deliverables import DeliverablesManifest, SkippedEntry, listing_digest
+from ale.grading.grader import SCORE_EPSILON
 from ale.isolation.checks import Check, failures, violation_line
 from ale.isolation.probes import workspace_empty_checks
 from ale.isolation.rules import judge
@@ -476,7 +477,7 @@ class _Verifier:
         except ValidationError as e:
             self.check("deliverables.schema", False, "a DeliverablesManifest", None, f"deliverables.json: {e}")
             return
-        prefix = "deliverables/"
+        prefix = f"{layout.DELIVERABLES_DIR}/"
         present = {rel[len(prefix):] for rel in self._present if rel.startswith(prefix)}
         bad: list[str] = []
         listed: dict[str, Any] = {}
@@ -612,10 +613,10 @@ class _Verifier:
             try:
                 recomputed = ev.tree_hash_digest(tree)
             except (ValueError, TypeError, KeyError, AttributeError) as e:
-                self.check(f"input.{name}", False, "a tree hash", None, f"evidence/{name}.json is malformed: {e!r}")
+                self.check(f"input.{name}", False, "a tree hash", None, f"{rel} is malformed: {e!r}")
                 continue
             self.check(f"input.{name}", recomputed == tree.get("digest"), recomputed, tree.get("digest"),
-                       "" if recomputed == tree.get("digest") else f"evidence/{name}.json: its digest does not match its own listing",
+                       "" if recomputed == tree.get("digest") else f"{rel}: its digest does not match its own listing",
                        area="input")
             trees[name] = tree
         if len(trees) == 2:
@@ -907,7 +908,7 @@ class _Verifier:
                 problems.append("a score without the scores it is the mean of")
             else:
                 mean = sum(result.scores) / len(result.scores)
-                if not math.isclose(mean, result.score, rel_tol=1e-9, abs_tol=1e-12):
+                if not math.isclose(mean, result.score, rel_tol=SCORE_EPSILON, abs_tol=SCORE_EPSILON):
                     problems.append(f"score {result.score} is not the mean of scores {result.scores} ({mean})")
         elif status is RunStatus.SCORED:
             problems.append("a scored run without a score")

@@ -574,7 +574,7 @@ async def grade(state: RunState, process: TaskProcess, *, attempt: int = 1) -> l
         experiment=plan.experiment,
         inputs=GradingInputs(
             input_host=state.folder.input_host.resolve(),
-            deliverables_host=(state.folder.run_dir / "deliverables").resolve(),
+            deliverables_host=state.folder.deliverables.resolve(),
             reference_host=state.folder.reference_host.resolve(),
             input_dir=v.input_dir,
             output_dir=v.output_dir,
@@ -761,7 +761,7 @@ async def grade_with_retries(state: RunState) -> list[float]:
                 attempts.append({"attempt": n, "started_at": started.isoformat(), "ended_at": now().isoformat(),
                                  "error": lossless.display(str(e))[:4000],
                                  "traceback": None if e.traceback is None else lossless.display(e.traceback)[-4000:],
-                                 "grading_environment": isinstance(e, GradingEnvironmentError)})
+                                 "harness_failure": isinstance(e, GradingEnvironmentError)})
                 if isinstance(e, GradingEnvironmentError):
                     raise
                 state.record.events.append("grading.failed", attempt=n, error=lossless.display(str(e))[:500])
@@ -963,7 +963,7 @@ def _finish_record(state: RunState, result: RunResult) -> None:
     state.record.store.write_json(Evidence.CHECKS, state.record.checks)
     state.record.store.write_json(Evidence.PHASES, [p.model_dump(mode="json") for p in state.record.phases])
     state.record.events.append("run.end", status=result.status.value, score=result.score)
-    tmp = state.folder.run_dir / "result.json.tmp"
+    tmp = state.folder.run_dir / layout.RESULT_TMP
     tmp.write_text(result.model_dump_json(indent=2))
     os.replace(tmp, state.folder.run_dir / layout.RESULT)
     # Nothing may be written into the run folder after this: the manifest covers it all.
