@@ -55,6 +55,8 @@ def build(
     """Resolve every task's software and build its environment image (cached by content)."""
     from ale.runs.software import SoftwareError, build_for, read_overlay, resolve
     from ale.sandbox.image import build_tools_image
+    from ale.tasks.card import load_card
+    from ale.tasks.errors import TaskError
 
     if not path.exists():
         raise _fail(f"{path}: no such file or folder")
@@ -75,6 +77,13 @@ def build(
     for i, d in enumerate(dirs, 1):
         row: dict[str, Any] = {"task": str(d)}
         try:
+            reason = load_card(d).unsupported_reason("docker")
+            if reason is not None:  # a Windows VM: nothing to build here
+                row.update(skipped=reason)
+                rows.append(row)
+                if json_out:
+                    print(json.dumps(row), flush=True)
+                continue
             prov = resolve(d, input_dir=None, overlay=ov)
             key = f"{prov.spec.key()}:{prov.image}"
             if key not in built:
@@ -87,7 +96,7 @@ def build(
                        cached=doc.get("cached"), declared=prov.declared,
                        provisioned=[n.name for n in prov.needs],
                        missing=[{"name": m.get("name"), "why": m.get("why")} for m in doc.get("missing", [])])
-        except (SoftwareError, ValueError, OSError) as e:
+        except (SoftwareError, TaskError, ValueError, OSError) as e:
             failed += 1
             row["error"] = str(e)
             err.print(f"[red]✗[/] {escape(str(d))}: {escape(str(e))}")
@@ -95,9 +104,11 @@ def build(
         if json_out:
             print(json.dumps(row), flush=True)
     images = sorted({r["image"] for r in rows if "image" in r})
-    complete = sum(1 for r in rows if "image" in r and not r["missing"])
-    err.print(f"{len(rows)} task(s): {complete} fully provisioned, {len(rows) - complete - failed} with missing "
-              f"software, {failed} failed; {len(images)} distinct image(s)")
+    built_rows = [r for r in rows if "image" in r]
+    complete = sum(1 for r in built_rows if not r["missing"])
+    skipped = sum(1 for r in rows if "skipped" in r)
+    err.print(f"{len(rows)} task(s): {complete} fully provisioned, {len(built_rows) - complete} with missing software, "
+              f"{skipped} skipped (unsupported here), {failed} failed; {len(images)} distinct image(s)")
     for r in rows:
         for m in r.get("missing", []):
             err.print(f"  [yellow]missing[/] {escape(Path(r['task']).name)}: {escape(str(m['name']))}: {escape(str(m['why']))}")
