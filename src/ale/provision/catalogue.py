@@ -14,6 +14,7 @@ the task's to ship; any other name is "not in the catalogue".
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -210,8 +211,9 @@ def _first_error(e: ValidationError, data: Any) -> str:
 
 
 @lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=1)
 def load_catalogue() -> Catalogue:
-    """The catalogue shipped with ale (validated; cached)."""
+    """The catalogue shipped with ale (validated once per process)."""
     try:
         data = json.loads(CATALOGUE_FILE.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:

@@ -662,7 +662,8 @@ async def provide_software(state: RunState) -> None:
                                                               "note": "provision_software is off"})
         return
     image, doc = await software.provide(state.plan.task_dir, input_dir=state.folder.input_host,
-                                        overlay_path=state.plan.software_overlay, base_image=base)
+                                        overlay_path=state.plan.software_overlay, base_image=base,
+                                        image_id=lambda ref: _image_id(state, ref))
     state.live.image = None if doc.get("kind") == "base" else image  # nothing to add: the images as planned
     state.record.store.write_json(Evidence.ENVIRONMENT, doc)
     state.record.environment = {"image": image, "kind": doc.get("kind"), "missing": len(doc.get("missing", []))}
@@ -672,6 +673,13 @@ async def provide_software(state: RunState) -> None:
         names = ", ".join(str(m.get("name")) for m in doc["missing"][:8])
         state.record.warnings.append(f"software: {len(doc['missing'])} declared need(s) not provided ({names}); "
                                      f"see {layout.evidence_path(Evidence.ENVIRONMENT)}")
+
+
+def _image_id(state: RunState, ref: str) -> str | None:
+    try:
+        return state.prep.provider.image_inspect(ref).get("Id")
+    except SandboxError:
+        return None
 
 
 async def _provision_step(state: RunState) -> None:

@@ -93,17 +93,40 @@ def build_for(prov: Provisioning, base_image: str, say: Say) -> tuple[str, dict[
     doc.update(image=env.tag, kind="environment image", image_id=env.image_id, key=env.key, size=env.size,
                cached=env.cached, build_s=round(env.build_s, 3), record=env.record,
                record_sha256=record_digest(env.record))
-    built_missing = [m for m in env.record.get("missing", []) if isinstance(m, dict)]
-    if built_missing:
-        doc["missing"] = doc["missing"] + [{"name": m.get("name"), "origin": "build", "why": m.get("why"), "kind": "build"}
-                                           for m in built_missing]
+    doc["missing"] = _missing(prov, env.record)
     return env.tag, doc
 
 
+def _missing(prov: Provisioning, record: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the task needs and does not get: unprovidable names, and what the build
+    could not fetch (a package with no wheel for the image)."""
+    built = [m for m in record.get("missing", []) if isinstance(m, dict)]
+    return [m.model_dump(mode="json") for m in prov.missing] + [
+        {"name": m.get("name"), "origin": "build", "why": m.get("why"), "kind": "build"} for m in built]
+
+
+# Environment images this process found or built: (spec key, base) -> (image, record).
+# A run re-uses one after checking the engine still has that image id for its tag.
+_FOUND: dict[str, tuple[str, dict[str, Any]]] = {}
+
+
 async def provide(task_dir: str | Path, *, input_dir: Path | None, overlay_path: str | None, base_image: str,
-                  say: Say | None = None) -> tuple[str, dict[str, Any]]:
-    """Resolve and build off the event loop (a first build takes minutes)."""
+                  say: Say | None = None, image_id: Callable[[str], str | None] | None = None) -> tuple[str, dict[str, Any]]:
+    """Resolve and build off the event loop (a first build takes minutes). ``image_id``
+    (the engine's id of a tag, None if absent) lets a run re-use an image this
+    process already found: one engine call instead of a lookup."""
     speak = say or log.info
     overlay = read_overlay(overlay_path)
     prov = await asyncio.to_thread(resolve, task_dir, input_dir=input_dir, overlay=overlay)
-    return await asyncio.to_thread(build_for, prov, base_image, speak)
+    memo = f"{prov.spec.key()}:{prov.image}:{base_image}"
+    found = _FOUND.get(memo)
+    if found is not None and image_id is not None and "image_id" in found[1]:
+        image, doc = found
+        if await asyncio.to_thread(image_id, image) == doc["image_id"]:
+            fresh = {**doc, "declared": prov.declared, "needs": [n.model_dump(mode="json") for n in prov.needs],
+                     "missing": _missing(prov, doc.get("record") or {}), "notes": prov.notes, "cached": True,
+                     "build_s": 0.0}
+            return image, fresh
+    image, doc = await asyncio.to_thread(build_for, prov, base_image, speak)
+    _FOUND[memo] = (image, doc)
+    return image, doc
