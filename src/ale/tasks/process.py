@@ -12,7 +12,9 @@ tree root importable, and serves the session calls the task makes. So:
 - task code sees none of the harness's environment: only the variables below,
   the ALE defaults (``REMOTE_ROOT_DIR``, ``REMOTE_OUTPUT_DIR``, ``OS_TYPE``), and,
   for ``evaluate()`` alone, the judge credentials passed to that call;
-- and none of the harness's files: it runs in a bubblewrap jail (``ale.tasks.jail``).
+- and none of the harness's files: it runs in a bubblewrap jail (``ale.tasks.jail``),
+  bounded (``TaskBounds``: processes, memory, disk, CPU time; a cgroup of its own
+  where the host allows, rlimits where not; an unprivileged uid when run by root).
 
 Limits: one message at most 2 GiB (``protocol.MAX_LINE``: a 1 GiB read, base64);
 the task log (its stdout and stderr) is kept up to 8 MiB, the rest dropped.
@@ -37,7 +39,14 @@ from typing import Any
 from ale.tasks.card import TaskCard, load_card
 from ale.tasks.environment import TaskEnvironment, resolve_environment
 from ale.tasks.errors import TaskError
-from ale.tasks.jail import jail_argv
+from ale.tasks.jail import (
+    TaskBounds,
+    TaskCgroup,
+    bounds_launcher,
+    jail_argv,
+    make_cgroup,
+    rlimits_for,
+)
 from ale.tasks.loader import TaskVariant, describe_variant, task_code_hash
 from ale.tasks.runtime._ale_task_worker import protocol
 from ale.tasks.runtime._ale_task_worker.importer import find_tree_root
@@ -149,9 +158,13 @@ class TaskProcess:
 
     def __init__(
         self, task_dir: str | Path, *, environment: TaskEnvironment | None = None, log_path: Path | None = None,
-        card: TaskCard | None = None, network: bool = False,
+        card: TaskCard | None = None, network: bool = False, bounds: TaskBounds | None | str = "env",
     ):
         self.path = Path(task_dir).expanduser().resolve()
+        # ale.tasks.jail.TaskBounds; "env": TaskBounds.from_env() at start (ALE_TASK_*); None: unbounded
+        self.bounds = bounds
+        self._cgroup: TaskCgroup | None = None
+        self._bounds_record: dict[str, Any] | None = None
         self.network = network  # the host's network in the jail (an LLM judge): ale.tasks.jail.task_network
         self._jailed = False
         self._noted = 0  # session calls noted in the task log
@@ -196,12 +209,18 @@ class TaskProcess:
         argv = [python, "-I", "-B", str(SERVE), str(self.path)]
         root = find_tree_root(self.path)
         tree = [root / "tasks"] if root is not None else []  # the namespace package, never the folder around it
+        bounds = TaskBounds.from_env() if self.bounds == "env" else self.bounds
+        assert bounds is None or isinstance(bounds, TaskBounds)
+        record: dict[str, Any] = {}
         jailed = jail_argv(argv, python=python, read_only=[RUNTIME_DIR, *tree, self.path], home=self._home, cwd=self.path,
-                            network=self.network)
+                           network=self.network, bounds=bounds, record=record)
         self._jailed = jailed is not None
+        command = jailed or argv
+        if bounds is not None:
+            command = await self._bound(command, bounds, record)
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                *(jailed or argv),
+                *command,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 cwd=str(self.path), env=task_process_env(python, self._home), start_new_session=True,
                 limit=protocol.MAX_LINE,
@@ -219,6 +238,39 @@ class TaskProcess:
             raise TaskError(f"{where}: returned no variants")
         self.info = TaskInfo(self.path, main, card, code_hash, frozenset(reply["functions"]), variants)
         return self.info
+
+    async def _bound(self, command: list[str], bounds: TaskBounds, record: dict[str, Any]) -> list[str]:
+        """``command`` started in a cgroup of its own (``make_cgroup``) with its
+        rlimits (``rlimits_for``); ``self._bounds_record`` says what applied."""
+        assert self._home is not None
+        uid = record.get("uid") or {"uid": os.geteuid(), "by": None, "why": "unjailed"}
+        self._cgroup, notes = await asyncio.to_thread(make_cgroup, self._home.name, bounds)
+        disk = record.get("disk") or {"bytes": None, "by": None, "why": "unjailed: its home and /tmp are the host's"}
+        rlimits, how = rlimits_for(bounds, self._cgroup, task_uid=uid["uid"], disk_capped=disk.get("bytes") is not None)
+        how["disk"] = disk.get("by")
+        limits = {"pids": bounds.pids, "memory_bytes": bounds.memory, "disk_bytes": disk.get("bytes"),
+                  "file_size_bytes": bounds.disk if "file_size" in how else None, "cpu_s_per_process": bounds.cpu_s}
+        cg = self._cgroup
+        self._bounds_record = {
+            "limits": limits,
+            "enforced_by": {"pids": how.get("pids"), "memory_bytes": how.get("memory"), "disk_bytes": how.get("disk"),
+                            "file_size_bytes": how.get("file_size"), "cpu_s_per_process": how.get("cpu_s")},
+            "cgroup": None if cg is None else {"version": cg.version, "folders": [str(d) for d in cg.folders()]},
+            "uid": uid,
+            "disk": disk,
+            "rlimits": {k: list(v) for k, v in rlimits.items()},
+            "notes": notes,
+        }
+        return bounds_launcher(command, procs=[] if cg is None else cg.procs_files(), rlimits=rlimits)
+
+    def bounds_hit(self) -> dict[str, int]:
+        """What in the task process's cgroup hit a bound so far: ``oom_kills``,
+        ``pids_max`` (forks refused); empty without a cgroup."""
+        if self._cgroup is None:
+            return {}
+        with contextlib.suppress(OSError):
+            return {k: v for k, v in self._cgroup.events().items() if v}
+        return {}
 
     async def close(self) -> None:
         """End the process (politely, then by force) and drop its home folder."""
@@ -242,6 +294,18 @@ class TaskProcess:
         if self.log_path is not None and self._log:
             with contextlib.suppress(OSError):
                 self.log_path.write_bytes(bytes(self._log))
+        cg, self._cgroup = self._cgroup, None
+        if cg is not None:
+            hit = {k: v for k, v in cg.events().items() if v}
+            if self._bounds_record is not None:
+                self._bounds_record["hit"] = hit
+            if hit:
+                self._log_line(f"[ale] the task process hit its bounds: {_describe_hit(hit)}")
+                if self.log_path is not None:
+                    with contextlib.suppress(OSError):
+                        self.log_path.write_bytes(bytes(self._log))
+            if not await asyncio.to_thread(cg.remove):
+                self._log_line(f"[ale] could not remove the task process's cgroup {cg.folders()}")
         if self._home is not None:
             shutil.rmtree(self._home, ignore_errors=True)
             self._home = None
@@ -250,7 +314,7 @@ class TaskProcess:
         """A new, unstarted task process with this one's task, environment, log, card
         and network (a grading retry starts from a clean process)."""
         return TaskProcess(self.path, environment=self.environment, log_path=self.log_path, card=self._card,
-                           network=self.network)
+                           network=self.network, bounds=self.bounds)
 
     @staticmethod
     def _kill(proc: asyncio.subprocess.Process) -> None:
@@ -318,6 +382,9 @@ class TaskProcess:
             # ale.tasks.jail: None when the process ran unjailed (ALE_TASK_SANDBOX=off, no bwrap)
             "jail": None if not self._jailed else {
                 "kind": "bubblewrap", "capabilities": [], "network": "host" if self.network else "loopback only"},
+            # ale.tasks.jail.TaskBounds: the limits, what enforces each (a cgroup, an rlimit, a tmpfs's size;
+            # None: not bounded), the cgroup version, the uid; None when unbounded (ALE_TASK_LIMITS=off)
+            "bounds": self._bounds_record,
         }
 
     # -- calls ------------------------------------------------------------------
@@ -395,6 +462,8 @@ class TaskProcess:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._log_task), 2)
         how = "" if code is None else (f" (killed by signal {-code})" if code < 0 else f" (exit code {code})")
+        if hit := self.bounds_hit():
+            how += f" after hitting its bounds: {_describe_hit(hit)}"
         tail = self.log_tail()
         return TaskProcessError(f"{what}{how}" + (f"; its last output:\n{tail}" if tail else ""), tail)
 
@@ -421,6 +490,11 @@ async def serve_session_call(session: Any, request: dict[str, Any]) -> dict[str,
     except Exception as e:
         return _error(sid, e)
     return {"op": "session_result", "sid": sid, "ok": True, "value": value}
+
+
+def _describe_hit(hit: Mapping[str, int]) -> str:
+    names = {"oom_kills": "memory (processes killed: {})", "pids_max": "processes (forks refused: {})"}
+    return ", ".join(names.get(k, k + " {}").format(v) for k, v in hit.items())
 
 
 def _clip(text: str, n: int) -> str:
