@@ -382,7 +382,7 @@ def test_on_cgroup_v2_the_task_cgroup_is_made_beside_the_harness_with_its_limits
     cg, notes = make_cgroup("ale-task-x", small(memory=100 * MiB, pids=50), mounts={"v2": (root, "/")},
                             own={"v2": "/user.slice/session-2.scope"})
     assert isinstance(cg, TaskCgroup) and cg.version == 2, notes
-    d = root / "user.slice" / "ale-task-x"
+    d = root / "user.slice" / f"ale-task-x.{os.getpid()}"
     assert cg.folders() == [d] and cg.procs_files() == [str(d / "cgroup.procs")]
     assert (d / "memory.max").read_text() == str(100 * MiB) and (d / "pids.max").read_text() == "50"
     assert (d / "memory.swap.max").read_text() == "0" and (d / "memory.oom.group").read_text() == "1"
@@ -390,8 +390,45 @@ def test_on_cgroup_v2_the_task_cgroup_is_made_beside_the_harness_with_its_limits
     (root / "ale.slice").mkdir()
     cg2, _ = make_cgroup("ale-task-y", small(cgroup_parent="/ale.slice"), mounts={"v2": (root, "/")},
                          own={"v2": "/user.slice/session-2.scope"})
-    assert cg2 is not None and cg2.folders() == [root / "ale.slice" / "ale-task-y"]
+    assert cg2 is not None and cg2.folders() == [root / "ale.slice" / f"ale-task-y.{os.getpid()}"]
     # a v2 hierarchy without the controllers (they are v1's): v1 is used, or nothing
     (root / "cgroup.controllers").write_text("hugetlb\n")
     none, notes = make_cgroup("ale-task-z", small(), mounts={"v2": (root, "/")}, own={"v2": "/"})
     assert none is None and any("controllers" in n for n in notes)
+
+
+@needs_cgroup
+def test_a_dead_harnesss_task_cgroups_are_swept() -> None:
+    """A harness killed before it closed its task processes leaves empty cgroups; the
+    next one made beside them removes them (never those of a harness still running)."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    cg, _ = make_cgroup("ale-task-live", small())
+    assert cg is not None
+    try:
+        parents = [d.parent for d in cg.folders()]
+        stale = [p / f"ale-task-stale.{dead.pid}" for p in parents]
+        mine = [p / f"ale-task-mine.{os.getpid()}" for p in parents]
+        for d in [*stale, *mine]:
+            d.mkdir()
+        again, _ = make_cgroup("ale-task-next", small())
+        assert again is not None
+        again.remove()
+        assert not any(d.exists() for d in stale) and all(d.exists() for d in mine)
+    finally:
+        cg.remove()
+        for d in mine:
+            d.rmdir()
+
+
+@needs_jail
+def test_a_task_folder_another_uid_cannot_read_keeps_the_harness_uid(tmp_path: Path) -> None:
+    """Dropping to the unprivileged uid must not break a task whose files only root
+    reads: the process keeps the harness's uid, and the record says why."""
+    if os.geteuid() != 0:
+        pytest.skip("the uid is dropped only when ale runs as root")
+    d = evaluate_only_task(tmp_path, "private", "return os.getuid()")
+    (d / "main.py").chmod(0o600)
+    value, evidence, _ = run(grade(d, small()))
+    assert value == 0
+    assert evidence["bounds"]["uid"]["by"] is None and "main.py" in evidence["bounds"]["uid"]["why"]

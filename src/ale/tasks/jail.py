@@ -175,7 +175,7 @@ def jail_argv(
         a += _open_parents(binds, skip=["/usr", "/dev", "/proc", "/etc"]) + binds
         uid = bounds.uid if os.geteuid() == 0 else None
         setpriv = shutil.which("setpriv") if uid is not None else None
-        unreadable = [b for b in binds[2::3] if not readable_by_others(b)] if uid is not None else []
+        unreadable = _unreadable([*binds[2::3], str(cwd)]) if uid is not None else []
         if uid is None:
             rec["uid"] = {"uid": os.geteuid(), "by": None, "why": "the harness is not root: its own uid"
                           if bounds.uid is not None else "ALE_TASK_UID=off"}
@@ -238,6 +238,23 @@ def readable_by_others(path: str) -> bool:
         return False
     need = 0o005 if os.path.isdir(path) else 0o004
     return mode & need == need
+
+
+def _unreadable(paths: list[str], budget: int = 5000) -> list[str]:
+    """The bound folders (and the files of the task's own folder, the last of
+    ``paths``, up to ``budget`` of them) that another uid could not read."""
+    bad = [p for p in dict.fromkeys(paths) if not readable_by_others(p)]
+    if bad:
+        return bad
+    for top, dirs, files in os.walk(paths[-1]):
+        for name in [*dirs, *files]:
+            p = os.path.join(top, name)
+            budget -= 1
+            if budget < 0:
+                return []
+            if not os.path.islink(p) and not readable_by_others(p):
+                return [p]
+    return []
 
 
 @functools.lru_cache(maxsize=4)
@@ -475,6 +492,7 @@ def make_cgroup(name: str, bounds: TaskBounds, *, mounts: dict[str, tuple[Path, 
     if not bounds.cgroup or (bounds.memory is None and bounds.pids is None):
         return None, ["cgroup: off" if not bounds.cgroup else "cgroup: no memory or pids bound to set"]
     mounts = cgroup_mounts() if mounts is None else mounts
+    name = f"{name}.{os.getpid()}"  # the harness's pid: sweep_stale() removes what a harness that died left
     own = own_cgroups() if own is None else own
     wanted = [c for c, v in (("memory", bounds.memory), ("pids", bounds.pids)) if v is not None]
     v2 = mounts.get("v2")
@@ -497,6 +515,7 @@ def make_cgroup(name: str, bounds: TaskBounds, *, mounts: dict[str, tuple[Path, 
             continue
         parent = bounds.cgroup_parent or own.get(c, "/")
         d = _cg_dir(mounts[c], parent) / name
+        sweep_stale(d.parent)
         try:
             d.mkdir()
         except OSError as e:
@@ -525,6 +544,26 @@ def make_cgroup(name: str, bounds: TaskBounds, *, mounts: dict[str, tuple[Path, 
     return TaskCgroup(1, dirs, how), notes
 
 
+def sweep_stale(parent: Path) -> None:
+    """Remove the empty task cgroups under ``parent`` of harnesses no longer running
+    (killed before they could remove them)."""
+    with contextlib.suppress(OSError):
+        for d in parent.iterdir():
+            m = re.fullmatch(r"ale-task-.+\.(\d+)", d.name)
+            if m is None or not d.is_dir() or int(m.group(1)) == os.getpid():
+                continue
+            try:
+                os.kill(int(m.group(1)), 0)
+                continue  # its harness runs
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            if not _proc_lines(str(d / "cgroup.procs")):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+
+
 def _make_v2(name: str, bounds: TaskBounds, wanted: list[str], mount: tuple[Path, str], own: str,
              notes: list[str]) -> TaskCgroup | None:
     if bounds.cgroup_parent:
@@ -536,6 +575,7 @@ def _make_v2(name: str, bounds: TaskBounds, wanted: list[str], mount: tuple[Path
     for parent in parents:
         pdir = _cg_dir(mount, parent)
         d = pdir / name
+        sweep_stale(pdir)
         try:
             d.mkdir()
         except OSError as e:
