@@ -168,6 +168,7 @@ def jail_argv(
         shm = min(disk, SHM_CAP) if disk else SHM_CAP
         a += ["--perms", "1777", "--size", str(shm), "--tmpfs", "/dev/shm"]
         rec["disk"] = {"bytes": disk, "by": "tmpfs size" if disk else None, "places": ["/tmp", str(home)],
+                       "cap_is": "shared" if _under(home, Path("/tmp")) else "each",
                        "dev_shm_bytes": shm, "backing": "memory (tmpfs)"}
         # bubblewrap makes the folders above a bind 0700: another uid could not reach
         # /etc's files, the task tree or the interpreter
