@@ -237,6 +237,7 @@ def test_gcs_code_path_on_a_mocked_file_system(tmp_path: Path, monkeypatch) -> N
         return mem
 
     monkeypatch.setattr(remote, "make_filesystem", fake_fs)
+    monkeypatch.setattr(remote, "probe_store", lambda protocol, options: None)  # no network here
     store = tmp_path / "s.json"
     v = make_variant(tmp_path / "data")
     seal_variant(v, store, remove_clear=True)

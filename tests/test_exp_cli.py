@@ -19,7 +19,7 @@ runner = CliRunner()
 def exp_file(tmp: Path, extra: str = "") -> Path:
     for t in ("a", "b"):
         (tmp / "tasks" / t).mkdir(parents=True, exist_ok=True)
-        (tmp / "tasks" / t / "main.py").write_text("def load():\n    return [{}]\n")
+        (tmp / "tasks" / t / "main.py").write_text("def load():\n    return [{'description': 'do it'}]\n\n\ndef evaluate(cfg, session):\n    return [1.0]\n")
     f = tmp / "exp.yaml"
     f.write_text(textwrap.dedent("""\
         name: cli

@@ -103,7 +103,7 @@ def test_matrix_expands_agent_configs(tree: Path) -> None:
         agents:
           - name: llm
             label: gpt
-            config: {max_tokens: 100}
+            config: {max_output_tokens: 100}
             matrix: {model: [a, b], temperature: [0, 1]}
         tasks: [demo/hello]
     """)
@@ -113,7 +113,7 @@ def test_matrix_expands_agent_configs(tree: Path) -> None:
         "gpt[model=a,temperature=0]", "gpt[model=a,temperature=1]",
         "gpt[model=b,temperature=0]", "gpt[model=b,temperature=1]",
     ]
-    assert specs[1].config == {"max_tokens": 100, "model": "a", "temperature": 1}
+    assert specs[1].config == {"max_output_tokens": 100, "model": "a", "temperature": 1}
     ids = [u.unit_id for u in plan_units(exp)]
     assert ids[0] == "demo-hello-v0-gpt-model-a-temperature-0-r0"
     assert len(set(ids)) == 4

@@ -82,7 +82,7 @@ def make_exp(tmp: Path, n_tasks: int = 5, agents: tuple[str, ...] = ("oracle",),
     for i in range(n_tasks):
         d = tmp / "tasks" / f"t{i:02d}"
         d.mkdir(parents=True, exist_ok=True)
-        (d / "main.py").write_text("def load():\n    return [{}]\n")
+        (d / "main.py").write_text("def load():\n    return [{'description': 'do it'}]\n\n\ndef evaluate(cfg, session):\n    return [1.0]\n")
     agent_yaml = ", ".join(f"{{name: {a}}}" for a in agents)
     f = tmp / "exp.yaml"
     f.write_text(textwrap.dedent(f"""\

@@ -18,6 +18,7 @@ from rich.markup import escape
 
 from ale.cli_output import err, fail, software_progress
 from ale.defaults import DEFAULT_INPUT_DIR, DEFAULT_OUTPUT_DIR, DEFAULT_TOOLS_IMAGE
+from ale.result import reason_line
 from ale.status import RunStatus
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Run AI agents on benchmark tasks in sandboxes proven sealed.")
@@ -98,6 +99,37 @@ def terminate_as_interrupt() -> Iterator[None]:
             signal.signal(sig, h)
 
 
+def _ready(plans: list, *, data_flag: str = "--data") -> None:
+    """Before any sandbox starts: refuse a plan whose agent, task or data cannot do
+    (exit 2, saying what to pass), then build the images the plans need (ale's
+    own, when missing; cached by content)."""
+    from ale.agents.errors import AgentConfigError
+    from ale.agents.registry import check_agent
+    from ale.runs.images import ensure_images, images_for
+    from ale.runs.screening import OK, no_data_reason, screen_task
+    from ale.sandbox.base import SandboxError
+
+    for plan in plans:
+        try:
+            check_agent(plan.agent)
+        except AgentConfigError as e:
+            _fail(f"--agent {plan.agent.name}: {e}")
+        screen = screen_task(plan.task_dir, plan.provider)
+        if screen.status != OK:
+            _fail(f"{plan.task_dir}: {screen.status}: {screen.reason}")
+        facts = next((v for v in screen.variants if v.index == plan.variant), None)
+        if facts is None:
+            _fail(f"{plan.task_dir}: variant {plan.variant} does not exist: the task has {len(screen.variants)}")
+        if facts.unsupported:
+            _fail(f"{plan.task_dir}: variant {plan.variant} {facts.unsupported}")
+        if facts.needs_data and not (plan.data_source or screen.data_source):
+            _fail(f"{plan.task_dir}: {no_data_reason(facts, data_flag)}")
+    try:
+        ensure_images(images_for(plans), say=lambda m: err.print(m, markup=False, highlight=False))
+    except SandboxError as e:
+        _fail(str(e), 1)
+
+
 def _execute(plan):
     from ale.runs.lifecycle import PreflightError, execute_run
 
@@ -121,8 +153,9 @@ def _print_result(result, run_dir: Path) -> None:
         err.print(f"  [red]violation[/] {escape(v)}")
     for w in result.extra.get("warnings", []):
         err.print(f"  [yellow]warning[/] {escape(str(w))}")
-    if result.error and result.status is not RunStatus.SCORED:
-        err.print(f"  [yellow]{escape(result.error.strip().splitlines()[0][:300])}[/]")
+    why = reason_line(result)
+    if why:
+        err.print(f"  [yellow]why: {escape(why)}[/]")
     print(run_dir)
 
 
@@ -152,6 +185,7 @@ def run(
             _fail(f"--agent-config is not valid JSON: {e}")
     plan = _plan(task_dir, agent, variant, data, runs_dir, script, image, policy, signing_key, timeout, cfg, workspace_max_bytes,
                  software=software, overlay=overlay)
+    _ready([plan])
     result = _execute(plan)
     _print_result(result, plan.run_dir)
     if result.status in FAILED_RUN:
@@ -194,6 +228,7 @@ def task_check(
     problems: list[str] = []
     variants: list[dict] = []
     tried = 0
+    _ready([_plan(task_dir, "nop", v, data, runs_dir, None, image, policy, None, None) for v in range(len(info.variants))])
     for v, variant in enumerate(info.variants):
         record: dict = {"variant": v, "task_id": variant.task_id}
         runs = {}
@@ -481,6 +516,10 @@ def _register_subcommands() -> None:
     app.command("regrade")(regrade_command)
     app.command("view")(view_command)
     app.command("export")(export_command)
+    from ale.cli_show import key_app, task_show_command
+
+    app.add_typer(key_app, name="key")
+    task_app.command("show")(task_show_command)
     image_app.command("bake")(bake_command)
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -48,23 +49,31 @@ def run_command(
     allow_changed: Annotated[bool, typer.Option("--allow-changed", help="Continue an output folder although the experiment changed.")] = False,
     concurrency: Annotated[int | None, typer.Option("--concurrency", "-j", min=1, help="Runs at once (default: the file's `concurrency`).")] = None,
     cluster: Annotated[str | None, typer.Option("--cluster", envvar="ALE_CLUSTER", help="Where runs execute: `local` (default) or `ray:HOST:PORT` (a Ray cluster; default: the file's environment.cluster).")] = None,
+    retry_errors: Annotated[bool, typer.Option("--retry-errors", help="Run once more each unit whose final run ended in an error (infrastructure, or a grading failure or invalid run not charged to the agent).")] = False,
 ) -> None:
     """Run (or resume) an experiment; prints where the report is, last."""
     from ale.runs.cluster import resolve_cluster
     from ale.runs.exp_record import ExperimentChanged, OutputBusy
-    from ale.runs.experiment import ExperimentError, load_experiment, plan_units
+    from ale.runs.experiment import ExperimentError, load_experiment, plan_experiment
     from ale.runs.orchestrator import run_experiment
     from ale.runs.progress import PlainProgress, RichProgress
+    from ale.runs.screening import SKIPPED_FILE, write_skipped
     from ale.runs.store import read_result, runs_root
     from ale.sandbox.base import SandboxError
 
     try:
         exp = load_experiment(file)
-        units = plan_units(exp)
+        units, skipped = plan_experiment(exp)
         resolve_cluster(cluster, exp.environment.cluster)
     except (ExperimentError, ValueError) as e:
         _fail(str(e))
     out_dir = exp.output_dir
+    if skipped:
+        err.print(f"[yellow]{len(skipped)} task(s) or variant(s) not planned[/] (they cannot run here; the rest runs):")
+        for sk in skipped:
+            err.print(f"  {escape(sk.line())}", highlight=False)
+    if not units:
+        _fail(f"nothing to run in {file}: every task was left out (above)")
     if dry_run:
         root = runs_root(out_dir)
         for u in units:
@@ -73,6 +82,7 @@ def run_command(
                   + ("\t(has a result)" if done else ""))
         err.print(f"{len(units)} run(s) planned for {exp.name!r} → {out_dir}")
         return
+    write_skipped(out_dir, skipped)
     use_plain = plain or not sys.stderr.isatty()
     progress = PlainProgress() if use_plain else RichProgress(err)
     from ale.cli_output import software_progress
@@ -81,7 +91,7 @@ def run_command(
         with software_progress():
             summary = asyncio.run(
                 run_experiment(exp, progress=progress, concurrency=concurrency, allow_changed=allow_changed,
-                               cluster=cluster)
+                               cluster=cluster, retry_errors=retry_errors, units=units)
             )
     except (ExperimentChanged, OutputBusy, ExperimentError) as e:
         _fail(str(e))
@@ -93,6 +103,8 @@ def run_command(
         f"{sum(summary.statuses.values())}/{summary.total} runs final ({finals}); "
         f"{summary.executed} attempt(s) this session, {summary.skipped} already done, {summary.retried} retried"
     )
+    if skipped:
+        err.print(f"[yellow]{len(skipped)} task(s) or variant(s) not planned[/]: {out_dir / SKIPPED_FILE}")
     if summary.interrupted:
         err.print("[yellow]interrupted[/]: run the same command again to resume")
     err.print(f"report: {html_path} (data: {json_path})")
@@ -119,9 +131,48 @@ def status_command(exp_dir: Annotated[Path, typer.Argument(help="The experiment'
     for status, n in sorted(counts.items()):
         table.add_row(status, str(n))
     table.add_row("[bold]final / planned[/]", f"{sum(counts.values())} / {total}")
-    Console().print(table)
+    console = wide_console()
+    console.print(table)
+    from ale.report import load_report
+
+    with contextlib.suppress(FileNotFoundError, ValueError, OSError):
+        print_not_scored(console, load_report(exp_dir).runs)
+    print_skipped_tasks(console, exp_dir)
     holder = _lock_holder(exp_dir)
     err.print(f"running now (pid {holder})" if holder else "not running")
+
+
+def wide_console() -> Console:
+    """A console for tables: the terminal's width, or (piped, redirected) wide
+    enough that no table is cut (rich's default there is 80 columns)."""
+    return Console() if sys.stdout.isatty() else Console(width=100_000)
+
+
+def print_not_scored(console: Console, rows: list) -> None:
+    """Each run that did not score, with why (one line each), grouped by reason."""
+    from ale.report.reasons import group_reasons, left_out, reason_lines
+
+    groups = group_reasons(rows)
+    if not groups:
+        return
+    out = left_out(rows)
+    console.print(f"[bold]{sum(g.count for g in groups)} run(s) did not score[/] "
+                  f"({len(out)} left out of the headline numbers); by reason:")
+    for g in groups:
+        console.print(f"  {g.count:>4}  {escape(g.status)}: {escape(g.reason)}", highlight=False)
+    for line in reason_lines(rows, limit=200):
+        console.print(f"  - {escape(line)}", highlight=False)
+
+
+def print_skipped_tasks(console: Console, exp_dir: Path) -> None:
+    """The tasks planning left out (unsupported, not loading), from the experiment folder."""
+    from ale.runs.screening import SKIPPED_FILE, read_skipped
+
+    skipped = read_skipped(exp_dir)
+    if skipped:
+        console.print(f"[yellow]{len(skipped)} task(s) or variant(s) not planned[/] (recorded in {exp_dir / SKIPPED_FILE}):")
+        for s in skipped:
+            console.print(f"  {escape(s['status'])}  {escape(s['task'])}: {escape(s['reason'])}", highlight=False)
 
 
 def _lock_holder(exp_dir: Path) -> str | None:
@@ -171,16 +222,18 @@ def report_command(
         err.print(f"wrote {html}")
     if not (as_json or as_csv or html):
         table = Table(title=f"{report.experiment or exp_dir}: {report.total_runs} runs")
-        for col in ("agent", "mean", "95% CI", "valid-only mean", f"pass ≥ {report.pass_threshold:g}", "tasks",
-                    "counted/runs", "invalid", "flagged"):
+        max_k = max((max(a.pass_at_k) for a in report.agents if a.pass_at_k), default=0)
+        for col in ("agent", "mean", "95% CI", "valid-only mean", f"pass ≥ {report.pass_threshold:g}",
+                    *(f"pass@{k}" for k in range(1, max_k + 1)), "tasks", "counted/runs", "invalid", "flagged"):
             table.add_column(col)
         for a in report.agents:
             ci = "-" if a.ci_low is None else f"[{a.ci_low:.3f}, {a.ci_high:.3f}]"
-            table.add_row(a.agent, "-" if a.mean is None else f"{a.mean:.3f}", ci,
+            pak = ["-" if a.pass_at_k.get(k) is None else f"{a.pass_at_k[k]:.3f}" for k in range(1, max_k + 1)]
+            table.add_row(escape(a.agent), "-" if a.mean is None else f"{a.mean:.3f}", ci,
                           "-" if a.valid_mean is None else f"{a.valid_mean:.3f}",
-                          "-" if a.pass_rate is None else f"{a.pass_rate:.3f}", str(a.items), f"{a.counted}/{a.runs}",
+                          "-" if a.pass_rate is None else f"{a.pass_rate:.3f}", *pak, str(a.items), f"{a.counted}/{a.runs}",
                           str(a.statuses.get(RunStatus.INVALID_EVALUATION_ENVIRONMENT, 0)), str(a.flagged))
-        console = Console()
+        console = wide_console()
         console.print(table)
         console.print("by status: " + ", ".join(f"{k} {v}" for k, v in report.counts_by_status.items() if v))
         console.print("tiers: " + ", ".join(f"{k} {len(v)}" for k, v in report.tiers.items()))
@@ -202,6 +255,10 @@ def report_command(
         if regrades["runs"]:
             console.print(f"{regrades['runs']} run(s) counted with a regrade, with task code "
                           + ", ".join(f"{c[:12]}… ({n})" for c, n in regrades["task_code"].items()), highlight=False)
+        if max_k == 0:
+            console.print("pass@k: no task has two or more counted runs of an agent (repeats: 2 or more)", highlight=False)
+        print_not_scored(console, report.runs)
+        print_skipped_tasks(console, exp_dir)
         console.print(report.counting_policy, markup=False, highlight=False)
 
 

@@ -62,6 +62,51 @@ class RunResult(BaseModel):
         return is_retryable(self.status, self.invalid_attribution, allowed=self.extra.get("retryable", True))
 
 
+_STATUS_REASON = {
+    RunStatus.INVALID_EVALUATION_ENVIRONMENT: "the sandbox was not proven sealed",
+    RunStatus.AGENT_FAILED: "the agent ended without finishing",
+    RunStatus.TIMEOUT: "the agent ran out of time",
+    RunStatus.GRADING_FAILED: "the grader gave no valid score",
+    RunStatus.INFRASTRUCTURE_ERROR: "the harness could not run it",
+}
+_CHARGED_TO = {
+    InvalidAttribution.BEFORE_AGENT: "before the agent started; retried",
+    InvalidAttribution.AFTER_AGENT_START: "charged to the candidate",
+    InvalidAttribution.CONTROLLER_CONFIGURATION: "the controller's configuration",
+    InvalidAttribution.GRADING_ENVIRONMENT: "the grading environment; retried",
+}
+
+
+def reason_line(result: Any, limit: int = 240) -> str | None:
+    """Why a run did not score, in one line (None for a scored run): the one
+    wording of ``ale run``/``ale exp``'s status lines, ``ale report``, the HTML
+    report and ``ale exp status``. Takes a ``RunResult`` or anything with its
+    ``status``, ``error`` and ``invalid_attribution`` (or ``attribution``), and
+    optionally ``violations``."""
+    status = RunStatus(result.status)
+    if status is RunStatus.SCORED:
+        return None
+    text = ""
+    violations = list(getattr(result, "violations", None) or [])
+    if status is RunStatus.INVALID_EVALUATION_ENVIRONMENT and violations:
+        text = str(violations[0]) + (f" (+{len(violations) - 1} more)" if len(violations) > 1 else "")
+    error = getattr(result, "error", None)
+    if not text and error:
+        lines = [ln.strip() for ln in str(error).strip().splitlines() if ln.strip()]
+        if lines:
+            # a traceback's last line says what happened; any other text, its first
+            text = lines[-1] if lines[0].startswith("Traceback (most recent call last)") else lines[0]
+    if not text:
+        text = _STATUS_REASON[status]
+    attribution = getattr(result, "invalid_attribution", None) or getattr(result, "attribution", None)
+    if attribution is not None and status in (RunStatus.INVALID_EVALUATION_ENVIRONMENT, RunStatus.GRADING_FAILED):
+        note = _CHARGED_TO.get(InvalidAttribution(attribution))
+        if note:
+            text = f"{text} [{note}]"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def write_schema(path: str) -> None:
     import json
 

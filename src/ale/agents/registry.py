@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
+from collections.abc import Iterable
 from typing import Any
 
 from ale.agents.base import Agent
@@ -26,11 +28,40 @@ def known_agents() -> tuple[str, ...]:
     return tuple(AGENTS)
 
 
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def _agent_class(name: str) -> type:
     if name not in AGENTS:
-        raise AgentConfigError(f"unknown agent {name!r}; known agents: {', '.join(AGENTS)}")
+        raise AgentConfigError(f"unknown agent {name!r}{_did_you_mean(name, AGENTS)} (known agents: {', '.join(AGENTS)})")
     module, cls = AGENTS[name]
     return getattr(importlib.import_module(module), cls)
+
+
+def known_config_keys(name: str) -> frozenset[str] | None:
+    """The configuration keys agent ``name`` accepts (None: it does not say)."""
+    if name not in AGENTS:
+        return None
+    keys = getattr(importlib.import_module(AGENTS[name][0]), "_KNOWN_KEYS", None)
+    if keys is None and name == "nop":
+        return frozenset()
+    return None if keys is None else frozenset(keys)
+
+
+def check_agent(spec: AgentSpec) -> None:
+    """Refuse what an agent spec gets wrong before any run: an unknown agent or
+    config key (with a "did you mean"), then whatever the agent's own constructor
+    refuses (a missing script, a bad value). AgentConfigError says which."""
+    _agent_class(spec.name)
+    keys = known_config_keys(spec.name)
+    if keys is not None:
+        for key in sorted(set(spec.config) - keys):
+            raise AgentConfigError(
+                f"{spec.name} agent: unknown config key {key!r}{_did_you_mean(key, keys)} "
+                f"(known: {', '.join(sorted(keys)) or 'none'})")
+    make_agent(spec)
 
 
 def make_agent(spec: AgentSpec) -> Agent:

@@ -169,6 +169,66 @@ def make_filesystem(protocol: str, options: dict[str, Any]) -> Any:
         raise DataError(f"the {protocol}:// data source needs the {pkg} package: pip install {pkg}") from exc
 
 
+ENV_CONNECT_TIMEOUT = "ALE_DATA_CONNECT_TIMEOUT_S"
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+_DEFAULT_HOSTS = {"gcs": "storage.googleapis.com", "s3": "s3.amazonaws.com", "hf": "huggingface.co"}
+
+
+class DataUnreachable(DataError):
+    """The data store did not answer (no network, no such host, refused): not
+    missing data. Retryable: another attempt may reach it."""
+
+    retryable = True
+
+
+def store_endpoint(protocol: str, options: dict[str, Any]) -> tuple[str, int] | None:
+    """(host, port) of the service a protocol's client talks to, or None (memory://)."""
+    url: str | None = None
+    if protocol == "gcs":
+        url = options.get("endpoint_url") or (
+            os.environ.get(GCS_EMULATOR_ENV) if _gcs_endpoint_overridden(options) else None)
+    elif protocol == "s3":
+        url = (options.get("client_kwargs") or {}).get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") \
+            or os.environ.get("AWS_ENDPOINT_URL")
+    elif protocol == "hf":
+        url = options.get("endpoint") or os.environ.get("HF_ENDPOINT")
+    else:
+        return None
+    if not url:
+        return _DEFAULT_HOSTS[protocol], 443
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if not parts.hostname:
+        return None
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def probe_store(protocol: str, options: dict[str, Any], timeout: float | None = None) -> None:
+    """A short TCP connect to the store's service: DataUnreachable, in one line and
+    within ``timeout`` (ALE_DATA_CONNECT_TIMEOUT_S, default 5 s), when it does not
+    answer, instead of the storage client's minutes of retries ending in "not found"."""
+    import socket
+
+    endpoint = store_endpoint(protocol, options)
+    if endpoint is None:
+        return
+    if timeout is None:
+        try:
+            timeout = float(os.environ.get(ENV_CONNECT_TIMEOUT) or DEFAULT_CONNECT_TIMEOUT_S)
+        except ValueError:
+            timeout = DEFAULT_CONNECT_TIMEOUT_S
+    host, port = endpoint
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc) or type(exc).__name__)
+        raise DataUnreachable(
+            f"the data store is unreachable (cannot connect to {host}:{port}: {why}); "
+            "this is not missing data: check the network (or the endpoint) and run again"
+        ) from None
+
+
 def _identity(info: dict[str, Any]) -> str:
     """What identifies one version of a remote file, for the cache index."""
     for k in ("ETag", "etag", "md5Hash", "generation", "blob_id", "VersionId", "version_id"):
@@ -345,14 +405,21 @@ class RemoteSource:
     @property
     def fs(self) -> Any:
         if self._fs is None:
-            self._fs = make_filesystem(self.parsed.protocol, self._input_opts)
+            self._fs = self._open_fs(self._input_opts)
         return self._fs
 
     @property
     def ref_fs(self) -> Any:
         if self._ref_fs is None:
-            self._ref_fs = make_filesystem(self.parsed.protocol, self._ref_opts)
+            self._ref_fs = self._open_fs(self._ref_opts)
         return self._ref_fs
+
+    def _open_fs(self, options: dict[str, Any]) -> Any:
+        try:
+            probe_store(self.parsed.protocol, options)  # an unreachable store: one line, in seconds
+        except DataUnreachable as e:
+            raise DataUnreachable(f"{self.spec}: {e}") from None
+        return make_filesystem(self.parsed.protocol, options)
 
     @property
     def cache(self) -> BlobCache:

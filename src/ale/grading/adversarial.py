@@ -682,7 +682,8 @@ async def probe_missing_reference(
     if reference_from_source(oracle_run) == 0:
         o.detail = "no reference comes from the data source (start() writes it, or there is none)"
         return o
-    root = Path(tempfile.mkdtemp(prefix=".ale-noref-", dir=Path(base.runs_dir)))
+    # absolute: the spec below is read against the task folder, not the current one
+    root = Path(tempfile.mkdtemp(prefix=".ale-noref-", dir=Path(base.runs_dir).resolve()))
     try:
         try:
             data = await asyncio.to_thread(stage_without_reference, str(spec), variant, task_path, root, image_store)

@@ -45,10 +45,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ale import layout
-from ale.result import RunResult
+from ale.result import RunResult, reason_line
 from ale.runs.experiment import ReportSpec, TierSpec
 from ale.runs.store import UnitInfo, iter_results, read_units, unit_of
 from ale.status import (
@@ -91,6 +91,12 @@ class RunRow(BaseModel):
     trajectory: str | None = None  # trajectory.json, relative to the experiment folder
     warnings: list[str] = Field(default_factory=list)  # result.extra["warnings"]: counted, worth a look
     environment: str | None = None  # the image the run's sandboxes started from (result.extra["environment"])
+    _reason: str | None = PrivateAttr(default=None)  # from the result (its violations too); never serialised
+
+    @property
+    def reason(self) -> str | None:
+        """Why the run did not score, in one line (ale.result.reason_line); None when scored."""
+        return self._reason or reason_line(self)
 
 
 class AgentSummary(BaseModel):
@@ -226,8 +232,7 @@ def aggregate(
         attribution = r.invalid_attribution
         path = run_paths.get(r.run_id)
         trajectory = f"{path}/{layout.TRAJECTORY}" if path else None
-        rows.append(
-            RunRow(
+        row = RunRow(
                 run_id=r.run_id,
                 unit_id=u.unit_id,
                 item=item_name(u.task, u.variant),
@@ -247,7 +252,8 @@ def aggregate(
                 warnings=[str(w) for w in (r.extra or {}).get("warnings", [])],
                 environment=((r.extra or {}).get("environment") or {}).get("image"),
             )
-        )
+        row._reason = reason_line(r)
+        rows.append(row)
 
     counts: dict[str, int] = {s.value: 0 for s in RunStatus}
     for row in rows:

@@ -15,6 +15,7 @@ from typing import Any
 
 from ale import layout
 from ale.report.aggregate import TIERS, UNCLASSIFIED, Report
+from ale.report.reasons import html_section as reasons_html
 from ale.status import InvalidAttribution, RunStatus, is_charged
 
 CSV_FIELDS = (
@@ -261,6 +262,8 @@ def to_html(report: Report, *, link_base: str = "") -> str:
         out.append(f"<tr><td>{escape(item.item)}</td><td>{item.tier}</td><td class='num'>{_fmt(item.best)}</td>{''.join(cells)}</tr>")
     out.append("</table></div>")
 
+    out.append(reasons_html(report.runs, link))
+
     # invalid
     uncounted = [r for r in report.runs if r.status in (RunStatus.INVALID_EVALUATION_ENVIRONMENT, RunStatus.GRADING_FAILED)]
     out.append(f"<h2>Invalid runs and grading failures ({len(uncounted)}; flagged for review: {len(report.flagged_runs)})</h2>")
@@ -289,13 +292,14 @@ def to_html(report: Report, *, link_base: str = "") -> str:
 
     # every run
     out.append("<h2>All runs</h2><div class='scroll'><table id='runs'><tr><th>run</th><th>agent</th><th>task</th>"
-               "<th>repeat</th><th>attempt</th><th>status</th><th>score</th><th>trajectory</th></tr>")
+               "<th>repeat</th><th>attempt</th><th>status</th><th>score</th><th>why not scored</th><th>trajectory</th></tr>")
     for r in report.runs:
         score = _fmt(r.score) if r.counted else f"<span class='muted'>{_fmt(r.score)} (not counted)</span>"
         out.append(
             f"<tr><td>{link(r.path, r.run_id)}</td><td>{escape(r.agent)}</td><td>{escape(r.item)}</td>"
             f"<td class='num'>{r.repeat}</td><td class='num'>{r.attempt}</td><td>{escape(r.status.value)}</td>"
-            f"<td class='num'>{score}</td><td>{link(r.trajectory, layout.TRAJECTORY) if r.trajectory else '–'}</td></tr>"
+            f"<td class='num'>{score}</td><td class='reason'>{escape(r.reason or '')}</td>"
+            f"<td>{link(r.trajectory, layout.TRAJECTORY) if r.trajectory else '–'}</td></tr>"
         )
     out.append("</table></div></body></html>")
     return "\n".join(out)

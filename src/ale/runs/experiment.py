@@ -35,6 +35,7 @@ from ale.data.sources import anchor_spec
 from ale.defaults import DEFAULT_TOOLS_IMAGE
 from ale.documents import load_document
 from ale.plan import AgentSpec, Limits, RunPlan
+from ale.runs.screening import NO_DATA, NO_VARIANT, Skipped, no_data_reason, screen_task
 from ale.sandbox.policy import IsolationPolicy
 from ale.tasks.card import load_card, policy_for_card
 from ale.tasks.errors import TaskError
@@ -268,14 +269,17 @@ class Experiment(BaseModel):
     def agent_specs(self) -> list[AgentSpec]:
         """The agents, with file paths in their configs (`script`, `prompt_file`)
         resolved against this file's folder, as every other path here is."""
+        return [spec for entry in self.agents for spec in self.resolved_specs(entry)]
+
+    def resolved_specs(self, entry: AgentEntry) -> list[AgentSpec]:
+        """One entry's agents, paths in their configs resolved (see agent_specs)."""
         specs = []
-        for entry in self.agents:
-            for spec in entry.expand():
-                cfg = dict(spec.config)
-                for key in AGENT_PATH_KEYS:
-                    if isinstance(cfg.get(key), str):
-                        cfg[key] = str(self.resolve(cfg[key]))
-                specs.append(spec.model_copy(update={"config": cfg}))
+        for spec in entry.expand():
+            cfg = dict(spec.config)
+            for key in AGENT_PATH_KEYS:
+                if isinstance(cfg.get(key), str):
+                    cfg[key] = str(self.resolve(cfg[key]))
+            specs.append(spec.model_copy(update={"config": cfg}))
         return specs
 
     def isolation_policy(self) -> IsolationPolicy:
@@ -460,9 +464,11 @@ def task_variants(task_dir: Path) -> int:
         raise ExperimentError(f"cannot count the variants of {task_dir}: {e}") from e
 
 
-def resolve_tasks(exp: Experiment, *, jobs: int = 4) -> list[ResolvedTask]:
-    """The experiment's tasks, in file order, each once (first mention wins).
-    ``variants: all`` loads the task to count them, `jobs` tasks at once."""
+def resolve_tasks(exp: Experiment, *, jobs: int = 4, skipped: list[Skipped] | None = None) -> list[ResolvedTask]:
+    """The experiment's tasks, in file order, each once (first mention wins), with
+    the variants that can run. Every task is loaded (``ale.runs.screening``), `jobs`
+    at once: a task that does not load, needs a Windows VM, lacks a variant asked
+    for, or needs data no source gives is left out and appended to ``skipped``."""
     root = exp.tasks_root_dir
     mentioned: dict[Path, tuple[str, tuple[int, ...] | Literal["all"] | None]] = {}
 
@@ -499,18 +505,61 @@ def resolve_tasks(exp: Experiment, *, jobs: int = 4) -> list[ResolvedTask]:
             for j, item in enumerate(read_task_list(list_path)):
                 assert item.path is not None
                 add(item.path, entry.variants or item.variants, f"{list_path} entry {j}")
-    counting = [d for d, (_, variants) in mentioned.items() if variants == "all"]
-    with ThreadPoolExecutor(max(1, min(jobs, len(counting) or 1))) as pool:
-        counts = dict(zip(counting, pool.map(task_variants, counting), strict=True))
+    dirs = list(mentioned)
+    provider = exp.environment.provider
+    with ThreadPoolExecutor(max(1, min(jobs, len(dirs) or 1))) as pool:
+        screens = dict(zip(dirs, pool.map(lambda d: screen_task(d, provider), dirs), strict=True))
+    skipped = skipped if skipped is not None else []
     out = []
     for task_dir, (name, variants) in mentioned.items():
-        vs = tuple(range(counts[task_dir])) if variants == "all" else variants or (0,)
-        out.append(ResolvedTask(name, task_dir, tuple(sorted(set(vs)))))
+        sc = screens[task_dir]
+        if sc.status != "ok":
+            skipped.append(Skipped(name, str(task_dir), None, sc.status, sc.reason or ""))
+            continue
+        vs = tuple(range(len(sc.variants))) if variants == "all" else variants or (0,)
+        data = exp.environment.data_source or sc.data_source
+        keep = []
+        for v in sorted(set(vs)):
+            if v >= len(sc.variants):
+                skipped.append(Skipped(name, str(task_dir), v, NO_VARIANT,
+                                       f"variant {v} does not exist: the task has {len(sc.variants)} (0..{len(sc.variants) - 1})"))
+            elif sc.variants[v].unsupported:
+                skipped.append(Skipped(name, str(task_dir), v, "unsupported", str(sc.variants[v].unsupported)))
+            elif sc.variants[v].needs_data and not data:
+                skipped.append(Skipped(name, str(task_dir), v, NO_DATA,
+                                       no_data_reason(sc.variants[v], "environment.data_source")))
+            else:
+                keep.append(v)
+        if keep:
+            out.append(ResolvedTask(name, task_dir, tuple(keep)))
     return out
 
 
-def plan_units(exp: Experiment) -> list[PlannedUnit]:
-    """Every unit of the experiment, deterministically ordered and named."""
+def check_agents(exp: Experiment) -> None:
+    """Every agent and configuration the file names, checked before any run:
+    ExperimentError naming ``agents[i]`` (with a "did you mean")."""
+    from ale.agents.errors import AgentConfigError
+    from ale.agents.registry import check_agent
+
+    for i, entry in enumerate(exp.agents):
+        for spec in exp.resolved_specs(entry):
+            try:
+                check_agent(spec)
+            except AgentConfigError as e:
+                raise ExperimentError(f"{exp._where()}agents[{i}] ({spec.display}): {e}") from e
+
+
+def plan_experiment(exp: Experiment) -> tuple[list[PlannedUnit], list[Skipped]]:
+    """The agents checked (``check_agents``), then ``plan_units`` and what was left
+    out of it and why (``ale.runs.screening``): what ``ale exp run`` plans."""
+    check_agents(exp)
+    skipped: list[Skipped] = []
+    return plan_units(exp, skipped=skipped), skipped
+
+
+def plan_units(exp: Experiment, *, skipped: list[Skipped] | None = None) -> list[PlannedUnit]:
+    """Every unit of the experiment that can run, deterministically ordered and
+    named; what cannot is appended to ``skipped``."""
     policy = exp.isolation_policy()
     env = exp.environment
     # Relative to the experiment file's folder, like its other paths (a card's own spec: its task's).
@@ -518,7 +567,7 @@ def plan_units(exp: Experiment) -> list[PlannedUnit]:
     runs_dir = str(exp.output_dir / layout.RUNS_DIR)
     units: list[PlannedUnit] = []
     seen: set[str] = set()
-    tasks = resolve_tasks(exp)
+    tasks = resolve_tasks(exp, skipped=skipped)
     policies = {t.task_dir: policy_for_card(policy, load_card(t.task_dir))[0] for t in tasks}
     for task in tasks:
         for variant in task.variants:

@@ -43,7 +43,7 @@ from typing import Any
 import ale
 from ale import layout
 from ale.plan import RunPlan
-from ale.result import RunResult
+from ale.result import RunResult, reason_line
 from ale.runs.cluster import resolve_cluster
 from ale.runs.exp_record import (
     OutputLock,
@@ -51,6 +51,7 @@ from ale.runs.exp_record import (
     write_experiment_record,
 )
 from ale.runs.experiment import Experiment, PlannedUnit, plan_units
+from ale.runs.images import ensure_images, images_for
 from ale.runs.lifecycle import execute_run
 from ale.runs.progress import NullProgress, ProgressSink, ProgressState
 from ale.runs.reconcile import Janitor, UnitState, reconcile, resume_states
@@ -119,8 +120,10 @@ class Orchestrator:
         stop_grace_s: float = 60.0,
         units: list[PlannedUnit] | None = None,
         cluster: str | None = None,
+        retry_errors: bool = False,
     ):
         self.exp = exp
+        self.retry_errors = retry_errors
         self.units = units if units is not None else plan_units(exp)
         self.output = exp.output_dir
         self.concurrency = concurrency or exp.concurrency
@@ -196,7 +199,8 @@ class Orchestrator:
         orphans, moved = await asyncio.to_thread(reconcile, self.output, self.exp.name, self.janitor)
         runs_root(self.output).mkdir(parents=True, exist_ok=True)
         index = RunIndex(self.output)
-        states = await asyncio.to_thread(resume_states, self.units, self.output, index, self.exp.retry.max_attempts)
+        states = await asyncio.to_thread(resume_states, self.units, self.output, index, self.exp.retry.max_attempts,
+                                       retry_errors=self.retry_errors)
         progress = ProgressState(total=len(states))
         for st in states:
             if st.final is not None:
@@ -204,6 +208,13 @@ class Orchestrator:
         progress.skipped = progress.done
         progress.slots = self.ramp_start
         self.progress.start(progress)
+        if self._provider is not None:  # runs on this engine: build the images they need first
+            plans = [st.unit.plan for st in states if st.final is None]
+            try:
+                await asyncio.to_thread(ensure_images, images_for(plans), lambda m: self.progress.update(progress, m))
+            except BaseException:
+                self.progress.stop(progress)
+                raise
         if moved:
             self.progress.update(progress, f"moved {len(moved)} interrupted run folder(s) to {layout.INCOMPLETE_DIR}/; redoing them")
         if orphans:
@@ -327,7 +338,8 @@ class Orchestrator:
                         ramped.add(result.run_id)
                         grow(status is not RunStatus.INFRASTRUCTURE_ERROR)
                     score = "-" if result.score is None else f"{result.score:.3f}"
-                    self.progress.update(progress, f"{result.run_id}: {status.value} score={score}")
+                    why = reason_line(result)
+                    self.progress.update(progress, f"{result.run_id}: {status.value} score={score}" + (f"  ({why})" if why else ""))
                 for task in [t for t in done if t in delayed]:
                     delayed.discard(task)
         finally:
@@ -422,6 +434,8 @@ async def run_experiment(
     allow_changed: bool = False,
     handle_signals: bool = True,
     cluster: str | None = None,
+    retry_errors: bool = False,
+    units: list[PlannedUnit] | None = None,
 ) -> OrchestratorSummary:
     """Run (or resume) an experiment with signal handling installed."""
     orch = Orchestrator(
@@ -432,6 +446,8 @@ async def run_experiment(
         concurrency=concurrency,
         allow_changed=allow_changed,
         cluster=cluster,
+        retry_errors=retry_errors,
+        units=units,
     )
     if handle_signals:
         orch.install_signal_handlers()

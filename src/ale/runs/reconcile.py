@@ -21,6 +21,7 @@ from ale.runs.exp_record import unit_info
 from ale.runs.experiment import PlannedUnit, attempt_run_id
 from ale.runs.store import RunIndex, read_result, runs_root
 from ale.sandbox.scratch import release_scratch
+from ale.status import InvalidAttribution, RunStatus
 
 Janitor = Callable[[str], list[str]]  # experiment name -> removed sandbox names
 
@@ -53,8 +54,24 @@ def reconcile(output: Path, experiment: str, janitor: Janitor) -> tuple[list[str
     return orphans, moved
 
 
-def resume_states(units: list[PlannedUnit], output: Path, index: RunIndex, max_attempts: int) -> list[UnitState]:
-    """Each unit's next attempt, or its final result (read from the run folders)."""
+def ended_in_error(result: RunResult) -> bool:
+    """A run that ended in the harness's error rather than a verdict on the agent:
+    an infrastructure error (retryable or not), a grading failure or an invalid run
+    not charged to the candidate. What ``ale exp run --retry-errors`` runs again."""
+    status = RunStatus(result.status)
+    if status is RunStatus.INFRASTRUCTURE_ERROR:
+        return True
+    if status in (RunStatus.GRADING_FAILED, RunStatus.INVALID_EVALUATION_ENVIRONMENT):
+        return result.invalid_attribution in (
+            InvalidAttribution.GRADING_ENVIRONMENT, InvalidAttribution.BEFORE_AGENT, None)
+    return False
+
+
+def resume_states(units: list[PlannedUnit], output: Path, index: RunIndex, max_attempts: int,
+                  *, retry_errors: bool = False) -> list[UnitState]:
+    """Each unit's next attempt, or its final result (read from the run folders).
+    ``retry_errors``: a unit whose final attempt ended in an error
+    (``ended_in_error``) gets one more attempt."""
     root = runs_root(output)
     states = []
     rows = []
@@ -72,7 +89,7 @@ def resume_states(units: list[PlannedUnit], output: Path, index: RunIndex, max_a
             attempt += 1
         st.next_attempt = attempt
         if latest is not None and (not latest.retryable or latest.attempt >= max_attempts):
-            st.final = latest
+            st.final = None if retry_errors and ended_in_error(latest) else latest
         states.append(st)
     index.record_many(rows)
     return states

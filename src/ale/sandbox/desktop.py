@@ -21,6 +21,7 @@ keep the tools image.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,9 @@ from typing import Any
 from ale.sandbox.base import Sandbox, SandboxError
 
 DESKTOP_REPO = "ale-desktop"
-DEFAULT_DESKTOP_IMAGE = f"{DESKTOP_REPO}:latest"  # what `ale image build --desktop` tags
+# What `ale image build --desktop` tags and desktop tasks run in; ALE_DESKTOP_IMAGE names
+# another (read at import: a process's runs use one desktop image).
+DEFAULT_DESKTOP_IMAGE = os.environ.get("ALE_DESKTOP_IMAGE") or f"{DESKTOP_REPO}:latest"
 DESKTOP_USER = "1001:1001"
 HELPER = ["python3", "-I", "/opt/ale-desktop/desktopd.py"]
 DEFAULT_WIDTH, DEFAULT_HEIGHT = 1024, 768

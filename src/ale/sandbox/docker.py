@@ -23,7 +23,7 @@ import docker.errors
 from docker.types import LogConfig
 from docker.types import Mount as DockerMount
 
-from ale.defaults import DESKTOP_UID
+from ale.defaults import DEFAULT_TOOLS_IMAGE, DESKTOP_UID, TOOLS_REPO
 from ale.sandbox.base import (
     DEFAULT_OUTPUT_LIMIT,
     LABEL_EXPERIMENT,
@@ -37,8 +37,23 @@ from ale.sandbox.base import (
     SandboxGone,
     SandboxSpec,
 )
+from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE, DESKTOP_REPO
 from ale.sandbox.docker_images import DockerImageStore
 from ale.sandbox.policy import IsolationPolicy
+
+
+def image_hint(ref: str) -> str:
+    """The command that puts ``ref`` in the engine (each is run by tests/test_image_hints.py)."""
+    name = ref.rsplit("@", 1)[0]
+    repo = name.rpartition(":")[0] if ":" in name.rsplit("/", 1)[-1] else name
+    if ref == DEFAULT_DESKTOP_IMAGE or repo == DESKTOP_REPO:
+        tag = "" if ref == DEFAULT_DESKTOP_IMAGE else f" --tag {ref}"
+        return f"build it with `ale image build --desktop{tag}` (ale run, ale exp run and ale task check build it when missing)"
+    if ref == DEFAULT_TOOLS_IMAGE or repo == TOOLS_REPO:
+        tag = "" if ref == DEFAULT_TOOLS_IMAGE else f" --tag {ref}"
+        return f"build it with `ale image build{tag}` (ale run, ale exp run and ale task check build it when missing)"
+    return f"pull it (`docker pull {ref}`) or build it, or pass --image with an image the engine has"
+
 
 EXEC_TAG_VAR = "ALE_EXEC_ID"
 
@@ -166,10 +181,7 @@ class DockerSandbox:
         try:
             container = client.containers.create(**kwargs)
         except docker.errors.ImageNotFound as e:
-            raise ImageMissing(
-                f"image {spec.image!r} not found in the local engine; build it with "
-                "`ale image build` (or pass --image)"
-            ) from e
+            raise ImageMissing(f"image {spec.image!r} not found in the local engine; {image_hint(spec.image)}") from e
         except docker.errors.APIError as e:
             raise SandboxError(f"docker refused to create container {spec.name!r}: {e.explanation or e}") from e
         except docker.errors.DockerException as e:
@@ -580,9 +592,7 @@ class DockerProvider:
         try:
             return self.client.api.inspect_image(image)
         except docker.errors.ImageNotFound as e:
-            raise ImageMissing(
-                f"image {image!r} is not in the local Docker engine: build it with `ale image build`"
-            ) from e
+            raise ImageMissing(f"image {image!r} is not in the local Docker engine: {image_hint(image)}") from e
         except docker.errors.DockerException as e:
             raise SandboxError(f"docker image inspect {image!r} failed: {e}") from e
 
