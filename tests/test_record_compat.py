@@ -54,7 +54,9 @@ def test_a_new_run_folder_has_the_shape_of_an_old_one(docker_client, tmp_path) -
     assert new.pop("trajectory.json") == sorted([*old.pop("trajectory.json"), "model_turns"])
     # harness.json names the run's shape, whose phase table ale verify reads.
     assert new.pop("evidence/harness.json") == sorted([*old.pop("evidence/harness.json"), "run_shape"])
-    assert new.pop("evidence/input-staged.json") == sorted([*old.pop("evidence/input-staged.json"), "layout", "location"])
+    # ... and, as root, the shared package its overlay sits on (ale.runs.packages).
+    staged = [k for k in new.pop("evidence/input-staged.json") if k != "shared_package"]
+    assert staged == sorted([*old.pop("evidence/input-staged.json"), "layout", "location"])
     # The deliverables manifest records its folders, limits and how the walk ended.
     assert new.pop("deliverables.json") == sorted([*old.pop("deliverables.json"), "directories", "entries_visited",
                                                    "limits", "seconds", "stopped"])

@@ -263,7 +263,8 @@ def report_command(
 
 
 def cleanup_command() -> None:
-    """Remove every container ale left behind (label ale.managed=1; nothing else)."""
+    """Remove every container ale left behind (label ale.managed=1; nothing else) and
+    the shared public packages no run is using."""
     from ale.sandbox.base import SandboxError
     from ale.sandbox.providers import make_provider
 
@@ -273,7 +274,11 @@ def cleanup_command() -> None:
         _fail(str(e), 1)
     for name in removed:
         print(name)
-    err.print(f"removed {len(removed)} container(s)")
+    from ale.runs.packages import cache_root, clear_unused
+
+    packages, left = clear_unused()
+    err.print(f"removed {len(removed)} container(s) and {len(packages)} shared package(s) no run uses "
+              f"({cache_root()}; {left} in use)")
 
 
 exp_app.command("report")(report_command)

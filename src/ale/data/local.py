@@ -19,12 +19,13 @@ from ale.data.base import (
     VariantKey,
     check_layout,
 )
-from ale.data.hashing import copy_tree_hashing, hash_tree, sha256_file
+from ale.data.hashing import copy_tree_hashing, hash_tree, sha256_file, stat_fingerprint
 from ale.data.roots import list_variants, resolve_layout, with_layout
 from ale.data.sealing import (
     ARCHIVE_NAME,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_FILES,
+    MANIFEST_NAME,
     read_manifest,
 )
 from ale.data.staging import (
@@ -122,6 +123,13 @@ class LocalSource:
         return 0
 
     # ------------------------------------------------------------------ input
+
+    def fingerprint(self, key: VariantKey) -> str:
+        """A cheap identity of what ``stage_input`` would copy (a stat walk of the
+        variant's input/ and software/, and its manifest): runs whose fingerprint
+        matches share one staged package (``ale.runs.packages``)."""
+        vdir = self.variant_dir(key)
+        return stat_fingerprint(vdir / "input", vdir / "software", vdir / MANIFEST_NAME)
 
     def stage_input(self, key: VariantKey, dest: Path) -> TreeHash:
         vdir = self.variant_dir(key)

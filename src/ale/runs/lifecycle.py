@@ -32,6 +32,7 @@ import ale
 from ale import layout, lossless
 from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
 from ale.agents.errors import AgentConfigError
+from ale.agents.gateway.record import channel_checks
 from ale.agents.gateway.record import evidence_record as gateway_evidence
 from ale.agents.registry import agent_evidence, make_agent
 from ale.agents.trajectory import TrajectoryWriter
@@ -56,7 +57,7 @@ from ale.plan import RunPlan
 from ale.record import evidence as ev
 from ale.record.signing import load_or_create_signing_key
 from ale.result import RunResult
-from ale.runs import software
+from ale.runs import packages, software
 from ale.runs.extensions import make_extension
 from ale.runs.state import LiveHandles, Prepared, RunFolder, RunRecord, RunState, now
 from ale.runs.watchdog import WorkspaceLimits, watch
@@ -202,13 +203,66 @@ async def stage_input(state: RunState) -> None:
         state.record.store.write_json(Evidence.INPUT_STAGED, {"source": None, "note": note})
         return
     state.live.source = open_source(spec, base_dir=state.prep.task.path, image_store=state.prep.provider.image_store())
-    tree = await asyncio.to_thread(state.live.source.stage_input, state.variant.data_key, state.folder.input_host)
-    _make_workspace_mount_point(state)
     key = state.variant.data_key
-    state.record.store.write_json(
-        Evidence.INPUT_STAGED,
-        {"source": spec, "key": key.relpath, "layout": state.live.source.layout_of(key), "location": state.live.source.location(key), "tree": tree},
-    )
+    shared = await asyncio.to_thread(_stage_shared, state)
+    if shared is None:
+        tree = await asyncio.to_thread(state.live.source.stage_input, key, state.folder.input_host)
+        _make_workspace_mount_point(state)
+    else:
+        tree = shared
+    record = {"source": spec, "key": key.relpath, "layout": state.live.source.layout_of(key),
+              "location": state.live.source.location(key), "tree": tree}
+    if state.live.package is not None:
+        record["shared_package"] = {"key": state.live.package.key, "created_at": state.live.package.meta.get("created_at"),
+                                    "digest": state.live.package.meta["public_tree"]["digest"]}
+    state.record.store.write_json(Evidence.INPUT_STAGED, record)
+
+
+def _stage_shared(state: RunState) -> dict | None:
+    """The run's public package as an overlay over a shared, already hashed cache entry
+    (``ale.runs.packages``); None where it cannot be shared (not root, a source that
+    cannot fingerprint its variant cheaply, sharing off): the run stages its own."""
+    source, key, folder = state.live.source, state.variant.data_key, state.folder
+    fingerprint = getattr(source, "fingerprint", None)
+    if source is None or fingerprint is None or not packages.sharing_enabled():
+        return None
+    try:
+        fp = fingerprint(key)
+    except DataError:
+        return None  # the staging itself says what is missing
+    input_rel = folder.input_host.relative_to(folder.public_host).as_posix()
+    entry = packages.entry_key(source.spec, key.relpath, source.layout_of(key), input_rel,
+                               state.variant.public_relpath(state.variant.output_dir), fp)
+
+    def build(public: Path) -> dict:
+        dest = public / input_rel if input_rel != "." else public
+        dest.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        tree = source.stage_input(key, dest)
+        rel = state.variant.public_relpath(state.variant.output_dir)
+        if rel not in (None, "."):
+            point = public / rel
+            if point.exists() and (point.is_symlink() or not point.is_dir() or any(point.iterdir())):
+                raise DataError(f"the public package holds {rel!r} where the workspace is mounted; it must not")
+            point.mkdir(parents=True, exist_ok=True, mode=0o755)
+        return {"tree": tree}
+
+    pkg = packages.acquire(entry, build)
+    try:
+        packages.mount_overlay(pkg.public, folder.scratch, folder.public_host)
+    except packages.PackageError:
+        pkg.release()
+        return None
+    state.live.package = pkg
+    return dict(pkg.meta["tree"])
+
+
+def _public_tree(state: RunState) -> dict:
+    """The public package's tree hash: the shared entry's, when this run wrote nothing
+    over it and its files are as hashed; else the package hashed now."""
+    pkg = state.live.package
+    if pkg is not None and packages.upper_untouched(state.folder.scratch) and pkg.unchanged():
+        return dict(pkg.meta["public_tree"])
+    return ev.hash_tree(state.folder.public_host)
 
 
 def _make_workspace_mount_point(state: RunState) -> None:
@@ -324,7 +378,7 @@ def seal_input_and_workspace(state: RunState) -> None:
 
 
 def _seal_input_and_workspace(state: RunState) -> None:
-    state.record.input_after_start = ev.hash_tree(state.folder.public_host)
+    state.record.input_after_start = _public_tree(state)
     state.record.store.write_json(Evidence.INPUT_AFTER_START, state.record.input_after_start)
     created = state.record.workspace_at_creation or {}
     listing = workspace_listing(state.folder.workspace_host)
@@ -354,7 +408,11 @@ async def run_agent(state: RunState) -> None:
     prompt = state.folder.run_dir / layout.agent_path(layout.Agent.PROMPT)  # what the agent was asked, signed with the run
     prompt.parent.mkdir(exist_ok=True)
     prompt.write_text(v.description, encoding="utf-8", errors="surrogateescape")
-    state.record.store.write_json(Evidence.NETWORK, {"network_mode": plan.policy.network_mode, "controller": "outside the sandbox; tools reach it only through docker exec"})
+    network = {"network_mode": plan.policy.network_mode, "controller": "outside the sandbox; tools reach it only through docker exec"}
+    if getattr(agent, "native", False):  # a named harness in native mode (ale.agents.harness)
+        network["controller"] = ("the harness runs inside the sandbox; its only way out is an exec-attached stream to the "
+                                 "run's model gateway (agent/confinement.json)")
+    state.record.store.write_json(Evidence.NETWORK, network)
     state.live.trajectory = TrajectoryWriter(state.folder.run_dir, plan.run_id, plan.agent.display)
     deadline = time.monotonic() + state.prep.wall_time_s
     tools = ToolBox(
@@ -458,6 +516,7 @@ def record_model_gateway(state: RunState) -> None:
               [{"request": r["seq"], "forbidden": r["forbidden"]} for r in refusals] or None,
               "; ".join(f"request {r['seq']} offered the model {', '.join(r['forbidden'])}, outside the run's allowlist; refused"
                         for r in refusals)),
+        *channel_checks(doc.get("confinement")),  # a native harness's channel (none otherwise)
     ])
     if gw.get("refusals") and gw["refusals"][0].get("before_any_answer"):
         state.record.invalid_attribution = InvalidAttribution.CONTROLLER_CONFIGURATION
@@ -523,7 +582,7 @@ async def remove_sandbox(state: RunState) -> None:
 
 def check_input_unchanged(state: RunState) -> None:
     with state.record.cost("evidence"):
-        after = ev.hash_tree(state.folder.public_host)
+        after = _public_tree(state)
     state.record.store.write_json(Evidence.INPUT_AFTER_RUN, after)
     start = state.record.input_after_start or {}
     same = after["digest"] == start.get("digest")
@@ -684,6 +743,9 @@ def _image_id(state: RunState, ref: str) -> str | None:
 
 async def _provision_step(state: RunState) -> None:
     await provide_software(state)
+    layer = getattr(state.extension, "layer_image", None)  # a native harness's image layer (ale.runs.extensions)
+    if layer is not None:
+        await layer(state)
     await provision(state)
     await verify_created(state)
     await state.sandbox.start()
@@ -881,6 +943,9 @@ async def execute_run(
             InvalidAttribution.AFTER_AGENT_START if state.live.agent_started else InvalidAttribution.BEFORE_AGENT)
     if state.live.agent_outcome and state.live.agent_outcome.usage:
         extra["usage"] = state.live.agent_outcome.usage
+    mode = getattr(prep.agent, "mode", None)
+    if isinstance(mode, str):  # a named harness: native or bridge, never mixed up
+        extra["agent_mode"] = mode
     extra["costs"] = {k: round(v, 4) for k, v in state.record.costs.items()}
     if state.record.environment is not None:
         extra["environment"] = state.record.environment
@@ -960,6 +1025,8 @@ async def _cleanup(state: RunState) -> None:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(state.prep.provider.remove_managed, run_id=state.plan.run_id)
         await asyncio.to_thread(release_scratch, state.folder.scratch)
+        if state.live.package is not None:
+            state.live.package.release()
 
     await asyncio.shield(_do())
 

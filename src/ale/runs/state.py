@@ -31,6 +31,7 @@ from ale.phases import CheckGroup, Phase, RunShape
 from ale.plan import RunPlan
 from ale.record import evidence as ev
 from ale.result import PhaseTiming
+from ale.runs.packages import SharedPackage
 from ale.sandbox.base import Mount, Sandbox, SandboxProvider
 from ale.sandbox.computer import Computer
 from ale.sandbox.desktop import DesktopSpec
@@ -186,6 +187,7 @@ class LiveHandles:
     sandbox: Sandbox | None = None
     grader: Grader | None = None
     source: DataSource | None = None
+    package: SharedPackage | None = None  # the shared public package this run's overlay sits on
     trajectory: TrajectoryWriter | None = None
     image: str | None = None  # the image the sandboxes start from, once the task's software is provided
     task_process: TaskProcess | None = None  # a grading retry's fresh task process (the first is Prepared's)

@@ -1,0 +1,156 @@
+"""Runs of the same variant share one staged, hashed, read-only public package
+(ale.runs.packages): real runs, real overlay mounts (root)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ale.plan import AgentSpec, RunPlan
+from ale.record.verify import verify_run_dir
+from ale.runs import packages
+from ale.runs.lifecycle import execute_run
+from ale.sandbox.docker import DockerProvider
+from ale.sandbox.policy import MIB, IsolationPolicy
+from ale.status import RunStatus
+from tests.conftest import EXAMPLES, TOOLS_IMAGE, require
+
+pytestmark = pytest.mark.docker
+
+MAIN = '''
+import cua_bench as cb
+
+@cb.tasks_config
+def load():
+    return [cb.Task(description="copy /input/data.txt to /workspace/out.txt", task_id="share-0",
+                    metadata={"input_dir": "/input", "remote_output_dir": "/workspace", "reference_dir": "/reference",
+                              "variant": "base"})]
+
+@cb.setup_task
+async def start(cfg, session):
+    if WRITE:
+        await session.write_file("/input/from_start.txt", "written by start()")
+
+@cb.evaluate_task
+async def evaluate(cfg, session):
+    want = (await session.read_file("/reference/want.txt")).strip()
+    got = (await session.read_file("/workspace/out.txt")).strip() if await session.file_exists("/workspace/out.txt") else ""
+    return [1.0 if got == want else 0.0]
+'''
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch) -> Path:
+    require(os.geteuid() == 0, "shared packages mount overlays: root only")
+    root = tmp_path / "package-cache"
+    monkeypatch.setenv("ALE_PACKAGE_CACHE", str(root))
+    monkeypatch.delenv("ALE_SHARED_PACKAGES", raising=False)
+    return root
+
+
+def tree(tmp_path: Path, *, write: bool = False, name: str = "share") -> Path:
+    task = tmp_path / "tasks" / "dom" / name
+    task.mkdir(parents=True)
+    (task / "main.py").write_text(MAIN.replace("WRITE", repr(write)))
+    (task / "task_card.json").write_text(json.dumps({"title": "share", "data_source": "local:../../../data"}))
+    variant = tmp_path / "data" / "tasks" / "dom" / name / "base"
+    (variant / "input").mkdir(parents=True)
+    (variant / "input" / "data.txt").write_text("forty-two\n")
+    (variant / "reference").mkdir()
+    (variant / "reference" / "want.txt").write_text("forty-two\n")
+    return task
+
+
+def run(task: Path, tmp_path: Path, docker_client, steps: list[dict] | None = None):
+    plan = RunPlan(run_id=f"p-{uuid.uuid4().hex[:8]}", task_dir=str(task),
+                   agent=AgentSpec(name="replay", config={"steps": steps or [
+                       {"tool": "shell", "args": {"command": "cp /input/data.txt /workspace/out.txt; ls /input"}}]}),
+                   image=TOOLS_IMAGE, policy=IsolationPolicy(memory_bytes=512 * MIB), runs_dir=str(tmp_path / "runs"))
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+    assert result.status is RunStatus.SCORED and result.score == 1.0, (result.status, result.error, result.violations)
+    report = verify_run_dir(plan.run_dir)
+    assert report.valid, report.reasons
+    staged = json.loads((plan.run_dir / "evidence" / "input-staged.json").read_text())
+    after = json.loads((plan.run_dir / "evidence" / "input-after-start.json").read_text())
+    steps_out = json.loads((plan.run_dir / "trajectory.json").read_text())["steps"]
+    return staged, after, steps_out[0]["stdout"]
+
+
+def entries(cache: Path) -> list[Path]:
+    return [p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")] if cache.is_dir() else []
+
+
+def test_runs_of_a_variant_share_one_package_and_record_the_same_input(tmp_path, docker_client, cache, monkeypatch) -> None:
+    task = tree(tmp_path)
+    a, a_tree, _ = run(task, tmp_path, docker_client)
+    b, b_tree, _ = run(task, tmp_path, docker_client)
+    assert a["shared_package"]["key"] == b["shared_package"]["key"] and len(entries(cache)) == 1
+    assert a_tree["digest"] == b_tree["digest"]
+    monkeypatch.setenv("ALE_SHARED_PACKAGES", "off")  # the same input, staged by the run itself
+    c, c_tree, _ = run(task, tmp_path, docker_client)
+    assert "shared_package" not in c and c_tree == a_tree
+
+
+def test_what_start_writes_stays_in_its_run(tmp_path, docker_client, cache) -> None:
+    task = tree(tmp_path, write=True)
+    a, a_tree, listing = run(task, tmp_path, docker_client)
+    assert "from_start.txt" in listing and "from_start.txt" in a_tree["files"]
+    (entry,) = entries(cache)
+    assert not (entry / "public" / "from_start.txt").exists()  # the shared package is untouched
+    pkg = packages.SharedPackage(entry.name, entry, json.loads((entry / "meta.json").read_text()), None)
+    assert pkg.unchanged() and "from_start.txt" not in pkg.meta["public_tree"]["files"]
+
+
+def test_a_changed_source_gets_a_new_package(tmp_path, docker_client, cache) -> None:
+    task = tree(tmp_path)
+    a, _, _ = run(task, tmp_path, docker_client)
+    data = tmp_path / "data" / "tasks" / "dom" / "share" / "base" / "input" / "data.txt"
+    data.write_text("forty-two\n")  # same bytes, a new file version: a new fingerprint
+    b, _, _ = run(task, tmp_path, docker_client)
+    assert a["shared_package"]["key"] != b["shared_package"]["key"]
+
+
+def test_a_package_changed_on_disk_is_never_reused(tmp_path, docker_client, cache) -> None:
+    task = tree(tmp_path)
+    a, a_tree, _ = run(task, tmp_path, docker_client)
+    (entry,) = entries(cache)
+    target = entry / "public" / "data.txt"
+    os.chmod(target, 0o644)
+    target.write_text("tampered\n")
+    b, b_tree, listing = run(task, tmp_path, docker_client)  # scores 1.0: it saw the real input again
+    assert b["shared_package"]["created_at"] != a["shared_package"]["created_at"] and b_tree == a_tree
+    assert (entry / "public" / "data.txt").read_text() == "forty-two\n"
+
+
+def test_the_cache_is_bounded_and_cleanup_removes_what_no_run_uses(tmp_path, docker_client, cache, monkeypatch) -> None:
+    for n in range(2):
+        run(tree(tmp_path, name=f"share{n}"), tmp_path, docker_client)
+    assert len(entries(cache)) == 2
+    monkeypatch.setenv("ALE_PACKAGE_CACHE_MAX_BYTES", "1")
+    run(tree(tmp_path, name="share2"), tmp_path, docker_client)
+    assert len(entries(cache)) == 1  # the others were evicted, the one just used kept
+    removed, left = packages.clear_unused()
+    assert len(removed) == 1 and left == 0
+
+
+def test_the_example_tasks_share_across_agents(tmp_path, docker_client, cache) -> None:
+    """word_count's essay variant, oracle then nop: one package, both verify."""
+    task = tmp_path / "tasks" / "files" / "word_count"
+    shutil.copytree(EXAMPLES / "files" / "word_count", task)
+    card = json.loads((task / "task_card.json").read_text())
+    card["data_source"] = f"local:{EXAMPLES.parent / 'data'}"
+    (task / "task_card.json").write_text(json.dumps(card))
+    keys = []
+    for agent in ("oracle", "nop"):
+        plan = RunPlan(run_id=f"w-{agent}", task_dir=str(task), agent=AgentSpec(name=agent), image=TOOLS_IMAGE,
+                       policy=IsolationPolicy(memory_bytes=512 * MIB), runs_dir=str(tmp_path / "runs"))
+        result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+        assert result.status is RunStatus.SCORED and verify_run_dir(plan.run_dir).valid
+        keys.append(json.loads((plan.run_dir / "evidence" / "input-staged.json").read_text())["shared_package"]["key"])
+    assert keys[0] == keys[1]
