@@ -39,11 +39,11 @@ def _has_tool_result(body: dict[str, Any]) -> bool:
     return any(m in text for m in ('"tool_result"', '"role": "tool"', '"function_call_output"', '"functionResponse"'))
 
 
-def _decide(body: dict[str, Any]) -> str | None:
+def _decide(body: dict[str, Any], names: tuple[str, ...] = SHELL_NAMES) -> str | None:
     """The shell tool's name to call, or None to answer with text."""
     if _has_tool_result(body):
         return None
-    return next((n for n in _tool_names(body) if n in SHELL_NAMES), None)
+    return next((n for n in _tool_names(body) if n in names), None)
 
 
 def _sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
@@ -56,8 +56,10 @@ def _sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
 
 
 class FakeModelAPI:
-    def __init__(self, *, chunk_delay_s: float = 0.0):
+    def __init__(self, *, chunk_delay_s: float = 0.0, native_command: str | None = None):
         self.requests: list[dict[str, Any]] = []
+        # A native harness's own shell (Claude Code's ``Bash``) is called with this command (Anthropic API).
+        self.native_command = native_command
         self.chunk_delay_s = chunk_delay_s
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -101,12 +103,14 @@ class FakeModelAPI:
 
     async def anthropic(self, request: web.Request) -> web.StreamResponse:
         body = await self._keep(request)
-        tool, model = _decide(body), body.get("model", "claude-fake")
+        names = (*SHELL_NAMES, "Bash") if self.native_command else SHELL_NAMES
+        tool, model = _decide(body, names), body.get("model", "claude-fake")
+        command = self.native_command if tool == "Bash" and self.native_command else COMMAND
         usage_in = {"input_tokens": 100, "output_tokens": 1}
         if tool:
             block = {"type": "tool_use", "id": "toolu_01", "name": tool, "input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps({"command": COMMAND})}
-            content = [{"type": "tool_use", "id": "toolu_01", "name": tool, "input": {"command": COMMAND}}]
+            delta = {"type": "input_json_delta", "partial_json": json.dumps({"command": command})}
+            content = [{"type": "tool_use", "id": "toolu_01", "name": tool, "input": {"command": command}}]
             stop = "tool_use"
         else:
             block, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": "done"}

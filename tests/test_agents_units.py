@@ -114,12 +114,12 @@ def test_replay_script_errors_name_file_and_index(tmp_path):
 
 
 def test_registry_builds_known_agents_and_names_them_on_error(tmp_path):
-    assert set(known_agents()) == {"oracle", "nop", "replay", "command", "llm"}
+    assert set(known_agents()) == {"oracle", "nop", "replay", "command", "llm", "claude-code", "codex", "gemini-cli"}
     assert make_agent(AgentSpec(name="nop")).name == "nop"
     assert make_agent(AgentSpec(name="replay", config={"steps": [{"tool": "list_dir", "args": {}}]})).name == "replay"
     assert make_agent(AgentSpec(name="command", config={"command": ["true"]})).name == "command"
     assert make_agent(AgentSpec(name="llm", config={"model": "m"})).name == "llm"
-    with pytest.raises(AgentConfigError, match="unknown agent 'gpt'; known agents: oracle, nop, replay, command, llm"):
+    with pytest.raises(AgentConfigError, match=r"unknown agent 'gpt'\W+known agents: oracle, nop, replay, command, llm"):
         make_agent(AgentSpec(name="gpt"))
     with pytest.raises(AgentConfigError, match="unknown tools in allowlist"):
         make_agent(AgentSpec(name="nop", allowlist=("shell", "browser")))

@@ -27,9 +27,12 @@ DEFAULT_SCHEMA_PATH = Path("schemas/trajectory.schema.json")
 def list_agents() -> None:
     """Print the agents ale can run and the tools an allowlist may name."""
     from ale.agents.registry import AGENTS
+    from ale.sandbox.harness_image import HARNESSES
 
     for name, (module, cls) in AGENTS.items():
-        typer.echo(f"{name:8s} {module}.{cls}")
+        h = HARNESSES.get(name)
+        pinned = f"  {h.spec}, mode: native (default) | bridge" if h is not None else ""
+        typer.echo(f"{name:11s} {module}.{cls}{pinned}")
     typer.echo("tools:   " + ", ".join(ALL_TOOLS))
 
 

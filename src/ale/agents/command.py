@@ -64,6 +64,7 @@ from ale.agents.gateway.confine import (
     check_install,
     infer_install,
 )
+from ale.agents.gateway.limits import GatewayLimits
 from ale.agents.gateway.server import (
     KEY_VARS,
     UPSTREAM_VARS,
@@ -144,6 +145,7 @@ class CommandAgent:
                 check_install(self._template_install, private=[])
 
     _template_install: list[str] | None = None
+    limits: GatewayLimits | None = None  # endpoints, model, budgets (the named harness agents set them)
 
     def preflight(self, *, private: list[Path]) -> None:
         """Before a run: a confined harness's installation folders must not hold the
@@ -191,7 +193,7 @@ class CommandAgent:
             if self.gateway:
                 gw = ModelGateway(
                     Path(ctx.run_dir), ToolPolicy(tuple(ctx.tools.allowlist), self.profile),
-                    upstreams=resolve_upstreams(self.config), prices=self.prices,
+                    upstreams=resolve_upstreams(self.config), prices=self.prices, limits=self.limits,
                 )
                 self.gateway_url = await stack.enter_async_context(
                     serve_gateway(gw, unix_path=sock_dir / "gateway.sock" if self.confine is not None else None))
@@ -283,11 +285,13 @@ class CommandAgent:
         exited = asyncio.ensure_future(proc.wait())
         limited = asyncio.ensure_future(bridge.limit_reached.wait())
         refused = asyncio.ensure_future(gw.refused.wait() if gw is not None else asyncio.Event().wait())
+        budget = asyncio.ensure_future(gw.budget_reached.wait() if gw is not None else asyncio.Event().wait())
         try:
-            done, _ = await asyncio.wait({exited, limited, refused}, timeout=ctx.wall_time_s, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({exited, limited, refused, budget}, timeout=ctx.wall_time_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
             limited.cancel()
             refused.cancel()
+            budget.cancel()
             if not exited.done():
                 exited.cancel()
         usage: dict[str, Any] = {"tool_calls": bridge.executed, "rejected_http_requests": bridge.rejected_requests, "seconds": round(time.monotonic() - started, 3)}
@@ -298,6 +302,8 @@ class CommandAgent:
             r = gw.refusals[0] if gw is not None and gw.refusals else {}
             return AgentOutcome(AgentEnd.FAILED, detail=f"the model gateway refused request {r.get('seq')}: it offered the model "
                                 f"{', '.join(r.get('forbidden', []))}, outside the allowlist; harness stopped", usage=usage)
+        if budget in done and gw is not None:
+            return AgentOutcome(AgentEnd.TIMEOUT, detail=f"{gw.budget_reason}; harness stopped", usage=usage)
         if exited in done:
             rc = proc.returncode
             usage["exit_code"] = -1 if rc is None else rc

@@ -21,6 +21,10 @@ AGENTS: dict[str, tuple[str, str]] = {
     "replay": ("ale.agents.replay", "ReplayAgent"),
     "command": ("ale.agents.command", "CommandAgent"),
     "llm": ("ale.agents.llm", "LLMAgent"),
+    # Named harnesses, each at its pinned version, ``mode: native`` or ``bridge`` (ale.agents.harness).
+    "claude-code": ("ale.agents.harness", "ClaudeCodeAgent"),
+    "codex": ("ale.agents.harness", "CodexAgent"),
+    "gemini-cli": ("ale.agents.harness", "GeminiCliAgent"),
 }
 
 

@@ -1,13 +1,19 @@
 """The desktop's hooks: a desktop task's run is the ``live_grading`` shape of the
 phase table, with the desktop started with the sandbox, the computer tool given to
-start() and the agent, and the live window serving evaluate()'s GUI calls."""
+start() and the agent, and the live window serving evaluate()'s GUI calls.
+A native harness agent's hook: its image layer under the sandbox."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 from typing import Any
 
+from ale import layout
 from ale.layout import Evidence
 from ale.runs.state import Prepared, RunExtension, RunState
+from ale.sandbox.base import SandboxError
 from ale.sandbox.computer import Computer
 from ale.sandbox.desktop import Desktop, DesktopSpec
 from ale.sandbox.session import ContainerSession
@@ -45,5 +51,47 @@ class DesktopExtension(RunExtension):
         return ContainerSession(ToolBox(state.sandbox, workdir="/", computer=self.computer))
 
 
+HARNESS_IMAGE_RECORD = "harness-image.json"  # under agent/: the native harness's image layer
+
+
+class NativeHarnessExtension(RunExtension):
+    """An agent in ``native`` mode (``ale.agents.harness``): its harness's read-only
+    image layer goes under the candidate's sandbox. ``layer_image`` runs in PROVISION
+    once the task's software is provided: the layer is found or built ``FROM`` that
+    image on the trusted side (``ale.sandbox.harness_image``, content-cached) and the
+    sandbox is created from it; its record is ``agent/harness-image.json``. Once the
+    sandbox runs the run's image is the plain one again, so grading never sees the
+    harness."""
+
+    def __init__(self, harness: str):
+        self.harness = harness
+        self._plain: str | None = None
+
+    async def layer_image(self, state: RunState) -> None:
+        from ale.sandbox.harness_image import build_harness_image
+
+        client = getattr(state.prep.provider, "client", None)
+        if client is None:
+            raise SandboxError(f"native mode needs the Docker provider (the run's provider is {type(state.prep.provider).__name__})")
+        base = state.live.image or state.prep.image or state.plan.image
+        self._plain = state.live.image
+        t0 = time.perf_counter()
+        tag, record = await asyncio.to_thread(build_harness_image, client, base, self.harness, lambda _msg: None)
+        record["seconds"] = round(time.perf_counter() - t0, 3)
+        state.record.costs["harness_image"] = record["seconds"]
+        path = state.folder.run_dir / layout.agent_path(HARNESS_IMAGE_RECORD)
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(record, indent=2))
+        state.record.events.append("harness.layered", harness=self.harness, image=tag, base=base, cached=record["cached"])
+        state.live.image = tag
+
+    async def sandbox_started(self, state: RunState) -> None:
+        state.live.image = self._plain  # grading sandboxes start from the run's own image
+
+
 def make_extension(prep: Prepared) -> RunExtension:
-    return DesktopExtension(prep.desktop) if prep.desktop is not None else RunExtension()
+    if prep.desktop is not None:
+        return DesktopExtension(prep.desktop)
+    if getattr(prep.agent, "native", False):
+        return NativeHarnessExtension(prep.agent.name)
+    return RunExtension()

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from ale import layout
-from ale.agents.gateway.tools import ToolPolicy, is_model_call, offered_tools
+from ale.agents.gateway.limits import GatewayLimits, refusal
+from ale.agents.gateway.tools import GEMINI, ToolPolicy, is_model_call, offered_tools
 from ale.redaction import REDACTED
 
 GATEWAY_DIR = layout.GATEWAY_DIR
@@ -162,6 +163,8 @@ def derive(run_dir: Path, records: list[dict[str, Any]]) -> tuple[dict[str, Any]
     if start is None:
         return {}, ["the gateway's record has no gateway.start record (its policy)"]
     policy = ToolPolicy.from_dict(start.get("policy") or {})
+    limits = GatewayLimits.from_dict(start.get("limits"))
+    blocked: list[dict[str, Any]] = []
     requests: list[dict[str, Any]] = []
     refusals: list[dict[str, Any]] = []
     answered = False
@@ -187,6 +190,16 @@ def derive(run_dir: Path, records: list[dict[str, Any]]) -> tuple[dict[str, Any]
             )
         if forbidden and rec.get("decision") != "refused":
             problems.append(f"request {rec.get('seq')} offered {forbidden}, outside the policy, yet was {rec.get('decision')}")
+        model = body.get("model") if isinstance(body, dict) else None
+        if api == GEMINI and "/models/" in path:
+            model = path.split("/models/", 1)[1].split(":", 1)[0]
+        model = model if isinstance(model, str) else None
+        limited = refusal(limits, model_call=model_call, model=model, body_bytes=int((rec.get("body") or {}).get("bytes") or 0))
+        if limited is not None and rec.get("decision") != "refused":
+            problems.append(f"request {rec.get('seq')} ({method_path(rec)}) should have been refused ({limited[0]}), yet was "
+                            f"{rec.get('decision')}")
+        if rec.get("refused_for"):
+            blocked.append({"seq": rec.get("seq"), "kind": rec.get("refused_for"), "path": path, "model": model})
         entry = {"seq": rec.get("seq"), "api": api, "path": path, "model": rec.get("model"), "tools": tools, "decision": rec.get("decision")}
         requests.append(entry)
         if forbidden:
@@ -201,7 +214,14 @@ def derive(run_dir: Path, records: list[dict[str, Any]]) -> tuple[dict[str, Any]
         "refusals": refusals,
         "usage": usage,
     }
+    if start.get("limits"):  # older records have none: their summary keeps its shape
+        summary["limits"] = start["limits"]
+        summary["blocked"] = blocked
     return summary, problems
+
+
+def method_path(rec: dict[str, Any]) -> str:
+    return f"{rec.get('method')} {rec.get('api')}{rec.get('path')}"
 
 
 def _add_usage(total: dict[str, Any], u: dict[str, Any]) -> None:
@@ -230,3 +250,28 @@ def evidence_record(run_dir: Path) -> dict[str, Any] | None:
     with contextlib.suppress(OSError, ValueError):
         confinement = json.loads((Path(run_dir) / CONFINEMENT).read_text())
     return {"gateway": summary, "confinement": confinement}
+
+
+def channel_checks(confinement: Any) -> list[Any]:
+    """A native harness's channel, judged from its record (``agent/confinement.json``,
+    kept in ``evidence/controller.json``): the relay ran as the candidate user,
+    unprivileged, without a terminal, as ``python3 relay.py PORT``; its stream carried
+    no malformed frame. No checks for other agents."""
+    from ale.isolation.checks import Check
+
+    if not isinstance(confinement, dict) or confinement.get("kind") != "sandbox-native":
+        return []
+    ch: dict[str, Any] = confinement["channel"] if isinstance(confinement.get("channel"), dict) else {}
+    proc: dict[str, Any] = ch["process"] if isinstance(ch.get("process"), dict) else {}
+    want = {"user": ch.get("expected_user"), "privileged": False, "tty": False}
+    got = {k: proc.get(k) for k in want}
+    argv = proc.get("argv") or []
+    ok_proc = ch.get("kind") == "exec-stream" and got == want and bool(want["user"]) and len(argv) == 3 and \
+        argv[0] == "python3" and str(argv[1]).endswith("/relay.py")
+    errors = int(ch.get("protocol_errors") or 0)
+    return [
+        Check("channel.process", ok_proc, {**want, "argv": ["python3", ".../relay.py", "PORT"]}, {**got, "argv": argv},
+              "" if ok_proc else "the channel's relay did not run as the unprivileged candidate user, or is not the relay"),
+        Check("channel.frames", errors == 0, 0, errors,
+              "" if errors == 0 else f"the channel closed on {errors} malformed frame(s) from the sandbox"),
+    ]

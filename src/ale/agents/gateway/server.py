@@ -37,6 +37,7 @@ from urllib.parse import parse_qsl, urlencode
 
 import httpx2 as httpx
 
+from ale.agents.gateway.limits import GatewayLimits, budget_left, refusal
 from ale.agents.gateway.record import GatewayRecorder, redact_headers, redact_query
 from ale.agents.gateway.tools import (
     ANTHROPIC,
@@ -104,8 +105,16 @@ class ModelGateway:
         prices: dict[str, Any] | None = None,
         token: str | None = None,
         transport: Any = None,
+        limits: GatewayLimits | None = None,
     ):
         self.policy = policy
+        self.limits = limits or GatewayLimits()
+        # Refusals of the endpoint, model, size or budget kind (recorded; they end no run).
+        self.blocked: list[dict[str, Any]] = []
+        self.budget_reached = asyncio.Event()  # the owner ends the agent's turn as timeout
+        self.budget_reason: str | None = None
+        self.in_flight = 0
+        self.model_calls = 0
         self.upstreams = upstreams or resolve_upstreams()
         self._keys = keys if keys is not None else resolve_keys()
         self.prices = dict(prices or {})
@@ -130,6 +139,7 @@ class ModelGateway:
             upstreams=self.upstreams,
             keys_configured=sorted(api for api, k in self._keys.items() if k),
             prices=self.prices,
+            limits=self.limits.to_dict(),
         )
 
     async def aclose(self) -> None:
@@ -186,12 +196,32 @@ class ModelGateway:
         if api == GEMINI and "/models/" in rest:
             model = rest.split("/models/", 1)[1].split(":", 1)[0]
         seq = self.recorder.seq + 1
-        decision = "refused" if forbidden else "forwarded"
+        model = model if isinstance(model, str) else None
+        blocked = None if forbidden else refusal(self.limits, model_call=model_call, model=model, body_bytes=len(body))
+        if blocked is None and not forbidden and model_call:
+            spent = self.budget_reason or budget_left(self.limits, self.usage, self.model_calls)
+            if spent is not None:
+                blocked = ("budget", f"ale gateway: {spent}")
+            elif self.limits.max_concurrency is not None and self.in_flight >= self.limits.max_concurrency:
+                blocked = ("concurrency", f"ale gateway: {self.in_flight} model requests in flight, the run's limit")
+        decision = "refused" if forbidden or blocked else "forwarded"
         self.recorder.append(
             "request", api=api, method=method, path=rest, query=redact_query(query), headers=redact_headers(headers),
-            body=self.recorder.body(seq, "request", body), model_call=model_call, model=model if isinstance(model, str) else None,
-            tools=tools, forbidden=forbidden, decision=decision,
+            body=self.recorder.body(seq, "request", body), model_call=model_call, model=model,
+            tools=tools, forbidden=forbidden, decision=decision, **({"refused_for": blocked[0]} if blocked else {}),
         )
+        if blocked is not None:
+            kind, msg = blocked
+            status = {"endpoint": 404, "body_size": 413, "budget": 429, "concurrency": 429}.get(kind, 403)
+            self.blocked.append({"seq": seq, "kind": kind, "path": rest, "model": model})
+            data = _error(api, status, msg)
+            await _respond(send, status, data)
+            self.recorder.append("response", request=seq, status=status, headers=[], body=self.recorder.body(seq + 1, "response", data),
+                                 streamed=False, model_call=model_call, by="gateway", seconds=round(time.perf_counter() - t0, 6))
+            if kind == "budget":
+                self.budget_reason = self.budget_reason or msg.removeprefix("ale gateway: ")
+                self.budget_reached.set()
+            return
         if forbidden:
             first = not self.answered
             self.refusals.append({"seq": seq, "forbidden": forbidden, "before_any_answer": first})
@@ -205,7 +235,18 @@ class ModelGateway:
                                  streamed=False, model_call=model_call, by="gateway", seconds=round(time.perf_counter() - t0, 6))
             self.refused.set()
             return
-        await self._forward(api, method, rest, query, headers, body, send, seq, model_call, t0)
+        if model_call:
+            self.model_calls += 1
+        self.in_flight += 1
+        try:
+            await self._forward(api, method, rest, query, headers, body, send, seq, model_call, t0)
+        finally:
+            self.in_flight -= 1
+        spent = budget_left(self.limits, self.usage, None) if model_call else None
+        if spent is not None:
+            # Tokens or cost spent: the turn ends now (a request budget ends it at the next request).
+            self.budget_reason = self.budget_reason or spent
+            self.budget_reached.set()
 
     async def _forward(self, api: str, method: str, rest: str, query: list[tuple[str, str]], headers: list[tuple[str, str]],
                        body: bytes, send: Any, seq: int, model_call: bool, t0: float) -> None:
@@ -264,7 +305,8 @@ class ModelGateway:
             self.usage["cost_usd"] = round(self.usage.get("cost_usd", 0.0) + u["cost_usd"], 8)
 
     def summary(self) -> dict[str, Any]:
-        return {"requests": self.requests, "unauthorized": self.unauthorized, "refusals": list(self.refusals), "usage": dict(self.usage)}
+        return {"requests": self.requests, "unauthorized": self.unauthorized, "refusals": list(self.refusals), "usage": dict(self.usage),
+                "blocked": list(self.blocked), "budget_reached": self.budget_reason}
 
 
 async def _respond(send: Any, status: int, body: bytes) -> None:

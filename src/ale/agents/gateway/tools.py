@@ -43,6 +43,10 @@ from ale.agents.errors import AgentConfigError
 OPENAI, ANTHROPIC, GEMINI = "openai", "anthropic", "gemini"
 APIS = (OPENAI, ANTHROPIC, GEMINI)
 
+# Tool names that are never allowed, whatever the policy: server-side tools, hosted
+# connectors, declarations the extractor cannot read.
+NEVER_ALLOWED = ("server:", "mcp:", "unreadable:")
+
 # How each harness names the bridge's (MCP server "ale") tools.
 BRIDGE_NAME_FORMS = ("{t}", "mcp__ale__{t}", "mcp_ale_{t}", "ale__{t}")
 
@@ -200,8 +204,13 @@ class HarnessProfile:
 
 @dataclass(frozen=True)
 class ToolPolicy:
+    """``client_tools``: a native harness's own tools (every client-side tool it
+    declares) run inside the sealed sandbox and are allowed; server-side tools,
+    hosted connectors and anything unreadable never are."""
+
     allowlist: tuple[str, ...]
     profile: HarnessProfile = field(default_factory=HarnessProfile)
+    client_tools: bool = False
 
     @property
     def allowed(self) -> frozenset[str]:
@@ -209,6 +218,8 @@ class ToolPolicy:
         return frozenset(names | set(self.profile.allow))
 
     def forbidden(self, offered: Iterable[str]) -> list[str]:
+        if self.client_tools:
+            return sorted(t for t in offered if t.startswith(NEVER_ALLOWED))
         allowed = self.allowed
         return sorted(t for t in offered if t not in allowed)
 
@@ -218,12 +229,14 @@ class ToolPolicy:
             "bridge_name_forms": list(BRIDGE_NAME_FORMS),
             "profile": self.profile.to_dict(),
             "allowed": sorted(self.allowed),
+            **({"client_tools": True} if self.client_tools else {}),
         }
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ToolPolicy:
         prof = doc.get("profile") or {}
-        return cls(tuple(doc.get("allowlist") or ()), HarnessProfile(str(prof.get("name", "")), dict(prof.get("allow") or {})))
+        return cls(tuple(doc.get("allowlist") or ()), HarnessProfile(str(prof.get("name", "")), dict(prof.get("allow") or {})),
+                   client_tools=doc.get("client_tools") is True)
 
 
 # Built-in harness profiles (``"harness_profile": "<name>"``): what each harness

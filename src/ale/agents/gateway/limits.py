@@ -1,0 +1,93 @@
+"""What the gateway forwards at all, besides the tool policy: the endpoints, the
+model, the request's size, and the run's budgets.
+
+``GatewayLimits`` is recorded in the gateway's ``gateway.start`` record
+(``limits``), and ``refusal(...)`` is the one function that decides, for a request,
+whether one of them refuses it; the gateway calls it before forwarding and
+``record.derive`` (so ``ale verify``) calls it again on the recorded request, so a
+forwarded request that should have been refused is caught from the record alone.
+
+- ``model_calls_only``: only model calls are forwarded (``tools.is_model_call``:
+  messages and token counting, chat completions and responses, generateContent
+  and countTokens); every other path (files, batches, models, vector stores, ...)
+  is refused (``endpoint``).
+- ``models``: the run's model(s); a model call naming another model, or none, is
+  refused (``model``).
+- ``max_body_bytes``: a bigger request body is refused (``body_size``).
+- budgets (``max_requests``, ``max_input_tokens``, ``max_output_tokens``,
+  ``max_cost_usd``, ``max_concurrency``): a model call past one is refused
+  (``budget``), and the gateway's ``budget_reached`` ends the agent's turn as
+  ``timeout`` with the reason (concurrency refuses the request only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ale.agents.errors import AgentConfigError
+
+BUDGET_KEYS = ("max_requests", "max_input_tokens", "max_output_tokens", "max_cost_usd", "max_concurrency")
+
+
+@dataclass(frozen=True)
+class GatewayLimits:
+    model_calls_only: bool = False
+    models: tuple[str, ...] = ()
+    max_body_bytes: int | None = None
+    max_requests: int | None = None
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+    max_cost_usd: float | None = None
+    max_concurrency: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["models"] = list(self.models)
+        return d
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any] | None) -> GatewayLimits:
+        doc = dict(doc or {})
+        doc["models"] = tuple(doc.get("models") or ())
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in doc.items() if k in known})
+
+    @classmethod
+    def from_config(cls, budgets: Any, *, models: tuple[str, ...], model_calls_only: bool,
+                    max_body_bytes: int | None = 32 * 1024 * 1024) -> GatewayLimits:
+        b = dict(budgets or {})
+        unknown = set(b) - {*BUDGET_KEYS, "max_body_bytes"}
+        if unknown:
+            raise AgentConfigError(f"budgets: unknown keys {sorted(unknown)}; known: {', '.join((*BUDGET_KEYS, 'max_body_bytes'))}")
+        for k, v in b.items():
+            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or v <= 0):
+                raise AgentConfigError(f"budgets: {k} must be a positive number, not {v!r}")
+        return cls(model_calls_only=model_calls_only, models=models,
+                   max_body_bytes=b.get("max_body_bytes", max_body_bytes),
+                   **{k: b.get(k) for k in BUDGET_KEYS})
+
+
+def budget_left(limits: GatewayLimits, usage: dict[str, Any], requests: int | None) -> str | None:
+    """Why the run's budget is spent (None while it is not): ``usage`` is the gateway's
+    running total, ``requests`` the model calls forwarded so far (None: not judged)."""
+    if limits.max_requests is not None and requests is not None and requests >= limits.max_requests:
+        return f"the run's budget of {limits.max_requests} model requests is spent"
+    for key, field in (("input_tokens", limits.max_input_tokens), ("output_tokens", limits.max_output_tokens)):
+        if field is not None and int(usage.get(key) or 0) >= field:
+            return f"the run's budget of {field} {key.replace('_', ' ')} is spent ({usage.get(key)})"
+    if limits.max_cost_usd is not None and float(usage.get("cost_usd") or 0) >= limits.max_cost_usd:
+        return f"the run's budget of ${limits.max_cost_usd} is spent (${usage.get('cost_usd')})"
+    return None
+
+
+def refusal(limits: GatewayLimits, *, model_call: bool, model: str | None, body_bytes: int) -> tuple[str, str] | None:
+    """(kind, message) when the endpoint, the model or the body size refuses the
+    request; None when they let it through (budgets are judged by the gateway)."""
+    if limits.model_calls_only and not model_call:
+        return "endpoint", "ale gateway: only model calls are forwarded (messages, responses, chat completions, generateContent, token counting)"
+    if limits.max_body_bytes is not None and body_bytes > limits.max_body_bytes:
+        return "body_size", f"ale gateway: the request body ({body_bytes} bytes) is over the run's limit of {limits.max_body_bytes}"
+    if model_call and limits.models and model not in limits.models:
+        return "model", f"ale gateway: model {model!r} is not the run's model ({', '.join(limits.models)})"
+    return None

@@ -1,0 +1,206 @@
+"""Named harness agents in ``native`` mode: the real Claude Code CLI (npm, pinned)
+inside the sealed sandbox, its only way out the exec channel to the run's model
+gateway, against tests/fake_model_api.py on the trusted side. Whole runs of
+files/word_count, scored and verified; a hostile command inside the sandbox tries
+every other way out and tries to bend the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ale.agents.errors import AgentConfigError
+from ale.agents.gateway.record import read_body, read_records
+from ale.agents.registry import agent_evidence, make_agent
+from ale.plan import AgentSpec, RunPlan
+from ale.record.verify import verify_run_dir
+from ale.runs.lifecycle import execute_run
+from ale.sandbox.docker import DockerProvider
+from ale.sandbox.policy import IsolationPolicy
+from ale.status import RunStatus
+from tests.conftest import EXAMPLES, TOOLS_IMAGE
+from tests.fake_model_api import FakeModelAPI
+
+TASK = EXAMPLES / "files" / "word_count"
+ANSWER = ('printf \'{"words": %s, "lines": %s}\\n\' "$(wc -w < /input/document.txt)" "$(wc -l < /input/document.txt)" '
+          "> /workspace/answer.json")
+HOSTILE = ANSWER + r""" && python3 - <<'EOF'
+import json, os, socket, urllib.error, urllib.request
+out = {}
+def tcp(host, port):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        return "connected"
+    except Exception as e:
+        return type(e).__name__
+out["tcp 1.1.1.1:443"] = tcp("1.1.1.1", 443)
+out["tcp 172.17.0.1:2375"] = tcp("172.17.0.1", 2375)
+out["tcp 127.0.0.1:8418"] = tcp("127.0.0.1", 8418)
+try:
+    socket.getaddrinfo("example.com", 443)
+    out["dns"] = "resolved"
+except Exception as e:
+    out["dns"] = type(e).__name__
+for path in ("/var/run/docker.sock", "/run/containerd/containerd.sock"):
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        out[path] = "connected"
+    except Exception as e:
+        out[path] = type(e).__name__
+base, token = os.environ["ANTHROPIC_BASE_URL"], os.environ["ANTHROPIC_API_KEY"]
+def call(method, path, body=None, key=token):
+    req = urllib.request.Request(base + path, method=method, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"x-api-key": key, "content-type": "application/json", "anthropic-version": "2023-06-01"})
+    try:
+        return urllib.request.urlopen(req, timeout=10).status
+    except urllib.error.HTTPError as e:
+        return e.code
+msg = {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+out["GET /v1/models"] = call("GET", "/v1/models")
+out["POST /v1/files"] = call("POST", "/v1/files", {})
+out["POST /v1/messages/batches"] = call("POST", "/v1/messages/batches", {"requests": []})
+out["another model"] = call("POST", "/v1/messages", {"model": "claude-other-9", **msg})
+out["no token"] = call("POST", "/v1/messages", {"model": "claude-fake-1", **msg}, key="guess")
+json.dump(out, open("/workspace/hostile.json", "w"), indent=1)
+EOF"""
+
+needs_npm = pytest.mark.requires(shutil.which("npm") is not None, "native mode fetches the harness with the host's npm")
+
+
+@pytest.fixture
+def fake_api(request):
+    api = FakeModelAPI(native_command=request.param).start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+def _plan(tmp_path: Path, api: FakeModelAPI, **config) -> RunPlan:
+    cfg = {"mode": "native", "model": "claude-fake-1", "ALE_GATEWAY_ANTHROPIC_UPSTREAM": api.url,
+           "prices": {"claude-fake-1": {"input_per_mtok": 3.0, "output_per_mtok": 15.0}}, **config}
+    return RunPlan(
+        run_id=f"n-{uuid.uuid4().hex[:12]}", task_dir=str(TASK), variant=0, agent=AgentSpec(name="claude-code", config=cfg),
+        image=TOOLS_IMAGE, policy=IsolationPolicy(memory_bytes=2 * 1024**3), runs_dir=str(tmp_path / "runs"),
+        signing_key=str(tmp_path / "key.pem"),
+    )
+
+
+def _requests(run_dir: Path) -> list[dict]:
+    records, problems = read_records(run_dir)
+    assert not problems
+    return [r for r in records if r["type"] == "request"]
+
+
+def test_named_harness_agents_pin_their_version_and_name_their_mode():
+    for name in ("claude-code", "codex", "gemini-cli"):
+        agent = make_agent(AgentSpec(name=name, config={"mode": "native"}))
+        assert agent.mode == "native" and agent.native  # type: ignore[attr-defined]
+        doc = agent_evidence(AgentSpec(name=name, config={"mode": "native", "model": "m-1"}))
+        assert doc["details"]["mode"] == "native" and doc["details"]["model"] == "m-1"
+        assert doc["details"]["gateway_limits"]["models"] == ["m-1"] and doc["details"]["gateway_limits"]["model_calls_only"]
+    with pytest.raises(AgentConfigError, match="pinned"):
+        make_agent(AgentSpec(name="claude-code", config={"version": "1.0.0"}))
+    with pytest.raises(AgentConfigError, match="mode"):
+        make_agent(AgentSpec(name="codex", config={"mode": "outside"}))
+    with pytest.raises(AgentConfigError, match="budgets"):
+        make_agent(AgentSpec(name="codex", config={"budgets": {"max_tokens": 5}}))
+
+
+@pytest.mark.docker
+@needs_npm
+@pytest.mark.parametrize("fake_api", [ANSWER], indirect=True)
+def test_claude_code_native_solves_word_count_inside_the_seal(docker_client, tmp_path, fake_api):
+    plan = _plan(tmp_path, fake_api)
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+    run = plan.run_dir
+    assert result.status is RunStatus.SCORED and result.score == 1.0, (result.error, result.violations)
+    assert result.extra["agent_mode"] == "native"
+    assert result.extra["usage"]["requests"] >= 2 and result.extra["usage"]["cost_usd"] > 0
+    evidence = json.loads((run / "evidence" / "agent.json").read_text())
+    assert evidence["details"]["mode"] == "native" and evidence["details"]["version"] == "2.1.197"
+    # The gateway saw the harness's own tools, and the model's Bash call came back as a tool result.
+    reqs = _requests(run)
+    offered = {t for r in reqs for t in r["tools"]}
+    assert {"Bash", "Edit", "Read", "Write"} <= offered, offered
+    assert all(r["decision"] == "forwarded" for r in reqs if r["model_call"]), reqs
+    assert any("tool_result" in json.dumps(read_body(run, r["body"])[0]) for r in reqs)
+    controller = json.loads((run / "evidence" / "controller.json").read_text())
+    ch = controller["confinement"]["channel"]
+    assert controller["confinement"]["kind"] == "sandbox-native" and ch["kind"] == "exec-stream"
+    assert ch["process"]["user"] == plan.policy.user and ch["process"]["privileged"] is False and ch["connections"] >= 1
+    checks = json.loads((run / "evidence" / "checks.json").read_text())
+    assert {c["id"] for c in checks if c["phase"] == "agent"} >= {"channel.process", "channel.frames"}
+    # The layer: built FROM the run's image, recorded; the sandbox still had exactly its two mounts (inspect rules).
+    layer = json.loads((run / "agent" / "harness-image.json").read_text())
+    assert layer["tag"].startswith("ale-harness:") and layer["version"] == "2.1.197"
+    report = verify_run_dir(run)
+    assert report.valid, report.reasons
+
+
+@pytest.mark.docker
+@needs_npm
+@pytest.mark.parametrize("fake_api", [HOSTILE], indirect=True)
+def test_hostile_command_inside_a_native_sandbox_reaches_only_the_gateway(docker_client, tmp_path, fake_api):
+    plan = _plan(tmp_path, fake_api)
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+    run = plan.run_dir
+    out = json.loads((run / "deliverables" / "hostile.json").read_text())
+    for key in ("tcp 1.1.1.1:443", "tcp 172.17.0.1:2375", "tcp 127.0.0.1:8418", "dns",
+                "/var/run/docker.sock", "/run/containerd/containerd.sock"):
+        assert out[key] != "connected" and out[key] != "resolved", (key, out)
+    assert out["GET /v1/models"] == 404 and out["POST /v1/files"] == 404 and out["POST /v1/messages/batches"] == 404, out
+    assert out["another model"] == 403 and out["no token"] == 401, out
+    # Refused and recorded, never forwarded: the fake model API saw none of them.
+    seen = [r["path"] for r in fake_api.requests]
+    assert not [p for p in seen if p != "/v1/messages"], seen
+    assert not [r for r in fake_api.requests if r["body"] and r["body"].get("model") != "claude-fake-1"]
+    blocked = {(r["path"], r.get("refused_for")) for r in _requests(run) if r["decision"] == "refused"}
+    assert {("/v1/models", "endpoint"), ("/v1/files", "endpoint"), ("/v1/messages", "model")} <= blocked, blocked
+    controller = json.loads((run / "evidence" / "controller.json").read_text())
+    assert {b["kind"] for b in controller["gateway"]["blocked"]} == {"endpoint", "model"}
+    # Harmless: the run is still scored (the answer was right) and verifies.
+    assert result.status is RunStatus.SCORED and result.score == 1.0, (result.error, result.violations)
+    report = verify_run_dir(run)
+    assert report.valid, report.reasons
+
+
+def test_gateway_limits_refuse_endpoints_models_and_budgets_and_verify_rederives_them(tmp_path):
+    import httpx2 as httpx
+
+    from ale.agents.gateway.limits import GatewayLimits
+    from ale.agents.gateway.record import summarize
+    from ale.agents.gateway.server import ModelGateway, serve_gateway
+    from ale.agents.gateway.tools import ToolPolicy
+
+    api = FakeModelAPI().start()
+    msg = {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "tools": [{"name": "Bash", "input_schema": {}}]}
+    calls = [("GET", "/anthropic/v1/models", None), ("POST", "/anthropic/v1/files", {}),
+             ("POST", "/anthropic/v1/messages", {"model": "other", **msg}), ("POST", "/anthropic/v1/messages", {"model": "m1", **msg}),
+             ("POST", "/anthropic/v1/messages", {"model": "m1", **msg}), ("POST", "/anthropic/v1/messages", {"model": "m1", "x": "y" * 5000})]
+
+    async def scenario():
+        limits = GatewayLimits.from_config({"max_requests": 1, "max_body_bytes": 4000}, models=("m1",), model_calls_only=True)
+        gw = ModelGateway(tmp_path, ToolPolicy(("shell",), client_tools=True), keys={"anthropic": "k"}, limits=limits,
+                          upstreams={"openai": api.url, "anthropic": api.url, "gemini": api.url})
+        async with serve_gateway(gw) as url, httpx.AsyncClient(timeout=30) as c:
+            rs = [await c.request(m, url + p, headers={"x-api-key": gw.token}, json=b) for m, p, b in calls]
+        return gw, rs
+
+    try:
+        gw, rs = asyncio.run(scenario())
+    finally:
+        api.stop()
+    assert [r.status_code for r in rs] == [404, 404, 403, 200, 429, 413]
+    assert gw.budget_reached.is_set() and "1 model requests" in (gw.budget_reason or "")
+    assert [r["path"] for r in api.requests] == ["/v1/messages"]  # only the one within every limit left
+    s = summarize(tmp_path)
+    assert s is not None and not s["problems"], s["problems"]
+    assert [b["kind"] for b in s["blocked"]] == ["endpoint", "endpoint", "model", "budget", "body_size"]
+    assert not s["refusals"]  # the harness's own tools are allowed in native mode: Bash is no refusal
