@@ -5,6 +5,7 @@ oracle and nop, and a candidate shell that attacks the desktop and fails."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import base64
 import hashlib
@@ -129,6 +130,22 @@ def test_computer_is_offered_only_with_a_desktop():
     assert "computer" in ToolBox(object(), workdir="/w", computer=Computer(FakeDesktop())).offered  # type: ignore[arg-type]
     out = asyncio.run(ToolBox(object(), workdir="/w").call("computer", {"action": "screenshot"}))  # type: ignore[arg-type]
     assert not out.ok and "no desktop" in (out.error or "")
+
+
+def test_task_check_names_a_task_flaw_apart_from_a_harness_failure():
+    from types import SimpleNamespace
+
+    from ale.grading.task_flaws import ORACLE_MISSED, RUN_FAILED, TASK_FLAW, classify, run_problem
+    from ale.status import RunStatus
+
+    nop_scores = SimpleNamespace(status=RunStatus.SCORED, scores=[1.0], error=None)
+    assert classify("nop", nop_scores) == TASK_FLAW
+    line = run_problem(1, "nop", nop_scores)
+    assert line.startswith("task flaw: variant 1: nop") and "[1.0]" in line and "not a harness failure" in line
+    assert classify("oracle", SimpleNamespace(status=RunStatus.SCORED, scores=[0.0], error=None)) == ORACLE_MISSED
+    broken = SimpleNamespace(status=RunStatus.INFRASTRUCTURE_ERROR, scores=None, error="start() raised X\nmore")
+    assert classify("nop", broken) == RUN_FAILED
+    assert run_problem(2, "nop", broken) == "run failed: variant 2 nop: infrastructure_error: start() raised X"
 
 
 def _probe_text(sockets: list[str], procs: list[str], me: int = 50) -> dict:
@@ -257,26 +274,36 @@ def test_candidate_shell_cannot_reach_the_desktop_and_the_run_is_graded(docker_c
     # Each way in fails on its own (one refusal must not stand for another).
     assert "unable to open display" in attack["open the display (socket path)"]
     tcp = attack["open the display (abstract socket, TCP)"]
-    assert len(re.findall(r"^refused ", tcp, re.M)) == 6, tcp  # 2 unix addresses, 4 ports
+    assert len(re.findall(r"^refused ", tcp, re.M)) == 8, tcp  # 2 unix addresses, 6 ports
     cookie = attack["read the X cookie"]
     assert "Xauthority: Permission denied" in cookie and "unable to open display" in cookie, cookie
     helper = attack["reach the desktop helper"]
     assert "PermissionError" in helper or "ConnectionRefusedError" in helper, helper
     signals = attack["signal desktop processes"]
     assert signals.count("Operation not permitted") >= 2, signals  # STOP and KILL of at least one process
-    browser = attack["attach to the browser (ptrace, its pipe fds)"]
-    pid = re.search(r"^browser pid (\d+)$", browser, re.M)
-    assert pid, f"the attack found no browser process to attack:\n{browser}"
-    assert f"/proc/{pid[1]}/fd/3: Permission denied" in browser and "pipe write refused" in browser, browser
-    assert "ptrace attach -1 Operation not permitted" in browser, browser
-    assert "ptrace seize -1 Operation not permitted" in browser, browser
+    # The window: cua-bench's engine (pywebview's process, WebKit's web process).
+    window = attack["attach to the window (ptrace, its control pipe)"]
+    host, web = re.search(r"^window pid (\d+)$", window, re.M), re.search(r"^webprocess pid (\d+)$", window, re.M)
+    assert host and web, f"the attack found no window to attack:\n{window}"
+    assert f"/proc/{host[1]}/fd/0: Permission denied" in window and "pipe write refused" in window, window
+    for who in ("window", "webprocess"):
+        assert f"{who} ptrace attach -1 Operation not permitted" in window, window
+        assert f"{who} ptrace seize -1 Operation not permitted" in window, window
+    engine = attack["reach the engine (IPC sockets, inspector ports)"]
+    assert "denied webprocess fds" in engine, engine  # WebKit's IPC: socketpairs, reachable only through fds
+    names = ast.literal_eval(re.search(r"^unix socket names (\[.*\])$", engine, re.M)[1])
+    for name in names:  # every named socket there is (the display's, the helper's) refuses the candidate
+        assert re.search(rf"^refused {re.escape(name)} ", engine, re.M), (name, engine)
+    assert not any(n.startswith("@") for n in names), names  # no abstract socket at all
+    assert "tcp listeners 0" in engine and len(re.findall(r"^refused \d+ ", engine, re.M)) == 5, engine  # no inspector port
     procfs = attack["read /proc of desktop processes"]
-    assert re.search(rf"^browser /proc/{pid[1]}$", procfs, re.M), f"no browser process to read:\n{procfs}"
-    assert re.search(r"^Name:\s+chromium$", procfs, re.M) and re.search(r"^Uid:\s+1001\s", procfs, re.M), procfs
+    for pid, name in ((host[1], "python3"), (web[1], "WebKitWebProces")):  # comm: 15 characters
+        assert re.search(rf"^process /proc/{pid} {name}$", procfs, re.M), (pid, name, procfs)
+    assert len(re.findall(r"^Uid:\s+1001\s", procfs, re.M)) == 2, procfs
     for f in ("environ", "maps", "smaps", "stack", "syscall", "auxv", "mem"):
-        assert f"denied {f}: PermissionError" in procfs, (f, procfs)
+        assert procfs.count(f"denied {f}: PermissionError") == 2, (f, procfs)
     for d in ("fd", "cwd", "root", "map_files"):
-        assert f"denied {d}/" in procfs, (d, procfs)
+        assert procfs.count(f"denied {d}/") == 2, (d, procfs)
     assert steps[-1]["tool"] == "computer" and steps[-1]["files"]["image"]["path"].endswith(".png")  # desktop intact
     checks = json.loads((run / "evidence" / "checks.json").read_text())
     assert all(c["ok"] for c in checks)

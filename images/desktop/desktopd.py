@@ -7,9 +7,12 @@
 The harness reaches it only by ``docker exec --user 1001:1001``: the server's
 socket and the display's socket are in folders only uid 1001 can enter, the X
 server has an MIT cookie readable by uid 1001 alone, listens on no TCP port
-(``-nolisten tcp``) and no abstract socket (``-nolisten local``), and Chromium
-is driven over ``--remote-debugging-pipe`` (file descriptors this server holds),
-never a port. Standard library only.
+(``-nolisten tcp``) and no abstract socket (``-nolisten local``). cua-bench's
+windows are pywebview windows on WebKitGTK, as cua-bench renders them
+(``webview_window.py``, one process per window, driven over its stdin/stdout);
+a browser window (``engine: chromium``) is Chromium, driven over
+``--remote-debugging-pipe``. Both channels are pipes this server holds, never a
+port. Standard library only.
 
 A ``call`` answers with one JSON line, then (screenshots) the PNG's bytes.
 """
@@ -58,6 +61,16 @@ KEYS = {
     "option": "alt", "capslock": "Caps_Lock", "minus": "minus", "plus": "plus", "equal": "equal",
 }
 BUTTONS = {"left": 1, "middle": 2, "right": 3}
+WEBVIEW_HOST = "/opt/ale-desktop/webview_window.py"
+# WebKitGTK in a sealed container: no session bus (nothing to autolaunch), no
+# accessibility bus, no GPU (software rendering into the X window), no GVFS.
+# No WEBKIT_INSPECTOR_SERVER / WEBKIT_INSPECTOR_HTTP_SERVER: no inspector port.
+WEBKIT_ENV = {
+    "NO_AT_BRIDGE": "1", "GTK_A11Y": "none", "DBUS_SESSION_BUS_ADDRESS": "unix:path=/nonexistent/bus",
+    "GSETTINGS_BACKEND": "memory", "GDK_BACKEND": "x11", "GIO_USE_VFS": "local", "GIO_USE_VOLUME_MONITOR": "unix",
+    "WEBKIT_DISABLE_COMPOSITING_MODE": "1", "WEBKIT_DISABLE_DMABUF_RENDERER": "1", "LIBGL_ALWAYS_SOFTWARE": "1",
+}
+ENGINES = ("webview", "chromium")
 
 
 def env() -> dict[str, str]:
@@ -223,7 +236,7 @@ class Window:
 
     def attach(self) -> str:
         if self.session is None:
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + 60  # a first start under load is slow
             while True:
                 pages = [t for t in self.send("Target.getTargets")["targetInfos"] if t["type"] == "page"]
                 if pages:
@@ -243,7 +256,7 @@ class Window:
             raise RuntimeError(f"javascript error: {text}")
         return (res.get("result") or {}).get("value")
 
-    def wait_loaded(self, timeout: float = 20) -> None:
+    def wait_loaded(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -254,6 +267,25 @@ class Window:
             time.sleep(0.05)
         raise RuntimeError("the window did not finish loading")
 
+    def ready(self) -> dict:
+        self.wait_loaded()
+        return self.evaluate(f"(async () => {{ {READY_JS} }})()", timeout=60) or {}
+
+    def rect(self, selector: str, space: str) -> dict | None:
+        r = self.evaluate(RECT_JS % json.dumps(selector))
+        if r is not None and space == "screen":
+            ox, oy = content_origin(r)
+            r["x"], r["y"] = r["x"] + ox, r["y"] + oy
+        return None if r is None else {k: r[k] for k in ("x", "y", "width", "height")}
+
+    def geometry(self, html: bool) -> dict:
+        g = self.evaluate(GEOM_JS, timeout=5)
+        body = self.evaluate("document.documentElement.outerHTML", timeout=5) if html else None
+        ox, oy = content_origin(g)
+        return {"window_type": "webview", "engine": "chromium", "pid": str(self.pid), "url": g["url"], "html": body,
+                "title": g["title"] or self.title, "x": int(ox), "y": int(oy), "width": g["iw"], "height": g["ih"],
+                "active": bool(g["focused"]), "minimized": False}
+
     def close(self) -> None:
         with _quiet():
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -262,6 +294,74 @@ class Window:
         for fd in (self.cmd_w, self.resp_r):
             with _quiet():
                 os.close(fd)
+
+
+class WebWindow:
+    """A cua-bench window: ``webview_window.py`` (pywebview on WebKitGTK), one
+    process per window, requests on its stdin, answers on its stdout."""
+
+    def __init__(self, n: int, url: str, title: str, x: int | None, y: int | None, width: int, height: int):
+        self.n, self.title = n, title
+        self.proc = subprocess.Popen(
+            ["python3", "-I", WEBVIEW_HOST], env={**env(), **WEBKIT_ENV}, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=open(f"{HOME}/webview-{n}.log", "ab"),  # noqa: SIM115 - the child keeps it
+            start_new_session=True)
+        self.pid = self.proc.pid
+        self.buf = b""
+        self.send_raw({"url": url, "title": title, "x": x, "y": y, "width": width, "height": height})
+
+    def send_raw(self, msg: dict) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def call(self, op: str, timeout: float = 35, **args: Any) -> dict:
+        assert self.proc.stdout is not None
+        try:
+            self.send_raw({"op": op, "timeout": timeout - 5, **args})
+        except OSError:
+            raise RuntimeError(f"{op}: the window is gone (pid {self.pid})") from None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"{op}: no answer from the window (pid {self.pid})")
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                data = os.read(fd, 1 << 20)
+                if not data:
+                    raise RuntimeError(f"{op}: the window closed its control pipe (pid {self.pid})")
+                self.buf += data
+        line, self.buf = self.buf.split(b"\n", 1)
+        reply = json.loads(line)
+        if not reply.pop("ok", False):
+            raise RuntimeError(str(reply.get("error")))
+        return reply
+
+    def ready(self) -> dict:
+        return self.call("ready", timeout=90, js=READY_JS)
+
+    def evaluate(self, expression: str, timeout: float = 35) -> Any:
+        return self.call("eval", timeout=timeout, js=expression).get("value")
+
+    def rect(self, selector: str, space: str) -> dict | None:
+        return self.call("rect", selector=selector, space=space).get("rect")
+
+    def geometry(self, html: bool) -> dict:
+        g = self.call("geometry", timeout=15, html=html)
+        return {"window_type": "webview", "engine": "webview", "pid": str(self.pid), "url": g["url"],
+                "html": g.get("html"), "title": g["title"] or self.title, "x": int(g["x"]), "y": int(g["y"]),
+                "width": g["iw"], "height": g["ih"], "active": bool(g["active"]), "minimized": False}
+
+    def close(self) -> None:
+        with _quiet():
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with _quiet():
+            self.proc.wait(5)
+        for f in (self.proc.stdin, self.proc.stdout):
+            with _quiet():
+                f.close()  # type: ignore[union-attr]
 
 
 class _quiet:
@@ -280,6 +380,29 @@ RECT_JS = """(() => { const e = document.querySelector(%s); if (!e) return null;
 GEOM_JS = """(() => ({sx: window.screenX, sy: window.screenY, ow: window.outerWidth, oh: window.outerHeight,
   iw: window.innerWidth, ih: window.innerHeight, title: document.title, url: location.href,
   focused: document.hasFocus()}))()"""
+# A window is ready when its layout has settled: loaded, fonts ready, and the same
+# geometry (page size, style sheets, element boxes) over three frames in a row
+# (Tailwind's browser build styles the page after ``load``). The body of an async function.
+READY_JS = """
+await new Promise(r => { if (document.readyState === 'complete') r(); else addEventListener('load', () => r(), {once: true}); });
+if (document.fonts && document.fonts.ready) await document.fonts.ready;
+const frame = () => new Promise(r => requestAnimationFrame(() => r()));
+const sig = () => { const d = document.documentElement, b = document.body;
+  const parts = [d.scrollWidth, d.scrollHeight, document.styleSheets.length, document.querySelectorAll('*').length];
+  const els = b ? b.querySelectorAll('*') : [];
+  for (let i = 0; i < els.length && i < 400; i++) { const r = els[i].getBoundingClientRect();
+    parts.push(Math.round(r.left), Math.round(r.top), Math.round(r.width), Math.round(r.height)); }
+  return parts.join(','); };
+let last = null, same = 0, n = 0;
+const t0 = performance.now();
+while (performance.now() - t0 < 15000) {
+  await frame(); await new Promise(r => setTimeout(r, 40)); n++;
+  const s = sig();
+  if (s === last) { if (++same >= 3) break; } else { same = 0; last = s; }
+}
+await frame(); await frame();
+return {settled: same >= 3, checks: n, ms: Math.round(performance.now() - t0)};
+"""
 # cua-bench's template for an HTML fragment (Tailwind's browser build, served locally).
 TAILWIND = "/opt/ale-desktop/vendor/tailwindcss-browser-4.3.4.js"
 HTML_TEMPLATE = ("<!doctype html>\n<html>\n  <head>\n    <meta charset=\"UTF-8\" />\n"
@@ -298,7 +421,7 @@ class Desktop:
     def __init__(self, width: int, height: int):
         self.width, self.height = width, height
         self.screen = Screen()
-        self.windows: dict[int, Window] = {}
+        self.windows: dict[int, Window | WebWindow] = {}
         self.count = 0
 
     def xdotool(self, *args: str) -> None:
@@ -317,7 +440,7 @@ class Desktop:
             raise ValueError(f"({x}, {y}) is outside the {self.width}x{self.height} screen")
         return str(x), str(y)
 
-    def window(self, pid: Any) -> Window:
+    def window(self, pid: Any) -> Window | WebWindow:
         w = self.windows.get(int(pid))
         if w is None or w.proc.poll() is not None:
             raise ValueError(f"no open window with pid {pid}")
@@ -392,12 +515,7 @@ class Desktop:
         elif op == "execute_javascript":
             out = {"value": self.window(req["pid"]).evaluate(str(req["javascript"]))}
         elif op == "element_rect":
-            w = self.window(req["pid"])
-            r = w.evaluate(RECT_JS % json.dumps(str(req["selector"])))
-            if r is not None and req.get("space", "window") == "screen":
-                ox, oy = content_origin(r)
-                r["x"], r["y"] = r["x"] + ox, r["y"] + oy
-            out = {"rect": None if r is None else {k: r[k] for k in ("x", "y", "width", "height")}}
+            out = {"rect": self.window(req["pid"]).rect(str(req["selector"]), str(req.get("space", "window")))}
         elif op == "snapshot":
             out = {"windows": self.snapshot(bool(req.get("html", True)))}
         elif op == "close_all_windows":
@@ -434,19 +552,26 @@ class Desktop:
             url = f"file://{folder}/index.html"
         if not url:
             raise ValueError("launch_window needs url=, html= or folder=")
+        engine = str(req.get("engine") or "webview")
+        if engine not in ENGINES:
+            raise ValueError(f"unknown window engine {engine!r} (one of {', '.join(ENGINES)})")
         x, y = req.get("x"), req.get("y")
-        w = Window(n, str(url), title, None if x is None else int(x), None if y is None else int(y),
-                   int(req.get("width", 600)), int(req.get("height", 400)))
+        kind = WebWindow if engine == "webview" else Window
+        w = kind(n, str(url), title, None if x is None else int(x), None if y is None else int(y),
+                 int(req.get("width", 600)), int(req.get("height", 400)))
         self.windows[w.pid] = w
         try:
-            w.wait_loaded()
-            if title and req.get("html") is None:
+            # Ready before launch_window returns: loaded, shown where the window
+            # manager put it, painted, its layout settled (no first-run race).
+            ready = w.ready()
+            if engine == "chromium" and title and req.get("html") is None:
                 w.evaluate(f"document.title = document.title || {json.dumps(title)}")
         except Exception:
             w.close()
             del self.windows[w.pid]
             raise
-        return {"pid": w.pid}
+        log(f"window {n} ({engine}) pid {w.pid} ready: {json.dumps(ready)}")
+        return {"pid": w.pid, "engine": engine, "ready": ready}
 
     def snapshot(self, html: bool) -> list[dict]:
         wins = []
@@ -454,14 +579,9 @@ class Desktop:
             if w.proc.poll() is not None:
                 continue
             try:
-                g = w.evaluate(GEOM_JS, timeout=5)
-                body = w.evaluate("document.documentElement.outerHTML", timeout=5) if html else None
+                wins.append(w.geometry(html))
             except RuntimeError:
                 continue
-            ox, oy = content_origin(g)
-            wins.append({"window_type": "webview", "pid": str(w.pid), "url": g["url"], "html": body,
-                         "title": g["title"] or w.title, "x": int(ox), "y": int(oy), "width": g["iw"],
-                         "height": g["ih"], "active": bool(g["focused"]), "minimized": False})
         return wins
 
 

@@ -213,6 +213,7 @@ def task_check(
     without its reference. Exit 1 on any failure."""
     from ale.grading.adversarial import select_strategies
     from ale.grading.grader import SCORE_EPSILON
+    from ale.grading.task_flaws import run_problem
     from ale.runs.lifecycle import PreflightError
     from ale.tasks.errors import TaskError
     from ale.tasks.process import TaskProcessError, inspect_task_sync
@@ -249,7 +250,7 @@ def task_check(
             mark = "[green]ok[/]" if ok else "[red]FAIL[/]"
             err.print(f"{mark} variant {v} {agent}: {result.status.value} scores={result.scores}  {escape(str(plan.run_dir))}")
             if not ok:
-                problems.append(f"variant {v} {agent}: {result.status.value} {result.scores} {result.error or ''}".strip())
+                problems.append(run_problem(v, agent, result))
             runs[agent] = (plan, result, ok)
             record[agent] = {"status": result.status.value, "scores": result.scores, "ok": ok, "run_dir": str(plan.run_dir)}
         if adversarial:

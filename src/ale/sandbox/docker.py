@@ -293,7 +293,9 @@ class DockerSandbox:
                 # A background child can keep the stream open after the command
                 # exited; stop waiting for it shortly after the exit.
                 state = await self._exec_state(exec_id["Id"])
-                if not state.get("Running"):
+                # Not started yet (a loaded host: the pump's exec_start still queued)
+                # reads the same as ended, but without an exit code.
+                if not state.get("Running") and state.get("ExitCode") is not None:
                     exited_at = now
             elif now - exited_at > 0.2:
                 collector.close()

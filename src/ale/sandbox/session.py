@@ -81,11 +81,14 @@ class GuiMethods:
     async def launch_window(
         self, url: str | None = None, *, html: str | None = None, folder: str | None = None, title: str = "Window",
         x: int | None = None, y: int | None = None, width: int = 600, height: int = 400,
-        files: dict[str, str] | None = None, **_: Any,
+        files: dict[str, str] | None = None, engine: str | None = None, **_: Any,
     ) -> int:
+        """A window as cua-bench renders it (pywebview on WebKitGTK); ``engine="chromium"``
+        (ALE's) opens a browser window instead."""
         if folder is not None and not files:
             raise ValueError("launch_window(folder=...): the folder's files did not reach the harness")
-        args = {"url": url, "html": html, "files": files, "title": title, "x": x, "y": y, "width": width, "height": height}
+        args = {"url": url, "html": html, "files": files, "title": title, "x": x, "y": y, "width": width, "height": height,
+                "engine": engine}
         return int(await self._gui_task("launch_window", {k: v for k, v in args.items() if v is not None}))
 
     async def execute_javascript(self, pid: int | str, javascript: str) -> Any:
