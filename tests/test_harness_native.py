@@ -142,6 +142,8 @@ def test_claude_code_native_solves_word_count_inside_the_seal(docker_client, tmp
     assert layer["tag"].startswith("ale-harness:") and layer["version"] == "2.1.197"
     report = verify_run_dir(run)
     assert report.valid, report.reasons
+    passed = {c["id"] for c in report.checks if c["ok"] is True}
+    assert {"gateway.mode", "gateway.channel.process", "gateway.channel.frames"} <= passed
 
 
 @pytest.mark.docker

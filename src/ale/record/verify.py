@@ -840,7 +840,7 @@ class _Verifier:
         self.check("gateway.tools_rederived", not problems, "each request's tools as its recorded body offers them", problems[:5],
                    "; ".join(problems[:3]), area=area)
         claimed = _as_dict(_as_dict(stored).get("gateway"))
-        keys = ("head", "records", "requests", "tools_offered", "refusals")
+        keys = ("head", "records", "requests", "tools_offered", "refusals", "limits", "blocked")  # the last two: absent before them
         diff = [k for k in keys if claimed.get(k) != derived.get(k)]
         self.check("gateway.evidence_matches", not diff, "evidence/controller.json as the records derive it", diff,
                    f"evidence/controller.json differs from the gateway's records in {diff}" if diff else "", area=area)
@@ -848,6 +848,7 @@ class _Verifier:
         heads = [e.get("data", {}).get("head") for e in events if e.get("type") == "gateway.recorded"]
         self.check("gateway.event", heads == [derived.get("head")], [derived.get("head")], heads,
                    "" if heads == [derived.get("head")] else "the event log does not name the gateway record's head", area=area)
+        self._verify_native_channel(stored, result)
         refusals = derived.get("refusals") or []
         if result is None:
             return
@@ -859,6 +860,23 @@ class _Verifier:
         self.check("gateway.status", ok, {"status": RunStatus.INVALID_EVALUATION_ENVIRONMENT.value if refusals else "any", "attribution": want},
                    {"status": result.status.value, "attribution": result.invalid_attribution},
                    "" if ok else "the run's status or attribution does not follow from the gateway's refusals", area=area)
+
+    def _verify_native_channel(self, stored: Any, result: Any) -> None:
+        """A named harness's mode (ale.agents.harness): the agent evidence, the result
+        and the controller's record name the same one; a native run's channel is judged
+        again from its record (``gateway_record.channel_checks``)."""
+        confinement = _as_dict(_as_dict(stored).get("confinement"))
+        mode = _as_dict(_as_dict(self.load(layout.evidence_path(Evidence.AGENT))).get("details")).get("mode")
+        native = confinement.get("kind") == "sandbox-native"
+        if mode is None and not native:
+            return
+        extra = _as_dict(getattr(result, "extra", None)) if result is not None else {}
+        named = {"agent": mode, "result": extra.get("agent_mode", mode), "controller": "native" if native else "bridge"}
+        same = len(set(named.values())) == 1
+        self.check("gateway.mode", same, "one mode named everywhere", named,
+                   "" if same else f"the run's mode is named differently: {named}", area="gateway")
+        for c in gateway_record.channel_checks(confinement):
+            self.check(f"gateway.{c.id}", c.ok, c.expected, c.observed, c.detail, area="gateway")
 
     def _attribution_problems(self, result: Any) -> list[str]:
         """An invalid run's attribution must follow from the evidence: the agent's
