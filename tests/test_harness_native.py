@@ -25,6 +25,7 @@ from ale.sandbox.policy import IsolationPolicy
 from ale.status import RunStatus
 from tests.conftest import EXAMPLES, TOOLS_IMAGE
 from tests.fake_model_api import FakeModelAPI
+from tests.test_agents_support import box  # noqa: F401 - a fixture
 
 TASK = EXAMPLES / "files" / "word_count"
 ANSWER = ('printf \'{"words": %s, "lines": %s}\\n\' "$(wc -w < /input/document.txt)" "$(wc -l < /input/document.txt)" '
@@ -206,3 +207,29 @@ def test_gateway_limits_refuse_endpoints_models_and_budgets_and_verify_rederives
     assert s is not None and not s["problems"], s["problems"]
     assert [b["kind"] for b in s["blocked"]] == ["endpoint", "endpoint", "model", "budget", "body_size"]
     assert not s["refusals"]  # the harness's own tools are allowed in native mode: Bash is no refusal
+
+
+@pytest.mark.docker
+@pytest.mark.requires(shutil.which("bwrap") is not None, "bridge mode confines the harness with bubblewrap")
+@pytest.mark.parametrize("fake_api", [None], indirect=True)
+def test_claude_code_bridge_mode_is_the_command_design_with_the_gateway_limits(box, tmp_path, fake_api):  # noqa: F811
+    from ale.agents.base import AgentEnd
+    from ale.agents.gateway.record import summarize
+    from ale.agents.harness import harness_prefix
+    from tests.test_agents_support import make_ctx
+
+    if not (harness_prefix() / "claude" / "node_modules" / ".bin" / "claude").exists():
+        pytest.skip(f"Claude Code is not installed under {harness_prefix()} (scripts/setup.sh)")
+    agent = make_agent(AgentSpec(name="claude-code", config={"mode": "bridge", "model": "claude-fake-1",
+                                                              "ALE_GATEWAY_ANTHROPIC_UPSTREAM": fake_api.url}))
+    assert agent_evidence(AgentSpec(name="claude-code", config={"mode": "bridge"}))["details"]["mode"] == "bridge"
+    ctx, writer = make_ctx(box, tmp_path)
+    out = asyncio.run(agent.run(ctx))
+    writer.close(usage=out.usage, end=out.end.value)
+    assert out.end == AgentEnd.FINISHED, (out.detail, (tmp_path / "agent" / "stderr.log").read_text()[-3000:])
+    assert (box.workspace / "answer.txt").read_text() == "42\n"
+    s = summarize(tmp_path)
+    assert s is not None and not s["problems"] and not s["refusals"]
+    assert s["limits"]["models"] == ["claude-fake-1"] and s["limits"]["model_calls_only"] is True
+    assert all(set(r["tools"]) <= {f"mcp__ale__{t}" for t in ("shell", "read_file", "write_file", "list_dir")} for r in s["requests"])
+    assert json.loads((tmp_path / "agent" / "confinement.json").read_text())["kind"] == "bubblewrap"
