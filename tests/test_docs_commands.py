@@ -143,6 +143,8 @@ COMMANDS: dict[str, Run | Skip] = {
                       "subset, its GUI tasks in tests/test_image_hints.py on an engine without the desktop image"),
     "make test": Skip("the test suite itself"),
     ". .venv/bin/activate": Run(),
+    "ale task show examples/tasks/files/word_count": Run(_contains("prompt:")),
+    "ale key show -o operator.pem": Run(_file("operator.pem")),
     "ale run examples/tasks/files/word_count --agent oracle": Run(_oracle_run),
     "ale run examples/tasks/files/word_count --agent replay --script my-calls.json": Run(_replay_run, ("my-calls",)),
     "ale task check examples/tasks/physics/cloth_sim": Run(_task_check_ok, slow=True),
@@ -171,6 +173,7 @@ COMMANDS: dict[str, Run | Skip] = {
     # docs/experiments.md (exp.yaml: the demo's agents on files/word_count, output results/demo)
     "ale exp run exp.yaml --dry-run": Run(_contains("files-word_count-v0-oracle-r0"), ("exp.yaml",)),
     "ale exp run exp.yaml": Run(_contains("report.html"), ("exp.yaml",)),
+    "ale exp run exp.yaml --retry-errors": Run(_contains("report.html"), ("demo",)),
     "ale exp status results/demo": Run(_contains("final / planned"), ("demo",)),
     "ale report results/demo": Run(_contains("pass ≥ 0.5"), ("demo",)),
     'ale regrade results/demo --tasks ../ale-v1.1/tasks --reason "graders repaired for v1.1"':
