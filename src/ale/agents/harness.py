@@ -190,6 +190,8 @@ class HarnessAgent:
             return {k: self.model for k in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
                                             "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL",
                                             "CLAUDE_CODE_SUBAGENT_MODEL")}
+        if self.name == "gemini-cli":
+            return {"GEMINI_MODEL": self.model}
         return {}
 
     def _native_argv(self, prompt: str) -> list[str]:
@@ -201,10 +203,10 @@ class HarnessAgent:
         if self.name == "codex":
             provider = ('model_providers.gw={name="gw", base_url="' + f"http://127.0.0.1:{self.channel_port}/openai/v1"
                         + '", wire_api="responses", env_key="CODEX_API_KEY", supports_websockets=false}')
-            return ["node", exe, "exec", "--skip-git-repo-check", "--ephemeral", "--dangerously-bypass-approvals-and-sandbox",
+            return [self.harness.node, exe, "exec", "--skip-git-repo-check", "--ephemeral", "--dangerously-bypass-approvals-and-sandbox",
                     "-c", provider, "-c", 'model_provider="gw"', "-m", self.model, "-c", 'web_search="disabled"',
                     "--disable", "image_generation", "--disable", "apps", "--disable", "plugins", *self.args, "--", prompt]
-        return ["node", exe, f"--prompt={prompt}", "--yolo", "--skip-trust", "--model", self.model, *self.args]
+        return [self.harness.node, exe, f"--prompt={prompt}", "--yolo", "--skip-trust", "--model", self.model, *self.args]
 
     def _native_env(self, url: str, token: str) -> dict[str, str]:
         return {**harness_env(url, token), **_QUIET, **self._model_env(), "HOME": f"{NATIVE_HOME}/{self.name}",

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import struct
 import time
 from collections.abc import AsyncIterator
@@ -136,6 +137,9 @@ class ExecChannel:
         """One connection: to the gateway (its only target), both ways."""
         try:
             gr, gw = await asyncio.open_connection(*self.gateway)
+            sock = gw.get_extra_info("socket")
+            if sock is not None:  # a request's headers and body go out as they come
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError as e:
             self.errors.append(f"connection {cid}: the gateway cannot be reached: {e}")
             self._send(CLOSE, cid)

