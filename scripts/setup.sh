@@ -26,6 +26,37 @@ if command -v apt-get >/dev/null; then
   apt_install "${pkgs[@]}" || say "could not install ${pkgs[*]} (not root?); continuing"
 fi
 
+# 1b. gVisor (runsc), the sandbox tier under a user-space kernel (docs/operator-runbook.md),
+#     where Debian ships it; ALE_SKIP_GVISOR=1 skips it. It is registered in the default
+#     engine's /etc/docker/daemon.json, read when dockerd starts below, or reloaded by
+#     SIGHUP into a running one (running containers stay; no restart). --network=none:
+#     sandboxes are offline, and Debian's runsc mistakes Docker's empty network namespace
+#     for the host's on kernels >= 6; --oci-seccomp: Docker's seccomp profile inside gVisor.
+RUNSC_ARGS='["--network=none", "--oci-seccomp"]'
+register_runsc() {
+  command -v runsc >/dev/null && [ "$(id -u)" = 0 ] && [ -z "${DOCKER_HOST:-}" ] || return 0
+  mkdir -p /etc/docker
+  python3 - "$(command -v runsc)" "$RUNSC_ARGS" <<'PY' || { say "could not register runsc in /etc/docker/daemon.json"; return 0; }
+import json, os, sys
+path, args = sys.argv[1], json.loads(sys.argv[2])
+f = "/etc/docker/daemon.json"
+conf = json.load(open(f)) if os.path.exists(f) and os.path.getsize(f) else {}
+want = {"path": path, "runtimeArgs": args}
+if conf.get("runtimes", {}).get("runsc") != want:
+    conf.setdefault("runtimes", {})["runsc"] = want
+    tmp = f + ".ale-tmp"
+    with open(tmp, "w") as out:
+        json.dump(conf, out, indent=2)
+    os.replace(tmp, f)
+PY
+}
+if [ "${ALE_SKIP_GVISOR:-0}" != 1 ] && command -v apt-get >/dev/null; then
+  if ! command -v runsc >/dev/null && apt-cache policy runsc 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+    apt_install runsc || say "could not install runsc (not root?); the runsc tests are skipped"
+  fi
+  register_runsc
+fi
+
 # 2. A running Docker engine.
 if ! docker info >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null; then
@@ -35,6 +66,18 @@ if ! docker info >/dev/null 2>&1; then
     for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
   fi
   docker info >/dev/null 2>&1 || { say "no Docker engine is reachable; start one (dockerd) and retry"; exit 1; }
+fi
+# 2b. A running engine that lacks runsc reloads its configuration (SIGHUP: no restart).
+if command -v runsc >/dev/null && [ "${ALE_SKIP_GVISOR:-0}" != 1 ] && [ -z "${DOCKER_HOST:-}" ] \
+   && ! docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
+  pid=$(cat /var/run/docker.pid 2>/dev/null || true)
+  if [ "$(id -u)" = 0 ] && [ -n "$pid" ] && grep -q '"runsc"' /etc/docker/daemon.json 2>/dev/null; then
+    say "registering runsc with the running dockerd (configuration reload)"
+    kill -HUP "$pid"
+    for _ in $(seq 1 10); do docker info --format '{{json .Runtimes}}' | grep -q '"runsc"' && break; sleep 1; done
+  fi
+  docker info --format '{{json .Runtimes}}' | grep -q '"runsc"' \
+    || say "the Docker engine has no runsc runtime; gVisor runs are refused and their tests skipped (see docs/operator-runbook.md)"
 fi
 
 # 3. The Python environment.

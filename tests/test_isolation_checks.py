@@ -461,7 +461,7 @@ def test_probe_good(probe_raw: str) -> None:
         "probe.writable_mounts", "probe.cgroupns_private", "probe.cgroup_pids",
         "probe.cgroup_memory", "probe.cgroup_cpu", "probe.write_root_fails",
         "probe.write_input_fails", "probe.write_workspace_ok", "probe.write_tmp_ok",
-        "probe.namespaces_private", "probe.masked_paths", "probe.readonly_kernel_paths",
+        "probe.namespaces_private", "probe.masked_paths", "probe.readonly_kernel_paths", "probe.kernel",
     }
 
 

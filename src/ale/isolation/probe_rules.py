@@ -27,6 +27,7 @@ from typing import Any
 from ale.defaults import DESKTOP_UID
 from ale.isolation.registry import PROBES, Moment, Verdict, rule
 from ale.sandbox.policy import IsolationPolicy
+from ale.sandbox.runtimes import is_gvisor
 
 MARK = "=== ale-probe:"
 # Writable mounts the runtime adds under --read-only that are accepted (see module doc).
@@ -46,6 +47,10 @@ READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysr
 # container in one of them shares it with the host.
 INIT_NS_INODES = {"ipc": 0xEFFFFFFF, "uts": 0xEFFFFFFE, "pid": 0xEFFFFFFC, "cgroup": 0xEFFFFFFB}
 PRIVATE_NS = ("ipc", "uts", "pid", "cgroup", "net", "mnt")
+# The namespaces gVisor's /proc/<pid>/ns does not list (it has net, pid and user).
+GVISOR_UNLISTED_NS = frozenset({"ipc", "uts", "cgroup", "mnt"})
+# gVisor's kernel reports this version (a constant of its own, whatever the host runs).
+GVISOR_VERSION = "#1 SMP Sun Jan 10 15:06:54 PST 2016"
 MAX_PAGE = 65536  # the largest page size Linux uses (arm64, ppc64)
 
 
@@ -140,9 +145,16 @@ class ProbeSubject:
             out[k.strip()] = v.strip()
         return out
 
+    @property
+    def gvisor(self) -> bool:
+        """The policy runs the sandbox under gVisor (runsc): its kernel reports differently."""
+        return is_gvisor(getattr(self.policy, "runtime", "runc"))
+
     def limits(self) -> dict[str, str]:
+        """The cgroup limits: the sandbox's own view; under gVisor, which shows none, the
+        host's cgroup of the whole sandbox (the ``host_cgroup_limits`` the harness read)."""
         out = {}
-        for ln in self.section("cgroup_limits"):
+        for ln in self.section("host_cgroup_limits" if self.gvisor else "cgroup_limits"):
             k, _, v = ln.partition(" ")
             if k:
                 out[k.rsplit("/", 1)[-1]] = v.strip()
@@ -270,19 +282,38 @@ def _flag_both(s: ProbeSubject, key: str, want: str) -> Verdict:
 
 @_probe_rule("probe.no_new_privs", area="privileges", expected="1")
 def no_new_privs(s: ProbeSubject) -> Verdict:
-    """`NoNewPrivs` is 1, for the probe and for init.
+    """`NoNewPrivs` is 1, for the probe and for init. Under gVisor (runsc), whose
+    `/proc/<pid>/status` has no such line, the probe asks its kernel
+    (`prctl(PR_GET_NO_NEW_PRIVS)` through `setpriv --dump`, the `nnp_prctl` section);
+    init's is not reported.
 
     The kernel's view of `no-new-privileges`: setuid binaries cannot raise privileges.
     """
+    if s.gvisor and "NoNewPrivs" not in s.status():
+        got = " ".join(s.section("nnp_prctl")).strip().removeprefix("no_new_privs:").strip()
+        vals = {"probe": got, "init": "not reported by gVisor"}
+        return got == "1", vals, "" if got == "1" else f"prctl(PR_GET_NO_NEW_PRIVS) says {got!r}"
     return _flag_both(s, "NoNewPrivs", "1")
 
 
 @_probe_rule("probe.seccomp", area="privileges", expected="2 (filter mode)")
 def seccomp(s: ProbeSubject) -> Verdict:
-    """`Seccomp` is 2 (a filter is installed), for the probe and for init.
+    """`Seccomp` is 2 (a filter is installed), for the probe and for init. Under gVisor
+    init's is 2 (runsc registered with `--oci-seccomp` applies Docker's profile inside
+    gVisor's kernel; without it the mode is 0 and the check fails); the probe's, an
+    exec, may be 0: the gVisor Debian ships does not apply the profile to `runsc exec`.
 
-    The seccomp filter blocks the system calls that reach around namespaces.
+    The seccomp filter blocks the system calls that reach around namespaces; under
+    gVisor no system call of the candidate reaches the host's kernel at all (gVisor's
+    kernel serves them, itself under its own host filter).
     """
+    if s.gvisor:
+        vals = {"probe": s.status()["Seccomp"], "init": s.status("init_status")["Seccomp"]}
+        ok = vals["init"] == "2" and vals["probe"] in ("0", "2")
+        detail = "" if ok else f"Seccomp under gVisor: {vals} (register runsc with --oci-seccomp)"
+        if ok and vals["probe"] == "0":
+            detail = "the exec runs unfiltered inside gVisor (runsc exec applies no OCI profile); init is filtered"
+        return ok, vals, detail
     return _flag_both(s, "Seccomp", "2")
 
 
@@ -340,7 +371,9 @@ def writable_mounts(s: ProbeSubject) -> Verdict:
 @_probe_rule("probe.namespaces_private", area="namespaces", expected="ipc, uts, pid, cgroup, net, mnt not the host's")
 def namespaces_private(s: ProbeSubject) -> Verdict:
     """None of the ipc, uts, pid, cgroup, net and mnt namespaces (`/proc/self/ns`) is the
-    kernel's initial one or the harness's own (the `host_ns` section).
+    kernel's initial one or the harness's own (the `host_ns` section). Under gVisor
+    `/proc/self/ns` lists only net, pid and user (gVisor's own): those must not be the
+    harness's; ipc, uts, cgroup and mnt are gVisor's kernel's, which no one else shares.
 
     Sharing a namespace with the host shares what it isolates, whatever the inspect
     claims.
@@ -351,6 +384,8 @@ def namespaces_private(s: ProbeSubject) -> Verdict:
     for n in PRIVATE_NS:
         link = ns.get(n, "").strip()
         if not link:
+            if s.gvisor and n in GVISOR_UNLISTED_NS:
+                continue  # gVisor's kernel keeps it for the sandbox alone and lists no link
             if n in INIT_NS_INODES:
                 raise KeyError(f"ns {n}")
             continue
@@ -367,28 +402,40 @@ def namespaces_private(s: ProbeSubject) -> Verdict:
 @_probe_rule("probe.masked_paths", area="privileges", expected="masked where present")
 def masked_paths(s: ProbeSubject) -> Verdict:
     """Each of Docker's masked paths (`/proc/kcore`, `/proc/keys`, ...) that exists is
-    covered by a mount.
+    covered by a mount. Under gVisor, which does not mask (its /proc and /sys are
+    synthetic, nothing of the host's), each that exists is an empty directory.
 
     They expose the host's memory, keys and timers.
     """
     top, exists = s.mounted()
     obs = {p: ("masked" if p in top else exists.get(p)) for p in MASKED_PATHS}
-    bad = sorted(p for p, v in obs.items() if v == "exists")
     if any(v is None for v in obs.values()):
         raise KeyError("paths")
+    if s.gvisor:  # gVisor's /proc and /sys are its own: an existing masked path must be empty
+        empty = _path_words(s, "empty")
+        obs = {p: ("empty (gVisor's)" if v == "exists" and p in empty else v) for p, v in obs.items()}
+    bad = sorted(p for p, v in obs.items() if v == "exists")
     return not bad, obs, f"readable, not masked: {bad}" if bad else ""
+
+
+def _path_words(s: ProbeSubject, word: str) -> set[str]:
+    """The paths the `paths` section marks with `word` (`empty`, `writable`)."""
+    return {ln.partition(" ")[2] for ln in s.section("paths") if ln.startswith(word + " ")}
 
 
 @_probe_rule("probe.readonly_kernel_paths", area="privileges", expected="read-only")
 def readonly_kernel_paths(s: ProbeSubject) -> Verdict:
     """`/sys` and Docker's read-only paths (`/proc/sys`, `/proc/sysrq-trigger`, ...) are
-    mounted read-only where they exist.
+    mounted read-only where they exist. Under gVisor `/sys` is mounted read-only too;
+    the /proc paths are gVisor's own settings (not the host's) and must not be writable
+    by the candidate.
 
     Writable, they are the host kernel's settings.
     """
     top, exists = s.mounted()
     obs: dict[str, str | None] = {}
     bad: list[str] = []
+    writable = _path_words(s, "writable") if s.gvisor else set()
     for p in ("/sys", *READONLY_PATHS):
         if p in top:
             obs[p] = "ro" if "ro" in top[p]["options"] else "rw"
@@ -396,6 +443,11 @@ def readonly_kernel_paths(s: ProbeSubject) -> Verdict:
             obs[p] = exists.get(p, "exists" if p == "/sys" else None)
         if obs[p] is None:
             raise KeyError("paths")
+        if s.gvisor and obs[p] == "exists" and p != "/sys":  # gVisor's own knobs, not the host's
+            obs[p] = "writable (gVisor's)" if p in writable else "not writable (gVisor's)"
+            if p in writable:
+                bad.append(p)
+            continue
         if obs[p] in ("rw", "exists") or (p in ("/sys", "/proc/sys") and obs[p] != "ro"):
             bad.append(p)
     return not bad, obs, f"writable kernel paths: {bad}" if bad else ""
@@ -403,19 +455,62 @@ def readonly_kernel_paths(s: ProbeSubject) -> Verdict:
 
 @_probe_rule("probe.cgroupns_private", area="namespaces", expected=["/"])
 def cgroupns_private(s: ProbeSubject) -> Verdict:
-    """Every line of `/proc/self/cgroup` has the path `/`.
+    """Every line of `/proc/self/cgroup` has the path `/` (under gVisor, which shows no
+    cgroup tree, the file may be empty).
 
     In a private cgroup namespace the sandbox is its own root; any other path shows
     the host's tree.
     """
     paths = sorted({ln.split(":", 2)[2] for ln in s.section("cgroup") if ln.count(":") >= 2})
+    if s.gvisor and not paths:
+        return True, paths, "gVisor's kernel shows no cgroup tree"
     return paths == ["/"], paths, "" if paths == ["/"] else "cgroup paths show the host's tree"
 
 
+def _kernel_known(s: ProbeSubject) -> bool:
+    return "kernel" in s.sections or s.gvisor
+
+
+@_probe_rule("probe.kernel", area="namespaces",
+             expected=lambda s: "gVisor's kernel" if s.gvisor else "the host's kernel",
+             when=_kernel_known, when_doc="under runsc, or when the output has the `kernel` section (older evidence has none)")
+def kernel(s: ProbeSubject) -> Verdict:
+    """The kernel the candidate's system calls reach is the runtime's: under runc the
+    host's (a Linux `/proc/version`, the harness's own when the engine is local), under
+    runsc gVisor's (its constant `/proc/version`, not the host's, and no `NoNewPrivs`
+    line in `/proc/self/status`).
+
+    A sandbox that should be behind gVisor but runs on the host's kernel is one kernel
+    bug away from the host; the inspect's `HostConfig.Runtime` is the engine's word,
+    this is the sandbox's.
+    """
+    version = " ".join(s.section("kernel")).strip()
+    host = " ".join(s.sections.get("host_kernel", [])).strip()
+    gvisor = GVISOR_VERSION in version and "NoNewPrivs" not in s.status() and version != host
+    obs = {"kernel": "gVisor's" if gvisor else "a Linux kernel's", "version": version,
+           "same_as_harness": (version == host) if host else None}
+    if s.gvisor:
+        return gvisor, obs, "" if gvisor else "the sandbox does not run on gVisor's kernel"
+    return not gvisor, obs, "" if not gvisor else "the sandbox runs on gVisor's kernel, the policy says runc"
+
+
 # -- resources --------------------------------------------------------------------
-@_probe_rule("probe.cgroup_pids", area="resources", expected=lambda s: str(s.policy.pids_limit))
+def _limits_readable(s: ProbeSubject) -> bool:
+    """Under gVisor the limits are read on the host, by the harness beside the probe
+    exec: the end-of-turn kill's exec (after) has no such reading."""
+    return not (s.gvisor and s.moment == "after")
+
+
+_LIMITS_WHEN = ("under runsc, before and running only: the limits are then the host's cgroup on the whole "
+                "sandbox, read by the harness beside the probe exec (the end-of-turn exec after has none; "
+                "`capture.identical` shows a limit changed since)")
+
+
+@_probe_rule("probe.cgroup_pids", area="resources", expected=lambda s: str(s.policy.pids_limit),
+             when=_limits_readable, when_doc=_LIMITS_WHEN)
 def cgroup_pids(s: ProbeSubject) -> Verdict:
-    """The cgroup's `pids.max` is the policy's limit.
+    """The cgroup's `pids.max` is the policy's limit (under gVisor, the host's cgroup of
+    the sandbox, which also counts gVisor's own threads).
 
     The limit the kernel enforces, not the one the engine recorded.
     """
@@ -423,7 +518,8 @@ def cgroup_pids(s: ProbeSubject) -> Verdict:
     return v == str(s.policy.pids_limit), v, ""
 
 
-@_probe_rule("probe.cgroup_memory", area="resources", expected=lambda s: s.policy.memory_bytes)
+@_probe_rule("probe.cgroup_memory", area="resources", expected=lambda s: s.policy.memory_bytes,
+             when=_limits_readable, when_doc=_LIMITS_WHEN)
 def cgroup_memory(s: ProbeSubject) -> Verdict:
     """The cgroup's memory limit is the policy's (page-rounded), and so is its swap limit
     (v1: memory plus swap; v2: swap alone) when the kernel accounts swap.
@@ -450,7 +546,8 @@ def cgroup_memory(s: ProbeSubject) -> Verdict:
     return ok and page_rounded(obs["memory.swap.max"], swap_room), obs, ""
 
 
-@_probe_rule("probe.cgroup_cpu", area="resources", expected=lambda s: s.policy.cpus)
+@_probe_rule("probe.cgroup_cpu", area="resources", expected=lambda s: s.policy.cpus,
+             when=_limits_readable, when_doc=_LIMITS_WHEN)
 def cgroup_cpu(s: ProbeSubject) -> Verdict:
     """The cgroup's CPU quota over its period (v1 `cpu.cfs_*`, v2 `cpu.max`) is the
     policy's CPUs; no quota is a failure.

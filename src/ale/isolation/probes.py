@@ -42,6 +42,7 @@ from ale.isolation.registry import PROBES, Check, as_moment, rules_of
 from ale.isolation.rules import judge
 from ale.sandbox.base import ExecResult, SandboxError
 from ale.sandbox.policy import IsolationPolicy
+from ale.sandbox.runtimes import is_gvisor
 
 __all__ = [
     "INIT_NS_INODES", "MARK", "MASKED_PATHS", "MAX_PAGE", "PROBE_SCRIPT", "READONLY_PATHS",
@@ -68,9 +69,19 @@ all=$rgid; [ "$egid" != "$rgid" ] && all="$all $egid"
 for g in $grps; do [ "$g" != "$rgid" ] && [ "$g" != "$egid" ] && all="$all $g"; done
 printf 'numeric uid=%s gid=%s groups=%s\n' "$euid" "$egid" "$all"
 sec status
+nnp=
 while IFS= read -r l; do
   case $l in CapEff:*|CapPrm:*|CapBnd:*|CapInh:*|CapAmb:*|NoNewPrivs:*|Seccomp:*) printf '%s\n' "$l";; esac
+  case $l in NoNewPrivs:*) nnp=1;; esac
 done < /proc/$$/status
+if [ -z "$nnp" ]; then
+  # gVisor's /proc/<pid>/status has no NoNewPrivs line: ask its kernel (util-linux's
+  # setpriv reads prctl PR_GET_NO_NEW_PRIVS).
+  sec nnp_prctl
+  { setpriv --dump 2>/dev/null || echo unavailable; } | while IFS= read -r l; do
+    case $l in no_new_privs:*|unavailable) printf '%s\n' "$l";; esac
+  done
+fi
 sec init_status
 while IFS= read -r l; do
   case $l in Uid:*|Gid:*|CapEff:*|CapPrm:*|CapBnd:*|NoNewPrivs:*|Seccomp:*) printf '%s\n' "$l";; esac
@@ -92,16 +103,23 @@ ls -l /proc/$$/ns 2>/dev/null | {
     case $name in ipc|uts|pid|cgroup|net|mnt|user) eval "ns_$name=\$target";; esac
   done
   for n in ipc uts pid cgroup net mnt user; do
-    eval "v=\$ns_$n"; printf '%s %s\n' "$n" "$v"
+    eval "v=\$ns_$n"
+    # gVisor's ls cannot list /proc/<pid>/ns: read the links it has one by one.
+    [ -z "$v" ] && [ -z "$ns_pid$ns_net" ] && v=$(readlink "/proc/$$/ns/$n" 2>/dev/null)
+    printf '%s %s\n' "$n" "$v"
   done
 }
 sec paths
+is_empty_dir() { [ -d "$1" ] || return 1; set -- "$1"/* "$1"/.[!.]*; [ ! -e "$1" ] && [ ! -e "$2" ]; }
 for p in /proc/asound /proc/acpi /proc/kcore /proc/keys /proc/latency_stats /proc/timer_list \
          /proc/timer_stats /proc/sched_debug /proc/scsi /sys/firmware \
          /sys/devices/virtual/powercap /proc/bus /proc/fs /proc/irq /proc/sys \
          /proc/sysrq-trigger; do
-  if [ -e "$p" ]; then echo "exists $p"; else echo "absent $p"; fi
+  if [ -e "$p" ]; then echo "exists $p"; is_empty_dir "$p" && echo "empty $p"; [ -w "$p" ] && echo "writable $p"
+  else echo "absent $p"; fi
 done
+sec kernel
+lines /proc/version
 sec cgroup_limits
 for f in /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/memory/memory.limit_in_bytes \
          /sys/fs/cgroup/memory/memory.memsw.limit_in_bytes /sys/fs/cgroup/cpu/cpu.cfs_quota_us \
@@ -202,7 +220,8 @@ def probe_command(policy: IsolationPolicy, *, input_dir: str, workspace_dir: str
 
 
 def judge_probes(
-    res: ExecResult | None, policy: IsolationPolicy, *, input_dir: str, workspace_dir: str, phase: str
+    res: ExecResult | None, policy: IsolationPolicy, *, input_dir: str, workspace_dir: str, phase: str,
+    extra: str | None = None,
 ) -> tuple[str, list[Check]]:
     """The evidence text and the checks of one probe exec (None: it did not run).
 
@@ -218,6 +237,8 @@ def judge_probes(
         raw += f"{MARK}stderr ===\n{err}"
     raw += f"{MARK}exit ===\nexit_code={res.exit_code} timed_out={res.timed_out}\n"
     raw += f"{MARK}host_ns ===\n" + "".join(f"{k} {v}\n" for k, v in host_namespaces().items())
+    raw += f"{MARK}host_kernel ===\n{host_kernel()}"
+    raw += extra or ""  # what the harness read on the host (gVisor's cgroup limits)
     return raw, parse_probes(raw, policy, input_dir=input_dir, workspace_dir=workspace_dir, phase=phase)
 
 
@@ -231,7 +252,46 @@ async def run_probes(
                                  user=policy.user, timeout=30)
     except SandboxError as e:
         return "", [Check("probe.exec", None, 0, None, f"cannot run the probes: {e}")]
-    return judge_probes(res, policy, input_dir=input_dir, workspace_dir=workspace_dir, phase=phase)
+    host_cgroup = None
+    if is_gvisor(policy.runtime) and isinstance(getattr(sandbox, "id", None), str):
+        # gVisor's kernel shows no cgroup: its limits are the host's cgroup on the whole sandbox.
+        host_cgroup = f"{MARK}host_cgroup_limits ===\n" + "".join(f"{k} {v}\n" for k, v in host_cgroup_limits(sandbox.id))
+    return judge_probes(res, policy, input_dir=input_dir, workspace_dir=workspace_dir, phase=phase, extra=host_cgroup)
+
+
+def host_kernel() -> str:
+    """The harness's kernel (/proc/version): runc's sandbox shares it, gVisor's does not."""
+    try:
+        return Path("/proc/version").read_text()
+    except OSError:
+        return ""
+
+
+# The cgroup files of a container on this host: cgroupfs and systemd drivers, v1 and v2.
+_CGROUP_DIRS = ("/sys/fs/cgroup/{c}/docker/{id}", "/sys/fs/cgroup/{c}/system.slice/docker-{id}.scope",
+                "/sys/fs/cgroup/docker/{id}", "/sys/fs/cgroup/system.slice/docker-{id}.scope")
+_CGROUP_FILES = {"pids": ("pids.max",), "memory": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"),
+                 "cpu": ("cpu.cfs_quota_us", "cpu.cfs_period_us")}
+_CGROUP2_FILES = ("pids.max", "memory.max", "memory.swap.max", "cpu.max")
+
+
+def host_cgroup_limits(container_id: str) -> list[tuple[str, str]]:
+    """The limits the host's kernel holds for a container's cgroup, as (path, value)
+    (empty when the engine is not on this host: the checks that read them are unknown)."""
+    out: list[tuple[str, str]] = []
+    for controller, files in _CGROUP_FILES.items():
+        for pattern in _CGROUP_DIRS[:2]:
+            d = Path(pattern.format(c=controller, id=container_id))
+            if d.is_dir():
+                out += [(str(d / f), (d / f).read_text().strip()) for f in files if (d / f).is_file()]
+                break
+    if not out:  # cgroup v2: one directory
+        for pattern in _CGROUP_DIRS[2:]:
+            d = Path(pattern.format(id=container_id))
+            if d.is_dir():
+                out += [(str(d / f), (d / f).read_text().strip()) for f in _CGROUP2_FILES if (d / f).is_file()]
+                break
+    return out
 
 
 # -- the workspace at start --------------------------------------------------------

@@ -144,6 +144,8 @@ class EnvironmentSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     provider: Literal["docker"] = "docker"
     policy: str | dict[str, Any] | None = None  # a JSON/YAML file, or the policy inline
+    # The sandboxes' OCI runtime (runc, or runsc: gVisor); overrides the policy's.
+    runtime: str | None = None
     data_source: str | None = None
     image: str = DEFAULT_TOOLS_IMAGE
     signing_key: str | None = None
@@ -156,6 +158,13 @@ class EnvironmentSpec(BaseModel):
     # (a Ray cluster's GCS address; `ale exp run --cluster` and ALE_CLUSTER override).
     # Not part of the content hash: where a run executes does not change what it is.
     cluster: str = "local"
+
+    @field_validator("runtime")
+    @classmethod
+    def _runtime_known(cls, v: str | None) -> str | None:
+        from ale.sandbox.runtimes import check_known
+
+        return None if v is None else check_known(v)
 
     @field_validator("cluster")
     @classmethod
@@ -283,6 +292,10 @@ class Experiment(BaseModel):
         return specs
 
     def isolation_policy(self) -> IsolationPolicy:
+        """The environment's policy, under its `runtime` when it names one."""
+        return self._stated_policy().with_runtime(self.environment.runtime)
+
+    def _stated_policy(self) -> IsolationPolicy:
         pol = self.environment.policy
         if pol is None:
             return IsolationPolicy()

@@ -40,6 +40,13 @@ from ale.sandbox.base import (
 from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE, DESKTOP_REPO
 from ale.sandbox.docker_images import DockerImageStore
 from ale.sandbox.policy import IsolationPolicy
+from ale.sandbox.runtimes import (
+    DEFAULT_RUNTIME,
+    RUNSC_ARGS,
+    RuntimeMissing,
+    install_hint,
+    missing_runtime_message,
+)
 
 
 def image_hint(ref: str) -> str:
@@ -203,7 +210,10 @@ class DockerSandbox:
         except docker.errors.NotFound as e:
             raise SandboxGone(f"container {self.name} is gone") from e
         except docker.errors.DockerException as e:
-            raise SandboxError(f"docker could not start {self.name}: {e.explanation or e}") from e
+            why = str(getattr(e, "explanation", None) or e)
+            if "root network namespace" in why:  # runsc registered without --network=none
+                why += f" (register runsc with {' '.join(RUNSC_ARGS)}: {install_hint('runsc')})"
+            raise SandboxError(f"docker could not start {self.name}: {why}") from e
 
     async def stop(self) -> None:
         """Kill the container (every process in it dies with its PID namespace)."""
@@ -584,6 +594,7 @@ class DockerProvider:
                 "cgroup_version": info.get("CgroupVersion"),
                 "driver": info.get("Driver"),
                 "default_runtime": info.get("DefaultRuntime"),
+                "runtimes": sorted(info.get("Runtimes") or {}),
             }
         except docker.errors.DockerException as e:
             raise SandboxError(f"docker info failed: {e}") from e
@@ -598,7 +609,22 @@ class DockerProvider:
         except docker.errors.DockerException as e:
             raise SandboxError(f"docker image inspect {image!r} failed: {e}") from e
 
+    def runtimes(self) -> list[str]:
+        """The OCI runtimes the engine has registered (`docker info` → Runtimes)."""
+        return list(self.engine_record().get("runtimes") or [])
+
+    def require_runtime(self, runtime: str) -> None:
+        """Refuse, with the commands that install and register it, a runtime the engine lacks."""
+        have = self.runtimes()
+        if runtime not in have:
+            self._engine = None  # registered since the last look? (SIGHUP reload)
+            have = self.runtimes()
+        if runtime not in have:
+            raise RuntimeMissing(missing_runtime_message(runtime, have))
+
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        if spec.policy.runtime != DEFAULT_RUNTIME:
+            await asyncio.to_thread(self.require_runtime, spec.policy.runtime)
         return await asyncio.to_thread(DockerSandbox.create, self.client, spec)
 
     def attach(self, name_or_id: str, policy: IsolationPolicy) -> DockerSandbox:

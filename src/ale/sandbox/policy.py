@@ -101,6 +101,44 @@ class IsolationPolicy(BaseModel):
             )
         return v
 
+    @field_validator("runtime")
+    @classmethod
+    def _known_runtime(cls, v: str, info: ValidationInfo) -> str:
+        # A stored policy is read as it ran: its rules judge whatever runtime it names.
+        if info.context and info.context.get("check_host") is False:
+            return v
+        from ale.sandbox.runtimes import check_known
+
+        return check_known(v)
+
+    @model_validator(mode="after")
+    def _runsc_pids(self, info: ValidationInfo) -> IsolationPolicy:
+        """Under runsc a pids limit left at its default is `runtimes.RUNSC_PIDS_LIMIT`:
+        the host's pids cgroup counts gVisor's own threads too (see `with_runtime`)."""
+        if not (info.context and info.context.get("check_host") is False) and "pids_limit" not in self.model_fields_set:
+            from ale.sandbox.runtimes import RUNSC_PIDS_LIMIT, is_gvisor
+
+            if is_gvisor(self.runtime):
+                object.__setattr__(self, "pids_limit", RUNSC_PIDS_LIMIT)
+        return self
+
+    def with_runtime(self, runtime: str | None) -> IsolationPolicy:
+        """This policy under the OCI runtime `runtime` (None: unchanged). Under runsc
+        a pids limit at the default becomes `RUNSC_PIDS_LIMIT`: every candidate process
+        costs gVisor's ptrace platform about ten host threads in the sandbox's cgroup."""
+        from ale.sandbox.runtimes import RUNSC_PIDS_LIMIT, check_known, is_gvisor
+
+        if runtime is None or runtime == self.runtime:
+            return self
+        check_known(runtime)
+        default = type(self).model_fields["pids_limit"].default
+        update: dict[str, object] = {"runtime": runtime}
+        if is_gvisor(runtime) and self.pids_limit == default:
+            update["pids_limit"] = RUNSC_PIDS_LIMIT
+        elif not is_gvisor(runtime) and is_gvisor(self.runtime) and self.pids_limit == RUNSC_PIDS_LIMIT:
+            update["pids_limit"] = default
+        return self.model_copy(update=update)
+
     @model_validator(mode="after")
     def _default_tmpfs_fits_memory(self, info: ValidationInfo) -> IsolationPolicy:
         """The default /tmp is sized to fit the memory limit (``fit_tmpfs``); tmpfs the
