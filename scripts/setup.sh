@@ -23,6 +23,9 @@ if command -v apt-get >/dev/null; then
   pkgs=(debootstrap python3-venv bubblewrap iproute2 util-linux)  # bubblewrap: confined harnesses; ip, nsenter: the Ray cluster test
   command -v dockerd >/dev/null || pkgs+=(docker.io)
   [ "${ALE_SKIP_CHROMIUM:-0}" = 1 ] || pkgs+=(chromium)
+  # npm: the desktop image fetches its pinned Tailwind build with `npm pack` when it is first
+  # built (by `ale exp run`/`ale run` for a GUI task, `make demo` included).
+  command -v npm >/dev/null || pkgs+=(npm)
   apt_install "${pkgs[@]}" || say "could not install ${pkgs[*]} (not root?); continuing"
 fi
 
