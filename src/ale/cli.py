@@ -34,6 +34,7 @@ FAILED_RUN = frozenset({RunStatus.INVALID_EVALUATION_ENVIRONMENT, RunStatus.GRAD
 RunsDir = Annotated[Path, typer.Option("--runs-dir", envvar="ALE_RUNS_DIR", help="Where run folders are written.")]
 ImageOpt = Annotated[str, typer.Option("--image", envvar="ALE_IMAGE", help="The sandbox image.")]
 PolicyOpt = Annotated[Path | None, typer.Option("--policy", envvar="ALE_POLICY", help="Isolation policy file (JSON/YAML).")]
+RuntimeOpt = Annotated[str | None, typer.Option("--runtime", envvar="ALE_RUNTIME", help="The sandbox's OCI runtime: runc, or runsc (gVisor, docs/operator-runbook.md); overrides the policy's.")]
 KeyOpt = Annotated[Path | None, typer.Option("--signing-key", envvar="ALE_SIGNING_KEY", help="Ed25519 PEM key that signs evidence (default: created in the config dir).")]
 
 
@@ -43,7 +44,8 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 
 def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: Path, script: Path | None,
           image: str, policy: Path | None, signing_key: Path | None, timeout: float | None, config: dict | None = None,
-          workspace_max_bytes: int | None = None, *, software: bool = True, overlay: Path | None = None):
+          workspace_max_bytes: int | None = None, *, software: bool = True, overlay: Path | None = None,
+          runtime: str | None = None):
     from ale.plan import AgentSpec, Limits, RunPlan, new_run_id
     from ale.sandbox.policy import IsolationPolicy
 
@@ -54,7 +56,7 @@ def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: 
     from ale.tasks.card import load_card, policy_for_card
 
     try:
-        pol, notes = policy_for_card(IsolationPolicy.load(policy), load_card(task_dir))
+        pol, notes = policy_for_card(IsolationPolicy.load(policy).with_runtime(runtime), load_card(task_dir))
     except ValueError as e:
         _fail(str(e))
     for note in notes:
@@ -124,10 +126,26 @@ def _ready(plans: list, *, data_flag: str = "--data") -> None:
             _fail(f"{plan.task_dir}: variant {plan.variant} {facts.unsupported}")
         if facts.needs_data and not (plan.data_source or screen.data_source):
             _fail(f"{plan.task_dir}: {no_data_reason(facts, data_flag)}")
+    _require_runtimes(plans)
     try:
         ensure_images(images_for(plans), say=lambda m: err.print(m, markup=False, highlight=False))
     except SandboxError as e:
         _fail(str(e), 1)
+
+
+def _require_runtimes(plans: list) -> None:
+    """Refuse, before any sandbox, a runtime the engine lacks (saying how to add it)."""
+    from ale.sandbox.base import SandboxError
+    from ale.sandbox.providers import make_provider
+    from ale.sandbox.runtimes import DEFAULT_RUNTIME
+
+    for provider, runtime in sorted({(p.provider, p.policy.runtime) for p in plans if p.policy.runtime != DEFAULT_RUNTIME}):
+        try:
+            require = getattr(make_provider(provider), "require_runtime", None)
+            if require is not None:
+                require(runtime)
+        except SandboxError as e:
+            _fail(str(e))
 
 
 def _execute(plan):
@@ -175,6 +193,7 @@ def run(
     workspace_max_bytes: Annotated[int | None, typer.Option("--workspace-max-bytes", min=1, help="Cap the workspace in bytes (as root a tmpfs of this size; else the watchdog ends the turn there). Default: 20 GiB or half the free disk.")] = None,
     software: Annotated[bool, typer.Option("--software/--no-software", help="Provide the task's declared software (its environment image, built on first use; docs/software.md).")] = True,
     overlay: Annotated[Path | None, typer.Option("--overlay", envvar="ALE_OVERLAY", help="An operator's overlay of software needs (YAML/JSON).")] = None,
+    runtime: RuntimeOpt = None,
 ) -> None:
     """Run one task variant with one agent; print the run folder last."""
     cfg = None
@@ -184,7 +203,7 @@ def run(
         except json.JSONDecodeError as e:
             _fail(f"--agent-config is not valid JSON: {e}")
     plan = _plan(task_dir, agent, variant, data, runs_dir, script, image, policy, signing_key, timeout, cfg, workspace_max_bytes,
-                 software=software, overlay=overlay)
+                 software=software, overlay=overlay, runtime=runtime)
     _ready([plan])
     result = _execute(plan)
     _print_result(result, plan.run_dir)
@@ -199,6 +218,7 @@ def task_check(
     runs_dir: RunsDir = Path("runs"),
     image: ImageOpt = DEFAULT_TOOLS_IMAGE,
     policy: PolicyOpt = None,
+    runtime: RuntimeOpt = None,
     adversarial: Annotated[bool, typer.Option("--adversarial/--no-adversarial", help="Also run the adversarial outputs (and the missing-reference probe) against the grader.")] = True,
     strategy: Annotated[list[str] | None, typer.Option("--strategy", "-s", help="Run only this adversarial strategy (repeatable; default: all).")] = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Adversarial runs at once.")] = 2,
@@ -229,7 +249,7 @@ def task_check(
     problems: list[str] = []
     variants: list[dict] = []
     tried = 0
-    _ready([_plan(task_dir, "nop", v, data, runs_dir, None, image, policy, None, None) for v in range(len(info.variants))])
+    _ready([_plan(task_dir, "nop", v, data, runs_dir, None, image, policy, None, None, runtime=runtime) for v in range(len(info.variants))])
     for v, variant in enumerate(info.variants):
         record: dict = {"variant": v, "task_id": variant.task_id}
         runs = {}
@@ -240,7 +260,7 @@ def task_check(
                 if not script.is_file():
                     _fail(f"--oracle-script: {script} (variant {v}) is not a file")
             name = "replay" if script is not None else agent
-            plan = _plan(task_dir, name, v, data, runs_dir, script, image, policy, None, None)
+            plan = _plan(task_dir, name, v, data, runs_dir, script, image, policy, None, None, runtime=runtime)
             result = _execute(plan)
             ok = (
                 result.status is RunStatus.SCORED
