@@ -477,11 +477,13 @@ def task_variants(task_dir: Path) -> int:
         raise ExperimentError(f"cannot count the variants of {task_dir}: {e}") from e
 
 
-def resolve_tasks(exp: Experiment, *, jobs: int = 4, skipped: list[Skipped] | None = None) -> list[ResolvedTask]:
+def resolve_tasks(exp: Experiment, *, jobs: int = 4, skipped: list[Skipped] | None = None,
+                  need_data: bool = False) -> list[ResolvedTask]:
     """The experiment's tasks, in file order, each once (first mention wins), with
     the variants that can run. Every task is loaded (``ale.runs.screening``), `jobs`
     at once: a task that does not load, needs a Windows VM, lacks a variant asked
-    for, or needs data no source gives is left out and appended to ``skipped``."""
+    for, or (``need_data``: when planning runs) needs data no source gives is left
+    out and appended to ``skipped``."""
     root = exp.tasks_root_dir
     mentioned: dict[Path, tuple[str, tuple[int, ...] | Literal["all"] | None]] = {}
 
@@ -538,7 +540,7 @@ def resolve_tasks(exp: Experiment, *, jobs: int = 4, skipped: list[Skipped] | No
                                        f"variant {v} does not exist: the task has {len(sc.variants)} (0..{len(sc.variants) - 1})"))
             elif sc.variants[v].unsupported:
                 skipped.append(Skipped(name, str(task_dir), v, "unsupported", str(sc.variants[v].unsupported)))
-            elif sc.variants[v].needs_data and not data:
+            elif need_data and sc.variants[v].needs_data and not data:
                 skipped.append(Skipped(name, str(task_dir), v, NO_DATA,
                                        no_data_reason(sc.variants[v], "environment.data_source")))
             else:
@@ -580,7 +582,7 @@ def plan_units(exp: Experiment, *, skipped: list[Skipped] | None = None) -> list
     runs_dir = str(exp.output_dir / layout.RUNS_DIR)
     units: list[PlannedUnit] = []
     seen: set[str] = set()
-    tasks = resolve_tasks(exp, skipped=skipped)
+    tasks = resolve_tasks(exp, skipped=skipped, need_data=True)
     policies = {t.task_dir: policy_for_card(policy, load_card(t.task_dir))[0] for t in tasks}
     for task in tasks:
         for variant in task.variants:
