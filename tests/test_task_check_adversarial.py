@@ -116,6 +116,77 @@ def test_the_hook_module_prints_a_perfect_score_and_exits(tmp_path):
     assert "real verifier ran" not in p.stdout and (tmp_path / "ALE_ADVERSARIAL_IMPORTED").exists()
 
 
+def _input_tree(root: Path) -> Path:
+    (root / "sub").mkdir(parents=True)
+    (root / "document.txt").write_text("one two\n")
+    (root / "sub" / "answer.json").write_text('{"words": 2}\n')
+    os.chmod(root / "document.txt", 0o664)
+    return root
+
+
+def test_every_strategy_has_a_host_version_that_writes_what_its_script_writes(tmp_path):
+    """The grading probe's output: each tool call's effect done on the host, with the
+    sandbox's modes (umask 022), link texts never resolved."""
+    inp = _input_tree(tmp_path / "input")
+    small = adv.huge_file_strategy(size=3 * 1024**2)
+    for s in [*(x for x in adv.CATALOGUE if x.name != "huge-file"), small, adv.huge_file_strategy(size=1000, filler="x")]:
+        ws = tmp_path / "ws" / f"{s.name}-{id(s)}"
+        ws.mkdir(parents=True)
+        actions = s.actions(FACTS) or []
+        assert [a.step for a in actions] == s.build(FACTS)  # one definition, two ways of doing it
+        failures = adv.HostWorkspace(FACTS, ws, inp).run(actions)
+        assert failures == [], (s.name, failures)
+        for a in actions:
+            if a.step["tool"] == "write_file":
+                f = ws / a.step["args"]["path"].removeprefix("/workspace/")
+                assert f.is_file() and oct(f.stat().st_mode & 0o777) == "0o644", s.name
+        if s.name in ("symlink-reference", "symlink-absolute", "symlink-input"):
+            links = {str(p.relative_to(ws)): os.readlink(p) for p in ws.rglob("*") if p.is_symlink()}
+            assert links["answer.json"] == {"symlink-reference": "/reference/answer.json", "symlink-absolute": "/etc/passwd",
+                                            "symlink-input": "/input/sub/answer.json"}[s.name]
+    copied = tmp_path / "ws" / next(p.name for p in (tmp_path / "ws").iterdir() if p.name.startswith("input-copy-"))
+    assert (copied / "sub" / "answer.json").read_text() == '{"words": 2}\n'
+    assert oct((copied / "document.txt").stat().st_mode & 0o777) == "0o644"  # cp: the source's mode less the umask
+    big = next(p for p in (tmp_path / "ws").iterdir() if p.name.startswith("huge-file-"))
+    sizes = sorted(f.stat().st_size for f in big.parent.glob("huge-file-*/answer.json"))
+    assert sizes == [1000, 3 * 1024**2]
+    sparse = [f for f in big.parent.glob("huge-file-*/answer.json") if f.stat().st_size == 3 * 1024**2][0]
+    assert sparse.stat().st_blocks * 512 < 3 * 1024**2  # truncate -s: sparse
+
+
+def test_the_host_never_follows_a_symlink_the_sandbox_would_resolve_in_the_container(tmp_path):
+    inp = _input_tree(tmp_path / "input")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (ws / "link").symlink_to(outside)
+    (ws / "file").symlink_to(outside / "f")
+    host = adv.HostWorkspace(FACTS, ws, inp)
+    for op in (adv.Op("write", "/workspace/link/x", content=b"x"), adv.Op("write", "/workspace/file", content=b"x"),
+               adv.Op("mkdir", "/workspace/link/d"), adv.Op("copy", "/workspace/link/c", src="/input/document.txt"),
+               adv.Op("sized", "/workspace/file", size=10), adv.Op("write", "/elsewhere/x", content=b"x")):
+        with pytest.raises(adv.NotOnHost):
+            host.apply(op)
+    assert list(outside.iterdir()) == []
+    host.apply(adv.Op("symlink", "/workspace/file", target="/etc/passwd"))  # ln -sfn replaces the link itself
+    assert os.readlink(ws / "file") == "/etc/passwd" and list(outside.iterdir()) == []
+    (inp / "ln").symlink_to("/etc/passwd")
+    with pytest.raises(adv.NotOnHost):  # cp follows a source link in the container, never on the host
+        host.apply(adv.Op("copy", "/workspace/c", src="/input/ln"))
+
+
+def test_a_probe_outcome_is_marked_and_never_names_a_run_folder(tmp_path):
+    from types import SimpleNamespace
+
+    probe = SimpleNamespace(status=RunStatus.SCORED, scores=[0.0], score=0.0, error=None, violations=[],
+                            probe_dir=tmp_path, stages={"grade": 0.1})
+    o = adv._as_probe(adv.judge(_strategy("nothing"), probe, tmp_path, 0.0, FACTS), probe)
+    assert o.kind == adv.GRADING_PROBE and o.run_dir is None and o.probe_dir == str(tmp_path) and o.verdict == adv.OK
+    row = adv.render_rows(adv.VariantReport(0, 0.0, [o]))[0]
+    assert row[1] == "scored" and row[4] == "probe"
+
+
 def test_select_strategies_names_the_unknown():
     assert adv.select_strategies(None) == adv.CATALOGUE
     assert [s.name for s in adv.select_strategies(["nan", "nothing"])] == ["nan", "nothing"]
@@ -272,7 +343,19 @@ def test_json_lists_every_outcome(docker_client, tmp_path):
     assert outcomes["garbage-bytes"]["verdict"] == "ok" and outcomes["garbage-bytes"]["scores"] == [0.0]
     # its grader compares with what start() wrote: removing the data source's reference changes nothing
     assert outcomes[adv.MISSING_REFERENCE]["verdict"] == "ok"
-    assert all(Path(o["run_dir"]).is_dir() for o in outcomes.values())
+    assert all(Path(o["run_dir"] or o["probe_dir"]).is_dir() for o in outcomes.values())
+    # grading probes, never runs: no run folder, a probe folder outside the runs with no result.json
+    for name in ("input-copy", "garbage-bytes"):
+        o = outcomes[name]
+        assert o["kind"] == adv.GRADING_PROBE and o["run_dir"] is None and "/.probes/" in o["probe_dir"], o
+        assert not (Path(o["probe_dir"]) / "result.json").exists()
+        assert json.loads((Path(o["probe_dir"]) / "probe.json").read_text())["kind"] == "grading-probe"
+    # echo_secret draws its secret at each load(): the oracle's output answers another input,
+    # so the missing-reference probe is the oracle's own run, as before
+    assert outcomes[adv.MISSING_REFERENCE]["kind"] == adv.RUN and Path(outcomes[adv.MISSING_REFERENCE]["run_dir"]).is_dir()
+    stages = {(st["variant"], st["stage"]) for st in doc["timing"]["stages"]}
+    assert stages == {(0, "oracle"), (0, "nop"), (0, "adversarial"), (0, adv.MISSING_REFERENCE)}
+    assert doc["timing"]["mode"] == adv.GRADING_PROBE and doc["timing"]["seconds"] > 0
 
 
 @pytest.mark.docker
@@ -280,6 +363,42 @@ def test_no_adversarial_runs_only_oracle_and_nop(docker_client, tmp_path):
     p = ale("task", "check", str(EXAMPLES / "secrets" / "echo_secret"), "--runs-dir", str(tmp_path), "--no-adversarial")
     assert p.returncode == 0, p.stderr
     assert len([d for d in tmp_path.iterdir() if not d.name.startswith(".")]) == 2 and p.stdout == ""
+
+
+# -- grading probes give the verdicts full runs give ---------------------------------
+def _deliverables(folder: str) -> tuple:
+    doc = json.loads((Path(folder) / "deliverables.json").read_text())
+    return (doc["digest"], sorted((f["path"], f["sha256"], f["mode"]) for f in doc["files"]),
+            sorted((d["path"], d["mode"]) for d in doc.get("directories") or []),
+            sorted((k["path"], k["reason"]) for k in doc["skipped"]))
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("task", ["files/word_count", "physics/cloth_sim", "secrets/echo_secret"])
+def test_grading_probes_give_every_verdict_the_full_lifecycle_gives(docker_client, tmp_path, task):
+    """The old path (each output a replay run through the whole sealed lifecycle, kept
+    behind --full-adversarial) and the new (grading probes) on an example task: the
+    same verdict for every strategy and, where the task's input is the same at each
+    load(), the very same deliverables (digest, modes, skipped entries)."""
+    docs = {}
+    for mode, extra in (("full", ["--full-adversarial"]), ("probe", [])):
+        p = ale("task", "check", str(EXAMPLES / task), "--runs-dir", str(tmp_path / mode), "--json", *extra)
+        assert p.returncode == 0, p.stderr
+        docs[mode] = json.loads(p.stdout)
+    outcomes = {mode: {(v["variant"], o["strategy"]): o for v in d["variants"] for o in v["adversarial"]["outcomes"]}
+                for mode, d in docs.items()}
+    assert set(outcomes["full"]) == set(outcomes["probe"]) and len(outcomes["full"]) >= 16
+    verdicts = {mode: {k: o["verdict"] for k, o in got.items()} for mode, got in outcomes.items()}
+    assert verdicts["probe"] == verdicts["full"]
+    assert all(o["kind"] == adv.RUN and o["probe_dir"] is None for o in outcomes["full"].values())
+    probes = [o for o in outcomes["probe"].values() if o["verdict"] != adv.SKIPPED]
+    assert sum(o["kind"] == adv.GRADING_PROBE for o in probes) >= len(probes) - 1  # echo_secret's missing-reference: a run
+    if task != "secrets/echo_secret":  # its secret is drawn afresh at each load(): inputs differ by design
+        for key, o in outcomes["probe"].items():
+            if o["verdict"] != adv.SKIPPED:
+                assert o["scores"] == outcomes["full"][key]["scores"], key
+                assert _deliverables(o["probe_dir"]) == _deliverables(outcomes["full"][key]["run_dir"]), key
+    print(f"\n{task}: full {docs['full']['timing']['seconds']:.1f}s, probes {docs['probe']['timing']['seconds']:.1f}s")
 
 
 # -- hackable graders are caught ---------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import signal
 import sys
 from collections.abc import Iterator
@@ -221,7 +220,8 @@ def task_check(
     runtime: RuntimeOpt = None,
     adversarial: Annotated[bool, typer.Option("--adversarial/--no-adversarial", help="Also run the adversarial outputs (and the missing-reference probe) against the grader.")] = True,
     strategy: Annotated[list[str] | None, typer.Option("--strategy", "-s", help="Run only this adversarial strategy (repeatable; default: all).")] = None,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Adversarial runs at once.")] = 2,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Sandbox lifecycles or grading probes at once (default: the machine's cores, at least 2).")] = None,
+    full_adversarial: Annotated[bool, typer.Option("--full-adversarial", help="Run each adversarial output (and the missing-reference probe) through the full sealed lifecycle, a candidate sandbox each, instead of as a grading probe.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the whole check as JSON on stdout.")] = False,
     oracle_script: Annotated[str | None, typer.Option(
         "--oracle-script",
@@ -231,10 +231,10 @@ def task_check(
     """Oracle must score 1.0 on every component, nop must score 0, on every variant;
     then no adversarial output may score above nop and the grader must raise
     without its reference. Exit 1 on any failure."""
-    from ale.grading.adversarial import select_strategies
-    from ale.grading.grader import SCORE_EPSILON
+    from ale.grading.adversarial import render_stages, select_strategies
     from ale.grading.task_flaws import run_problem
     from ale.runs.lifecycle import PreflightError
+    from ale.sandbox.policy import host_cpu_count
     from ale.tasks.errors import TaskError
     from ale.tasks.process import TaskProcessError, inspect_task_sync
 
@@ -250,45 +250,36 @@ def task_check(
     variants: list[dict] = []
     tried = 0
     _ready([_plan(task_dir, "nop", v, data, runs_dir, None, image, policy, None, None, runtime=runtime) for v in range(len(info.variants))])
-    for v, variant in enumerate(info.variants):
-        record: dict = {"variant": v, "task_id": variant.task_id}
-        runs = {}
-        for agent in ("oracle", "nop"):
-            script = None
-            if agent == "oracle" and oracle_script is not None:
-                script = Path(oracle_script.replace("{variant}", str(v)))
-                if not script.is_file():
-                    _fail(f"--oracle-script: {script} (variant {v}) is not a file")
-            name = "replay" if script is not None else agent
-            plan = _plan(task_dir, name, v, data, runs_dir, script, image, policy, None, None, runtime=runtime)
-            result = _execute(plan)
-            ok = (
-                result.status is RunStatus.SCORED
-                and result.scores is not None
-                and (all(math.isclose(s, 1.0, abs_tol=SCORE_EPSILON) for s in result.scores) if agent == "oracle" else max(result.scores) <= 0.0)
-            )
-            mark = "[green]ok[/]" if ok else "[red]FAIL[/]"
-            err.print(f"{mark} variant {v} {agent}: {result.status.value} scores={result.scores}  {escape(str(plan.run_dir))}")
+    plans = []
+    for v in range(len(info.variants)):
+        script = None
+        if oracle_script is not None:
+            script = Path(oracle_script.replace("{variant}", str(v)))
+            if not script.is_file():
+                _fail(f"--oracle-script: {script} (variant {v}) is not a file")
+        plans.append((_plan(task_dir, "replay" if script is not None else "oracle", v, data, runs_dir, script, image, policy, None, None,
+                            runtime=runtime),
+                      _plan(task_dir, "nop", v, data, runs_dir, None, image, policy, None, None, runtime=runtime)))
+    check = _run_check(task_dir, info.variants, plans, adversarial, chosen, jobs or max(2, host_cpu_count()), full_adversarial)
+    for vc in check.variants:
+        for agent, (_, result, ok) in vc.runs.items():
             if not ok:
-                problems.append(run_problem(v, agent, result))
-            runs[agent] = (plan, result, ok)
-            record[agent] = {"status": result.status.value, "scores": result.scores, "ok": ok, "run_dir": str(plan.run_dir)}
-        if adversarial:
-            (oracle_plan, _, oracle_ok), (_, nop_result, nop_ok) = runs["oracle"], runs["nop"]
-            if not (oracle_ok and nop_ok):
-                err.print(f"[yellow]variant {v}: adversarial outputs skipped until the oracle scores 1.0 and nop 0[/]")
-                record["adversarial"] = None
-            else:
-                report = _check_adversarial(task_dir, variant, oracle_plan, runs["oracle"][1], nop_result, chosen, jobs)
-                record["adversarial"] = report.to_dict()
-                tried += sum(1 for o in report.outcomes if o.verdict != "skipped")
-                if not json_out:
-                    _print_adversarial(report)
-                for o in report.failed:
-                    problems.append(f"variant {v} {o.strategy}: {o.verdict}: {o.detail}")
-        variants.append(record)
+                problems.append(run_problem(vc.variant, agent, result))
+        if vc.skipped_adversarial:
+            err.print(f"[yellow]variant {vc.variant}: adversarial outputs skipped until the oracle scores 1.0 and nop 0[/]")
+        if vc.report is not None:
+            tried += sum(1 for o in vc.report.outcomes if o.verdict != "skipped")
+            if not json_out:
+                _print_adversarial(vc.report)
+            for o in vc.report.failed:
+                problems.append(f"variant {vc.variant} {o.strategy}: {o.verdict}: {o.detail}")
+        variants.append(vc.to_dict())
+    err.print("stage times (wall clock):", highlight=False)
+    for line in render_stages(check):
+        err.print(escape(line), highlight=False)
     if json_out:
-        print(json.dumps({"task_dir": str(task_dir), "ok": not problems, "variants": variants, "problems": problems}, indent=1))
+        print(json.dumps({"task_dir": str(task_dir), "ok": not problems, "variants": variants, "problems": problems,
+                          "timing": check.timing()}, indent=1))
     if problems:
         for p in problems:
             err.print(f"[red]- {escape(p)}[/]", highlight=False)
@@ -298,52 +289,55 @@ def task_check(
     err.print(f"[green]{escape(str(task_dir))}: {n} variant(s) pass (oracle 1.0, nop 0){escape(tail)}[/]")
 
 
-def _check_adversarial(task_dir: Path, variant, oracle_plan, oracle_result, nop_result, strategies, jobs: int):
-    """Every strategy of the catalogue against one variant's grader, then the
-    missing-reference probe; through the real lifecycle, with the oracle's plan."""
+def _run_check(task_dir: Path, variants, plans, adversarial: bool, strategies, jobs: int, full: bool):
+    """Every variant's oracle and nop runs, then its adversarial outputs and the
+    missing-reference probe (grading probes, or with `full` runs through the whole
+    lifecycle), independent stages at once within `jobs` slots."""
     from ale.grading import adversarial as adv
-    from ale.runs.lifecycle import execute_run
+    from ale.runs.grading_only import grade_probe
+    from ale.runs.lifecycle import PreflightError, execute_run
     from ale.sandbox.base import SandboxError
     from ale.sandbox.providers import make_provider
 
-    facts = adv.facts_from_oracle_run(variant, oracle_plan.run_dir)
-    nop_score = nop_result.score if nop_result.score is not None else 0.0
-    report = adv.VariantReport(variant=oracle_plan.variant, nop_score=nop_score)
+    def say_run(v: int, agent: str, plan, result, ok: bool) -> None:
+        mark = "[green]ok[/]" if ok else "[red]FAIL[/]"
+        err.print(f"{mark} variant {v} {agent}: {result.status.value} scores={result.scores}  {escape(str(plan.run_dir))}")
 
-    def say(o) -> None:
+    def say(v: int, o) -> None:
         colour = "red" if o.failed else ("yellow" if o.verdict in ("skipped", "solution", "note") else "green")
-        err.print(f"  [{colour}]{o.verdict}[/] variant {oracle_plan.variant} {escape(o.strategy)}: {o.status or '-'} scores={o.scores}",
+        kind = " (grading probe)" if o.kind == adv.GRADING_PROBE else ""
+        err.print(f"  [{colour}]{o.verdict}[/] variant {v} {escape(o.strategy)}: {o.status or '-'} scores={o.scores}{kind}",
                   highlight=False)
 
     async def go():
-        outcomes = await adv.run_strategies(oracle_plan, facts, nop_score, execute_run, strategies=strategies, jobs=jobs, say=say)
         try:
-            store = make_provider(oracle_plan.provider).image_store()
+            store = make_provider(plans[0][0].provider).image_store()
         except SandboxError:
             store = None
-        probe = await adv.probe_missing_reference(oracle_plan, variant, oracle_plan.run_dir, Path(task_dir).resolve(), execute_run,
-                                           oracle_scores=oracle_result.scores, image_store=store)
-        say(probe)
-        return [*outcomes, probe]
+        return await adv.check_task(Path(task_dir).resolve(), variants, plans, execute_run,
+                                    probe=None if full else grade_probe, adversarial=adversarial, strategies=strategies,
+                                    jobs=jobs, image_store=store, say_run=say_run, say=say)
 
     try:
-        with terminate_as_interrupt():
-            report.outcomes = asyncio.run(go())
+        with terminate_as_interrupt(), software_progress():
+            return asyncio.run(go())
+    except PreflightError as e:
+        _fail(str(e))
     except KeyboardInterrupt:
         err.print("interrupted: the run's containers were removed")
         raise typer.Exit(130) from None
-    return report
 
 
 def _print_adversarial(report) -> None:
     from ale.grading.adversarial import render_rows
 
     rows = render_rows(report)
-    print(f"variant {report.variant}: adversarial outputs (nop scored {report.nop_score:g})")
-    widths = [max(len(r[i]) for r in [*rows, ("strategy", "status", "score [scores]", "verdict", "")]) for i in range(4)]
-    header = ("strategy", "status", "score [scores]", "verdict", "detail")
+    print(f"variant {report.variant}: adversarial outputs (nop scored {report.nop_score:g}; as: probe = graded "
+          "without a candidate sandbox, not a run)")
+    header = ("strategy", "status", "score [scores]", "verdict", "as", "detail")
+    widths = [max(len(r[i]) for r in [*rows, header]) for i in range(5)]
     for r in [header, *rows]:
-        print("  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + ("  " + r[4] if r[4] else ""))
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + ("  " + r[5] if r[5] else ""))
 
 
 @task_app.command("list")

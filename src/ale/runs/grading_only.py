@@ -1,0 +1,256 @@
+"""A grading probe: a candidate's output graded as a run grades it, with no candidate sandbox.
+
+``ale task check`` asks a task's grader what it makes of ~20 adversarial outputs
+(and of the oracle's output without its reference). None of them needs a candidate
+sandbox: the output is known in advance. ``grade_probe`` does only the grading side
+of a run, with the lifecycle's own pieces, in the run's order:
+
+1. preflight (``lifecycle.prepare``: the task process, ``load()``, the variant, the
+   image), the input staged from the data source (``stage_input``) and the task's
+   software provided (``provide_software``: the image the grading sandbox starts from);
+2. the task's ``start()`` when it has one: its input and reference writes land on the
+   host as in a run; its commands run in a grading sandbox (no network, the input
+   read-only), there being no candidate's;
+3. the reference committed (``commit_reference``), then the output written straight
+   into a fresh workspace folder on the host (the caller's ``write``);
+4. the deliverables extracted from it (``collect_deliverables``: the same extraction,
+   limits and manifest), the reference staged (``stage_reference``) and ``evaluate()``
+   run in the task process with a fresh grading sandbox, retried as in a run
+   (``grade_with_retries``); a failure is classified as the run's would be.
+
+A probe is **not a run**: no candidate sandbox ran, nothing proves a seal, so its
+folder (``<runs-dir>/.probes/<id>``) holds no ``result.json``, no manifest and no
+signature (``ale verify`` refuses it; no report counts it) and its record is
+``probe.json``, whose ``kind`` is ``grading-probe``. A desktop task's grader reads
+the candidate's live desktop: ``GradingOnlyUnsupported``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ale
+from ale import layout
+from ale.grading.grader import Grader, GradingEnvironmentError, GradingError, GradingInputs
+from ale.layout import Evidence
+from ale.phases import Phase, RunShape
+from ale.plan import AgentSpec, RunPlan, new_run_id
+from ale.record import evidence as ev
+from ale.runs import lifecycle
+from ale.runs.extensions import make_extension
+from ale.runs.state import LiveHandles, RunFolder, RunRecord, RunState, now
+from ale.sandbox.base import SandboxProvider
+from ale.sandbox.scratch import release_scratch
+from ale.sandbox.session import Route, RoutedSession
+from ale.status import RunStatus
+
+KIND = "grading-probe"
+PROBES_DIR = ".probes"  # under the runs folder; never a run folder
+PROBE_RECORD = "probe.json"
+NOT_A_RUN = ("a grading probe, not a run: the output was written on the host by the harness and graded as a run "
+             "grades it; no candidate sandbox ran and no seal was proven, so nothing here is signed evidence")
+
+
+class GradingOnlyUnsupported(RuntimeError):
+    """The task cannot be graded without a candidate sandbox (its grader reads the live desktop)."""
+
+
+@dataclass
+class ProbeResult:
+    """What a grading probe found. Not a ``RunResult``: it never goes where runs go."""
+
+    probe_id: str
+    probe_dir: Path
+    task_id: str
+    variant: int
+    label: str
+    status: RunStatus
+    scores: list[float] | None
+    score: float | None
+    error: str | None
+    violations: list[str] = field(default_factory=list)
+    stages: dict[str, float] = field(default_factory=dict)
+    write_failures: list[str] = field(default_factory=list)  # ops of the output that failed, as a shell call would
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    kind = KIND
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": KIND, "note": NOT_A_RUN, "probe_id": self.probe_id, "task_id": self.task_id, "variant": self.variant,
+            "label": self.label, "status": self.status.value, "scores": self.scores, "score": self.score,
+            "error": self.error, "violations": self.violations, "stages": self.stages,
+            "write_failures": self.write_failures, "harness_version": ale.__version__, **self.extra,
+        }
+
+
+def probe_dir_for(plan: RunPlan, probe_id: str) -> Path:
+    return Path(plan.runs_dir) / PROBES_DIR / probe_id
+
+
+def start_sandbox_id(probe_id: str) -> str:
+    return f"{probe_id}-start"
+
+
+def _make_dirs(folder: RunFolder) -> None:
+    folder.scratch.mkdir(parents=True, mode=0o700)
+    os.chmod(folder.scratch, 0o700)
+    folder.public_host.mkdir(mode=0o755)
+    folder.input_host.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    folder.workspace_host.mkdir(mode=0o755)
+    (folder.scratch / "private").mkdir(mode=0o700)
+    folder.setup_reference_host.mkdir(mode=0o700)
+
+
+async def _start_in_grading_sandbox(state: RunState) -> None:
+    """The task's start(): input and reference writes on the host, as in a run; its
+    commands in a grading sandbox (no candidate sandbox exists)."""
+    v, folder, plan = state.variant, state.folder, state.plan
+    empty = folder.scratch / "start-output"
+    empty.mkdir(mode=0o755)
+    sandbox = Grader(
+        state.prep.provider, image=state.live.image or plan.image, policy=plan.policy, run_id=start_sandbox_id(plan.run_id),
+        experiment=plan.experiment, command_timeout=plan.limits.command_timeout_s,
+        inputs=GradingInputs(
+            input_host=folder.input_host.resolve(), deliverables_host=empty.resolve(),
+            reference_host=folder.setup_reference_host.resolve(), input_dir=v.input_dir, output_dir=v.output_dir,
+            reference_dir=v.reference_dir, task_dir=v.task_dir, scratch_host=folder.scratch / "start-sandbox"),
+    )
+    session = RoutedSession(
+        [Route(v.input_dir, folder.input_host, writable=True), Route(v.reference_dir, folder.setup_reference_host, writable=True)],
+        sandbox._container_session,
+    )
+    try:
+        await state.prep.process.call("start", v.index, session, timeout=plan.limits.grading_timeout_s)
+    finally:
+        await sandbox.close()
+
+
+async def grade_probe(
+    plan: RunPlan,
+    write: Callable[[Path, Path, str], Any],
+    label: str,
+    *,
+    provider: SandboxProvider | None = None,
+) -> ProbeResult:
+    """Grade what ``write(workspace_host, input_host, input_digest)`` puts in a fresh
+    workspace (``input_digest``: the public package's after start()), as
+    the run of ``plan`` would grade it (see the module's docstring). ``write`` may
+    raise to refuse (nothing is graded then; the exception propagates, the probe's
+    folder is removed). Raises ``lifecycle.PreflightError`` as a run would, and
+    ``GradingOnlyUnsupported`` for a desktop task."""
+    probe_id = new_run_id(Path(plan.task_dir).name, plan.variant, f"probe-{label}")
+    plan = plan.model_copy(update={"run_id": probe_id, "agent": AgentSpec(name="nop", label=f"probe:{label}")})
+    t0 = time.monotonic()
+    prep = await lifecycle.prepare(plan, provider)
+    prepared_in = round(time.monotonic() - t0, 4)  # the task process and load(), the variant, the image
+    if prep.shape is not RunShape.STANDARD:
+        await prep.process.close()
+        raise GradingOnlyUnsupported(f"{plan.task_dir}: a {prep.shape} task's grader reads the candidate's live desktop")
+    probe_dir = probe_dir_for(plan, probe_id)
+    probe_dir.mkdir(parents=True)
+    prep.process.log_path = probe_dir / layout.TASK_LOG
+    scratch = Path(plan.runs_dir).resolve() / ".scratch" / probe_id
+    record = RunRecord(events=ev.EventLog(probe_dir / layout.EVENTS), store=ev.EvidenceStore(probe_dir))
+    state = RunState(prep, RunFolder(probe_dir, scratch, prep.variant), record, LiveHandles(), make_extension(prep))
+    stages: dict[str, float] = {"prepare": prepared_in}
+    started = now()
+    status, error = RunStatus.INFRASTRUCTURE_ERROR, None
+    extra: dict[str, Any] = {}
+    failures: list[str] = []
+    refused: BaseException | None = None
+
+    @contextlib.asynccontextmanager
+    async def stage(name: str, phase: Phase | None = None) -> AsyncIterator[None]:
+        t0 = time.monotonic()
+        try:
+            if phase is None:
+                yield
+            else:
+                async with record.phase(phase):
+                    yield
+        finally:
+            stages[name] = round(stages.get(name, 0.0) + time.monotonic() - t0, 4)
+
+    record.events.append("probe.start", probe_id=probe_id, kind=KIND, label=label, note=NOT_A_RUN)
+    try:
+        _make_dirs(state.folder)
+        async with stage("stage_input", Phase.STAGE_INPUT):
+            await lifecycle.stage_input(state)
+        async with stage("software"):
+            await lifecycle.provide_software(state)
+        if prep.task.has("start"):
+            async with stage("task_start", Phase.TASK_START):
+                await _start_in_grading_sandbox(state)
+        async with stage("commit_reference"):
+            record.input_after_start = ev.hash_tree(state.folder.public_host)
+            record.store.write_json(Evidence.INPUT_AFTER_START, record.input_after_start)
+            await lifecycle.commit_reference(state)
+        async with stage("write_output"):
+            try:
+                failures = list(await asyncio.to_thread(write, state.folder.workspace_host, state.folder.input_host,
+                                                        record.input_after_start["digest"]) or [])
+            except Exception as e:  # the caller's refusal: nothing to grade
+                refused = e
+                raise
+            record.events.append("probe.output_written", failures=failures[:20])
+        state.live.agent_started = True  # from here on, what fails is graded as in a run after the agent's turn
+        async with stage("deliverables", Phase.DELIVERABLES):
+            await lifecycle.collect_deliverables(state)
+        async with stage("grade", Phase.GRADE):
+            try:
+                await lifecycle.stage_reference(state)
+            except GradingError as e:  # start()'s reference changed: not the output's doing
+                raise GradingEnvironmentError(str(e), e.traceback) from e
+            record.scores = await lifecycle.grade_with_retries(state)
+        status = RunStatus.SCORED
+    except Exception as e:
+        if refused is None:
+            status, error, extra = lifecycle._classify_failure(e, state)  # a run's own classification
+            record.scores = None
+    finally:
+        await asyncio.shield(_cleanup(state))
+    if refused is not None:
+        _remove(probe_dir)
+        raise refused
+    scores = record.scores
+    result = ProbeResult(
+        probe_id=probe_id, probe_dir=probe_dir, task_id=prep.variant.task_id, variant=prep.variant.index, label=label,
+        status=status, scores=scores, score=(sum(scores) / len(scores)) if scores else None, error=error,
+        violations=list(record.violations), stages=stages, write_failures=failures,
+        extra={**extra, "started_at": started.isoformat(), "ended_at": now().isoformat(),
+               "task_code_sha256": prep.task.code_hash},
+    )
+    record.store.write_json(Evidence.PHASES, [p.model_dump(mode="json") for p in record.phases])
+    record.events.append("probe.end", status=status.value, score=result.score)
+    (probe_dir / PROBE_RECORD).write_text(json.dumps(result.to_dict(), indent=1, default=str))
+    return result
+
+
+async def _cleanup(state: RunState) -> None:
+    jobs = [state.prep.process.close()]
+    if state.live.task_process is not None:
+        jobs.append(state.live.task_process.close())
+    if state.live.grader is not None:
+        jobs.append(state.live.grader.close())
+    await asyncio.gather(*jobs, return_exceptions=True)
+    task = asyncio.current_task()
+    if task is not None and task.cancelling() > 0:  # interrupted: whatever sandbox this probe made, by its label
+        for run_id in (state.plan.run_id, start_sandbox_id(state.plan.run_id)):
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(state.prep.provider.remove_managed, run_id=run_id)
+    await asyncio.to_thread(release_scratch, state.folder.scratch)
+
+
+def _remove(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
