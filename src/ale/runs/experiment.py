@@ -478,11 +478,13 @@ def task_variants(task_dir: Path) -> int:
 
 
 def resolve_tasks(exp: Experiment, *, jobs: int = 4, skipped: list[Skipped] | None = None,
-                  need_data: bool = False) -> list[ResolvedTask]:
-    """The experiment's tasks, in file order, each once (first mention wins), with
-    the variants that can run. Every task is loaded (``ale.runs.screening``), `jobs`
-    at once: a task that does not load, needs a Windows VM, lacks a variant asked
-    for, or (``need_data``: when planning runs) needs data no source gives is left
+                  screen: bool = False) -> list[ResolvedTask]:
+    """The experiment's tasks, in file order, each once (first mention wins).
+    ``variants: all`` loads the task to count them, `jobs` tasks at once.
+
+    ``screen`` (planning runs): every task is loaded (``ale.runs.screening``) and
+    only the variants that can run are kept; a task that does not load, needs a
+    Windows VM, lacks a variant asked for, or needs data no source gives is left
     out and appended to ``skipped``."""
     root = exp.tasks_root_dir
     mentioned: dict[Path, tuple[str, tuple[int, ...] | Literal["all"] | None]] = {}
@@ -520,6 +522,13 @@ def resolve_tasks(exp: Experiment, *, jobs: int = 4, skipped: list[Skipped] | No
             for j, item in enumerate(read_task_list(list_path)):
                 assert item.path is not None
                 add(item.path, entry.variants or item.variants, f"{list_path} entry {j}")
+    if not screen:
+        counting = [d for d, (_, variants) in mentioned.items() if variants == "all"]
+        with ThreadPoolExecutor(max(1, min(jobs, len(counting) or 1))) as pool:
+            counts = dict(zip(counting, pool.map(task_variants, counting), strict=True))
+        return [ResolvedTask(name, task_dir, tuple(sorted(set(
+                    tuple(range(counts[task_dir])) if variants == "all" else variants or (0,)))))
+                for task_dir, (name, variants) in mentioned.items()]
     dirs = list(mentioned)
     provider = exp.environment.provider
     with ThreadPoolExecutor(max(1, min(jobs, len(dirs) or 1))) as pool:
@@ -540,7 +549,7 @@ def resolve_tasks(exp: Experiment, *, jobs: int = 4, skipped: list[Skipped] | No
                                        f"variant {v} does not exist: the task has {len(sc.variants)} (0..{len(sc.variants) - 1})"))
             elif sc.variants[v].unsupported:
                 skipped.append(Skipped(name, str(task_dir), v, "unsupported", str(sc.variants[v].unsupported)))
-            elif need_data and sc.variants[v].needs_data and not data:
+            elif sc.variants[v].needs_data and not data:
                 skipped.append(Skipped(name, str(task_dir), v, NO_DATA,
                                        no_data_reason(sc.variants[v], "environment.data_source")))
             else:
@@ -582,7 +591,7 @@ def plan_units(exp: Experiment, *, skipped: list[Skipped] | None = None) -> list
     runs_dir = str(exp.output_dir / layout.RUNS_DIR)
     units: list[PlannedUnit] = []
     seen: set[str] = set()
-    tasks = resolve_tasks(exp, skipped=skipped, need_data=True)
+    tasks = resolve_tasks(exp, skipped=skipped, screen=True)
     policies = {t.task_dir: policy_for_card(policy, load_card(t.task_dir))[0] for t in tasks}
     for task in tasks:
         for variant in task.variants:
