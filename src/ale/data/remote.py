@@ -204,6 +204,29 @@ def store_endpoint(protocol: str, options: dict[str, Any]) -> tuple[str, int] | 
     return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
 
 
+def _resolve(host: str, port: int, timeout: float) -> tuple[str, int]:
+    """``host``'s first address, within ``timeout`` (a resolver that does not answer
+    would otherwise hold the probe for as long as it likes)."""
+    import socket
+
+    found: list[Any] = []
+
+    def lookup() -> None:
+        try:
+            found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][:2])
+        except OSError as e:
+            found.append(e)
+
+    worker = threading.Thread(target=lookup, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if not found:
+        raise TimeoutError(f"resolving {host} timed out")
+    if isinstance(found[0], OSError):
+        raise found[0]
+    return found[0][0], found[0][1]
+
+
 def probe_store(protocol: str, options: dict[str, Any], timeout: float | None = None) -> None:
     """A short TCP connect to the store's service: DataUnreachable, in one line and
     within ``timeout`` (ALE_DATA_CONNECT_TIMEOUT_S, default 5 s), when it does not
@@ -220,7 +243,8 @@ def probe_store(protocol: str, options: dict[str, Any], timeout: float | None = 
             timeout = DEFAULT_CONNECT_TIMEOUT_S
     host, port = endpoint
     try:
-        socket.create_connection((host, port), timeout=timeout).close()
+        addr = _resolve(host, port, timeout)
+        socket.create_connection(addr, timeout=timeout).close()
     except OSError as exc:
         why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc) or type(exc).__name__)
         raise DataUnreachable(

@@ -13,6 +13,8 @@ left alone: the run's preflight names it. A task's software environment image
 from __future__ import annotations
 
 import fcntl
+import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -83,7 +85,8 @@ def ensure_images(refs: Iterable[str], say: Say = print, *, provider: SandboxPro
                 continue
             say(f"the {kind} image {ref} is not in the engine: building it (cached by content; once)")
             build = build_desktop_image if kind == "desktop" else build_tools_image
-            content = build(tag=ref, say=say)
+            with _heartbeat(f"still building the {kind} image {ref}", say):
+                content = build(tag=ref, say=say)
             say(f"{kind} image {ref} ready ({content})")
             done[ref] = content
     return done
@@ -95,6 +98,28 @@ def _present(provider: SandboxProvider, ref: str) -> bool:
         return True
     except ImageMissing:
         return False
+
+
+class _heartbeat:
+    """Say ``what`` with the time spent every ``every_s`` seconds until the block ends
+    (a desktop image build is minutes of apt with nothing else to show)."""
+
+    def __init__(self, what: str, say: Say, every_s: float = 30.0) -> None:
+        self.what, self.say, self.every_s = what, say, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        while not self._stop.wait(self.every_s):
+            self.say(f"{self.what} ({time.monotonic() - t0:.0f} s)")
+
+    def __enter__(self) -> None:
+        self._thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
 
 
 class _build_lock:
