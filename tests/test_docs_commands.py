@@ -118,6 +118,10 @@ def _task_check_ok(p, ctx):
     assert "pass (oracle 1.0, nop 0)" in p.stderr, p.stderr[-2000:]
 
 
+def _verified_naming_the_key_command(p, ctx):
+    assert "VALID" in p.stdout and "ale key show -o operator.pem" in p.stdout, p.stdout[-2000:]
+
+
 def _file(path: str) -> Check:
     def check(p, ctx):
         assert (ctx.root / path.format(**ctx.made)).is_file(), path
@@ -148,7 +152,7 @@ COMMANDS: dict[str, Run | Skip] = {
     "ale run examples/tasks/files/word_count --agent oracle": Run(_oracle_run),
     "ale run examples/tasks/files/word_count --agent replay --script my-calls.json": Run(_replay_run, ("my-calls",)),
     "ale task check examples/tasks/physics/cloth_sim": Run(_task_check_ok, slow=True),
-    "ale verify runs/<run-id>": Run(_contains("VALID"), ("run",)),
+    "ale verify runs/<run-id>": Run(_verified_naming_the_key_command, ("run",)),
     "ale view runs/<run-id>": Run(_file("{run}.view.html"), ("run",)),
     "ale exp run examples/demo.yaml": Skip("24 sandboxes (about 4 minutes); a subset of it, the same file's agents on "
                                            "files/word_count, writes runs/demo for the commands that read it"),

@@ -49,6 +49,9 @@ def print_report(report: VerifyReport, console: Console) -> None:
             )
     if report.key_source:
         console.print(f"  signature: {escape(report.key_source)}")
+        if "pass --public-key" in report.key_source:
+            console.print("  [dim]the operator's public key: `ale key show -o operator.pem` on the machine that "
+                          "signed, then `ale verify RUN --public-key operator.pem`[/]")
     for note in report.notes:
         if not note.startswith("signature checked with"):
             console.print(f"  [dim]note: {escape(note)}[/]")
