@@ -69,6 +69,10 @@ out["POST /v1/files"] = call("POST", "/v1/files", {})
 out["POST /v1/messages/batches"] = call("POST", "/v1/messages/batches", {"requests": []})
 out["another model"] = call("POST", "/v1/messages", {"model": "claude-other-9", **msg})
 out["no token"] = call("POST", "/v1/messages", {"model": "claude-fake-1", **msg}, key="guess")
+image = {"type": "image", "source": {"type": "url", "url": "https://example.com/x.png"}}
+out["remote image"] = call("POST", "/v1/messages", {"model": "claude-fake-1", "max_tokens": 5,
+                                                    "messages": [{"role": "user", "content": [image]}]})
+out["provider state"] = call("POST", "/v1/messages", {"model": "claude-fake-1", "container": "cntr_1", **msg})
 json.dump(out, open("/workspace/hostile.json", "w"), indent=1)
 EOF"""
 
@@ -161,14 +165,16 @@ def test_hostile_command_inside_a_native_sandbox_reaches_only_the_gateway(docker
         assert out[key] != "connected" and out[key] != "resolved", (key, out)
     assert out["GET /v1/models"] == 404 and out["POST /v1/files"] == 404 and out["POST /v1/messages/batches"] == 404, out
     assert out["another model"] == 403 and out["no token"] == 401, out
+    assert out["remote image"] == 403 and out["provider state"] == 403, out
     # Refused and recorded, never forwarded: the fake model API saw none of them.
     seen = [r["path"] for r in fake_api.requests]
     assert not [p for p in seen if p != "/v1/messages"], seen
     assert not [r for r in fake_api.requests if r["body"] and r["body"].get("model") != "claude-fake-1"]
     blocked = {(r["path"], r.get("refused_for")) for r in _requests(run) if r["decision"] == "refused"}
-    assert {("/v1/models", "endpoint"), ("/v1/files", "endpoint"), ("/v1/messages", "model")} <= blocked, blocked
+    assert {("/v1/models", "endpoint"), ("/v1/files", "endpoint"), ("/v1/messages", "model"),
+            ("/v1/messages", "remote_media"), ("/v1/messages", "provider_state")} <= blocked, blocked
     controller = json.loads((run / "evidence" / "controller.json").read_text())
-    assert {b["kind"] for b in controller["gateway"]["blocked"]} == {"endpoint", "model"}
+    assert {b["kind"] for b in controller["gateway"]["blocked"]} == {"endpoint", "model", "remote_media", "provider_state"}
     # Harmless: the run is still scored (the answer was right) and verifies.
     assert result.status is RunStatus.SCORED and result.score == 1.0, (result.error, result.violations)
     report = verify_run_dir(run)
@@ -185,8 +191,12 @@ def test_gateway_limits_refuse_endpoints_models_and_budgets_and_verify_rederives
 
     api = FakeModelAPI().start()
     msg = {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "tools": [{"name": "Bash", "input_schema": {}}]}
+    remote = {"role": "user", "content": [{"type": "document", "source": {"type": "file", "file_id": "file_1"}}]}
     calls = [("GET", "/anthropic/v1/models", None), ("POST", "/anthropic/v1/files", {}),
-             ("POST", "/anthropic/v1/messages", {"model": "other", **msg}), ("POST", "/anthropic/v1/messages", {"model": "m1", **msg}),
+             ("POST", "/anthropic/v1/messages", {"model": "other", **msg}),
+             ("POST", "/anthropic/v1/messages", {"model": "m1", **msg, "messages": [remote]}),
+             ("POST", "/anthropic/v1/messages", {"model": "m1", "container": "c1", **msg}),
+             ("POST", "/anthropic/v1/messages", {"model": "m1", **msg}),
              ("POST", "/anthropic/v1/messages", {"model": "m1", **msg}), ("POST", "/anthropic/v1/messages", {"model": "m1", "x": "y" * 5000})]
 
     async def scenario():
@@ -201,12 +211,13 @@ def test_gateway_limits_refuse_endpoints_models_and_budgets_and_verify_rederives
         gw, rs = asyncio.run(scenario())
     finally:
         api.stop()
-    assert [r.status_code for r in rs] == [404, 404, 403, 200, 429, 413]
+    assert [r.status_code for r in rs] == [404, 404, 403, 403, 403, 200, 429, 413]
     assert gw.budget_reached.is_set() and "1 model requests" in (gw.budget_reason or "")
     assert [r["path"] for r in api.requests] == ["/v1/messages"]  # only the one within every limit left
     s = summarize(tmp_path)
     assert s is not None and not s["problems"], s["problems"]
-    assert [b["kind"] for b in s["blocked"]] == ["endpoint", "endpoint", "model", "budget", "body_size"]
+    assert [b["kind"] for b in s["blocked"]] == ["endpoint", "endpoint", "model", "remote_media", "provider_state", "budget",
+                                                  "body_size"]
     assert not s["refusals"]  # the harness's own tools are allowed in native mode: Bash is no refusal
 
 

@@ -14,6 +14,13 @@ forwarded request that should have been refused is caught from the record alone.
 - ``models``: the run's model(s); a model call naming another model, or none, is
   refused (``model``).
 - ``max_body_bytes``: a bigger request body is refused (``body_size``).
+- ``local_only``: a model call that asks for provider-side state (OpenAI Responses
+  ``previous_response_id``, ``background``, ``store: true``, ``conversation``;
+  Anthropic ``container``) is refused (``provider_state``), and so is one holding a
+  remote media or file reference instead of inline data (an image or document by URL or
+  file id: Anthropic ``source.type`` ``url``/``file``, OpenAI ``image_url`` that is not a
+  ``data:`` URL, ``file_id``, ``file_url``, Gemini ``fileData``) (``remote_media``):
+  the conversation lives in the record and nowhere else;
 - budgets (``max_requests``, ``max_input_tokens``, ``max_output_tokens``,
   ``max_cost_usd``, ``max_concurrency``): a model call past one is refused
   (``budget``), and the gateway's ``budget_reached`` ends the agent's turn as
@@ -34,6 +41,7 @@ BUDGET_KEYS = ("max_requests", "max_input_tokens", "max_output_tokens", "max_cos
 class GatewayLimits:
     model_calls_only: bool = False
     models: tuple[str, ...] = ()
+    local_only: bool = False
     max_body_bytes: int | None = None
     max_requests: int | None = None
     max_input_tokens: int | None = None
@@ -63,7 +71,7 @@ class GatewayLimits:
         for k, v in b.items():
             if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or v <= 0):
                 raise AgentConfigError(f"budgets: {k} must be a positive number, not {v!r}")
-        return cls(model_calls_only=model_calls_only, models=models,
+        return cls(model_calls_only=model_calls_only, models=models, local_only=model_calls_only,
                    max_body_bytes=b.get("max_body_bytes", max_body_bytes),
                    **{k: b.get(k) for k in BUDGET_KEYS})
 
@@ -81,13 +89,54 @@ def budget_left(limits: GatewayLimits, usage: dict[str, Any], requests: int | No
     return None
 
 
-def refusal(limits: GatewayLimits, *, model_call: bool, model: str | None, body_bytes: int) -> tuple[str, str] | None:
-    """(kind, message) when the endpoint, the model or the body size refuses the
-    request; None when they let it through (budgets are judged by the gateway)."""
+def refusal(limits: GatewayLimits, *, model_call: bool, model: str | None, body_bytes: int, body: Any = None) -> tuple[str, str] | None:
+    """(kind, message) when the endpoint, the model, the body size or what the body
+    asks for refuses the request; None when they let it through (budgets are judged
+    by the gateway)."""
     if limits.model_calls_only and not model_call:
         return "endpoint", "ale gateway: only model calls are forwarded (messages, responses, chat completions, generateContent, token counting)"
     if limits.max_body_bytes is not None and body_bytes > limits.max_body_bytes:
         return "body_size", f"ale gateway: the request body ({body_bytes} bytes) is over the run's limit of {limits.max_body_bytes}"
     if model_call and limits.models and model not in limits.models:
         return "model", f"ale gateway: model {model!r} is not the run's model ({', '.join(limits.models)})"
+    if model_call and limits.local_only and isinstance(body, dict):
+        state = provider_state(body)
+        if state:
+            return "provider_state", f"ale gateway: provider-side state is not allowed in this run ({', '.join(state)})"
+        remote = remote_media(body)
+        if remote:
+            return "remote_media", f"ale gateway: only inline data is allowed; remote media or file references at {', '.join(remote[:5])}"
     return None
+
+
+def provider_state(body: dict[str, Any]) -> list[str]:
+    """The body's requests for state kept by the provider."""
+    out = [k for k in ("previous_response_id", "conversation", "container") if body.get(k)]
+    if body.get("background") is True:
+        out.append("background")
+    if body.get("store") is True:
+        out.append("store")
+    return out
+
+
+def remote_media(body: Any, where: str = "") -> list[str]:
+    """Where the body refers to media or files by URL or id instead of holding them."""
+    out: list[str] = []
+    if isinstance(body, dict):
+        src = body.get("source")
+        if isinstance(src, dict) and src.get("type") in ("url", "file"):
+            out.append(f"{where}.source")
+        for key in ("file_id", "file_url", "fileData", "file_data"):
+            if body.get(key):
+                out.append(f"{where}.{key}")
+        url = body.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if isinstance(url, str) and not url.startswith("data:"):
+            out.append(f"{where}.image_url")
+        for k, v in body.items():
+            if isinstance(v, dict | list) and k not in ("tools", "functions"):
+                out += remote_media(v, f"{where}.{k}")
+    elif isinstance(body, list):
+        for i, v in enumerate(body):
+            out += remote_media(v, f"{where}[{i}]")
+    return out

@@ -194,7 +194,8 @@ def derive(run_dir: Path, records: list[dict[str, Any]]) -> tuple[dict[str, Any]
         if api == GEMINI and "/models/" in path:
             model = path.split("/models/", 1)[1].split(":", 1)[0]
         model = model if isinstance(model, str) else None
-        limited = refusal(limits, model_call=model_call, model=model, body_bytes=int((rec.get("body") or {}).get("bytes") or 0))
+        limited = refusal(limits, model_call=model_call, model=model, body_bytes=int((rec.get("body") or {}).get("bytes") or 0),
+                          body=body)
         if limited is not None and rec.get("decision") != "refused":
             problems.append(f"request {rec.get('seq')} ({method_path(rec)}) should have been refused ({limited[0]}), yet was "
                             f"{rec.get('decision')}")

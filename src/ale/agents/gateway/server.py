@@ -197,7 +197,7 @@ class ModelGateway:
             model = rest.split("/models/", 1)[1].split(":", 1)[0]
         seq = self.recorder.seq + 1
         model = model if isinstance(model, str) else None
-        blocked = None if forbidden else refusal(self.limits, model_call=model_call, model=model, body_bytes=len(body))
+        blocked = None if forbidden else refusal(self.limits, model_call=model_call, model=model, body_bytes=len(body), body=parsed)
         if blocked is None and not forbidden and model_call:
             spent = self.budget_reason or budget_left(self.limits, self.usage, self.model_calls)
             if spent is not None:
