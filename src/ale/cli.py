@@ -115,7 +115,7 @@ def _ready(plans: list, *, data_flag: str = "--data") -> None:
             check_agent(plan.agent)
         except AgentConfigError as e:
             _fail(f"--agent {plan.agent.name}: {e}")
-        screen = screen_task(plan.task_dir, plan.provider)
+        screen = screen_task(plan.task_dir, plan.provider, build_env=True)
         if screen.status != OK:
             _fail(f"{plan.task_dir}: {screen.status}: {screen.reason}")
         facts = next((v for v in screen.variants if v.index == plan.variant), None)

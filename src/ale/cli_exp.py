@@ -63,7 +63,7 @@ def run_command(
 
     try:
         exp = load_experiment(file)
-        units, skipped = plan_experiment(exp)
+        units, skipped = plan_experiment(exp, build_envs=not dry_run)
         resolve_cluster(cluster, exp.environment.cluster)
     except (ExperimentError, ValueError) as e:
         _fail(str(e))

@@ -478,14 +478,15 @@ def task_variants(task_dir: Path) -> int:
 
 
 def resolve_tasks(exp: Experiment, *, jobs: int = 4, skipped: list[Skipped] | None = None,
-                  screen: bool = False) -> list[ResolvedTask]:
+                  screen: bool = False, build_envs: bool = False) -> list[ResolvedTask]:
     """The experiment's tasks, in file order, each once (first mention wins).
     ``variants: all`` loads the task to count them, `jobs` tasks at once.
 
     ``screen`` (planning runs): every task is loaded (``ale.runs.screening``) and
     only the variants that can run are kept; a task that does not load, needs a
     Windows VM, lacks a variant asked for, or needs data no source gives is left
-    out and appended to ``skipped``."""
+    out and appended to ``skipped``; ``build_envs`` builds the task trees' declared
+    environments first (what the runs would do), so a task needing one loads."""
     root = exp.tasks_root_dir
     mentioned: dict[Path, tuple[str, tuple[int, ...] | Literal["all"] | None]] = {}
 
@@ -532,7 +533,7 @@ def resolve_tasks(exp: Experiment, *, jobs: int = 4, skipped: list[Skipped] | No
     dirs = list(mentioned)
     provider = exp.environment.provider
     with ThreadPoolExecutor(max(1, min(jobs, len(dirs) or 1))) as pool:
-        screens = dict(zip(dirs, pool.map(lambda d: screen_task(d, provider), dirs), strict=True))
+        screens = dict(zip(dirs, pool.map(lambda d: screen_task(d, provider, build_env=build_envs), dirs), strict=True))
     skipped = skipped if skipped is not None else []
     out = []
     for task_dir, (name, variants) in mentioned.items():
@@ -573,15 +574,15 @@ def check_agents(exp: Experiment) -> None:
                 raise ExperimentError(f"{exp._where()}agents[{i}] ({spec.display}): {e}") from e
 
 
-def plan_experiment(exp: Experiment) -> tuple[list[PlannedUnit], list[Skipped]]:
+def plan_experiment(exp: Experiment, *, build_envs: bool = False) -> tuple[list[PlannedUnit], list[Skipped]]:
     """The agents checked (``check_agents``), then ``plan_units`` and what was left
     out of it and why (``ale.runs.screening``): what ``ale exp run`` plans."""
     check_agents(exp)
     skipped: list[Skipped] = []
-    return plan_units(exp, skipped=skipped), skipped
+    return plan_units(exp, skipped=skipped, build_envs=build_envs), skipped
 
 
-def plan_units(exp: Experiment, *, skipped: list[Skipped] | None = None) -> list[PlannedUnit]:
+def plan_units(exp: Experiment, *, skipped: list[Skipped] | None = None, build_envs: bool = False) -> list[PlannedUnit]:
     """Every unit of the experiment that can run, deterministically ordered and
     named; what cannot is appended to ``skipped``."""
     policy = exp.isolation_policy()
@@ -591,7 +592,7 @@ def plan_units(exp: Experiment, *, skipped: list[Skipped] | None = None) -> list
     runs_dir = str(exp.output_dir / layout.RUNS_DIR)
     units: list[PlannedUnit] = []
     seen: set[str] = set()
-    tasks = resolve_tasks(exp, skipped=skipped, screen=True)
+    tasks = resolve_tasks(exp, skipped=skipped, screen=True, build_envs=build_envs)
     policies = {t.task_dir: policy_for_card(policy, load_card(t.task_dir))[0] for t in tasks}
     for task in tasks:
         for variant in task.variants:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -71,7 +72,7 @@ def no_data_reason(facts: VariantFacts, flag: str = "--data") -> str:
             f"pass {flag} with {data_layout_hint(facts.data_key)}")
 
 
-def _screen(task_dir: Path, provider: str) -> TaskScreen:
+def _screen(task_dir: Path, provider: str, build_env: bool) -> TaskScreen:
     try:
         card = load_card(task_dir)
     except TaskError as e:
@@ -81,9 +82,12 @@ def _screen(task_dir: Path, provider: str) -> TaskScreen:
         return TaskScreen(task_dir, UNSUPPORTED, reason, data_source=card.data_source)
     hint = ""
     try:
-        env = resolve_environment(task_dir, build=False)
+        # what the run would do first: its tree's environment (built once, cached)
+        env = resolve_environment(task_dir, build=build_env, say=lambda m: print(m, file=sys.stderr))
     except TaskError as e:
         env, hint = TaskEnvironment(), f" ({e})"
+    except EnvironmentBuildError as e:
+        return TaskScreen(task_dir, ERROR, f"its tree's environment does not build: {e}", data_source=card.data_source)
     try:
         info = inspect_task_sync(task_dir, environment=env)
     except (TaskError, TaskProcessError, TaskCallFailed, EnvironmentBuildError) as e:
@@ -102,7 +106,7 @@ def _screen(task_dir: Path, provider: str) -> TaskScreen:
     return TaskScreen(task_dir, OK, None, tuple(facts), card.data_source)
 
 
-_cache: dict[tuple[str, str, tuple[Any, ...]], TaskScreen] = {}
+_cache: dict[tuple[str, str, bool, tuple[Any, ...]], TaskScreen] = {}
 _lock = threading.Lock()
 
 
@@ -117,15 +121,18 @@ def _signature(task_dir: Path) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def screen_task(task_dir: str | Path, provider: str = "docker") -> TaskScreen:
-    """The task's screen (cached in this process while its main.py and card are unchanged)."""
+def screen_task(task_dir: str | Path, provider: str = "docker", *, build_env: bool = False) -> TaskScreen:
+    """The task's screen (cached in this process while its main.py and card are
+    unchanged). ``build_env``: build its tree's declared environment when it is not
+    yet (as the run would); else a task that needs it and does not load without it
+    is an error naming ``ale task env``."""
     path = Path(task_dir).resolve()
-    key = (str(path), provider, _signature(path))
-    with _lock:
-        hit = _cache.get(key)
+    key = (str(path), provider, build_env, _signature(path))
+    with _lock:  # a screen made with the environment built serves either way
+        hit = _cache.get((str(path), provider, True, key[3])) or _cache.get(key)
     if hit is not None:
         return hit
-    screen = _screen(path, provider)
+    screen = _screen(path, provider, build_env)
     with _lock:
         _cache[key] = screen
     return screen
