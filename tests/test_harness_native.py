@@ -73,6 +73,8 @@ image = {"type": "image", "source": {"type": "url", "url": "https://example.com/
 out["remote image"] = call("POST", "/v1/messages", {"model": "claude-fake-1", "max_tokens": 5,
                                                     "messages": [{"role": "user", "content": [image]}]})
 out["provider state"] = call("POST", "/v1/messages", {"model": "claude-fake-1", "container": "cntr_1", **msg})
+out["server tool"] = call("POST", "/v1/messages", {"model": "claude-fake-1", **msg,
+                                                   "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
 json.dump(out, open("/workspace/hostile.json", "w"), indent=1)
 EOF"""
 
@@ -165,16 +167,18 @@ def test_hostile_command_inside_a_native_sandbox_reaches_only_the_gateway(docker
         assert out[key] != "connected" and out[key] != "resolved", (key, out)
     assert out["GET /v1/models"] == 404 and out["POST /v1/files"] == 404 and out["POST /v1/messages/batches"] == 404, out
     assert out["another model"] == 403 and out["no token"] == 401, out
-    assert out["remote image"] == 403 and out["provider state"] == 403, out
+    assert out["remote image"] == 403 and out["provider state"] == 403 and out["server tool"] == 403, out
     # Refused and recorded, never forwarded: the fake model API saw none of them.
     seen = [r["path"] for r in fake_api.requests]
     assert not [p for p in seen if p != "/v1/messages"], seen
     assert not [r for r in fake_api.requests if r["body"] and r["body"].get("model") != "claude-fake-1"]
     blocked = {(r["path"], r.get("refused_for")) for r in _requests(run) if r["decision"] == "refused"}
     assert {("/v1/models", "endpoint"), ("/v1/files", "endpoint"), ("/v1/messages", "model"),
-            ("/v1/messages", "remote_media"), ("/v1/messages", "provider_state")} <= blocked, blocked
+            ("/v1/messages", "remote_media"), ("/v1/messages", "provider_state"), ("/v1/messages", "server_tool")} <= blocked, blocked
     controller = json.loads((run / "evidence" / "controller.json").read_text())
-    assert {b["kind"] for b in controller["gateway"]["blocked"]} == {"endpoint", "model", "remote_media", "provider_state"}
+    assert {b["kind"] for b in controller["gateway"]["blocked"]} == {"endpoint", "model", "remote_media", "provider_state",
+                                                                     "server_tool"}
+    assert not controller["gateway"]["refusals"]  # withheld, not a refusal that voids the run
     # Harmless: the run is still scored (the answer was right) and verifies.
     assert result.status is RunStatus.SCORED and result.score == 1.0, (result.error, result.violations)
     report = verify_run_dir(run)

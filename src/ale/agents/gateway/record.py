@@ -203,7 +203,10 @@ def derive(run_dir: Path, records: list[dict[str, Any]]) -> tuple[dict[str, Any]
             blocked.append({"seq": rec.get("seq"), "kind": rec.get("refused_for"), "path": path, "model": model})
         entry = {"seq": rec.get("seq"), "api": api, "path": path, "model": rec.get("model"), "tools": tools, "decision": rec.get("decision")}
         requests.append(entry)
-        if forbidden:
+        if forbidden and policy.client_tools:  # a native harness: withheld, recorded, the run goes on
+            if rec.get("refused_for") != "server_tool":
+                problems.append(f"request {rec.get('seq')} offered {forbidden} but is not recorded as withheld (server_tool)")
+        elif forbidden:
             refusals.append({"seq": rec.get("seq"), "forbidden": forbidden, "before_any_answer": not answered})
     summary = {
         "policy": start.get("policy"),

@@ -204,6 +204,11 @@ class ModelGateway:
                 blocked = ("budget", f"ale gateway: {spent}")
             elif self.limits.max_concurrency is not None and self.in_flight >= self.limits.max_concurrency:
                 blocked = ("concurrency", f"ale gateway: {self.in_flight} model requests in flight, the run's limit")
+        if forbidden and self.policy.client_tools:
+            # A native harness: its flags switch server-side tools off, so only a candidate's own
+            # request offers one; refused, recorded, and the run goes on (it gains nothing).
+            blocked = ("server_tool", f"ale gateway: server-side tools and hosted connectors are withheld in this run: "
+                                      f"{', '.join(forbidden)}; the request did not reach the model")
         decision = "refused" if forbidden or blocked else "forwarded"
         self.recorder.append(
             "request", api=api, method=method, path=rest, query=redact_query(query), headers=redact_headers(headers),
