@@ -137,10 +137,16 @@ def test_every_place_says_why_a_run_did_not_score(tmp_path: Path) -> None:
     html = (tmp_path / "r.html").read_text()
     assert "<th>why not scored</th>" in html and "id='reasons'" in html
     assert "<td class='num'>2</td><td>infrastructure_error</td><td>the run could not be executed: PreflightError: " in html
-    # ale exp status
+    # ale exp status, and the tasks planning left out (skipped.json)
+    from ale.runs.screening import Skipped, write_skipped
+
+    write_skipped(out, [Skipped("win", "/t/win", None, "unsupported", "needs a Windows VM (vm.snapshot=cpu-free)")])
     res = runner.invoke(exp_app, ["status", str(out)])
     assert res.exit_code == 0, res.output
     assert f"b-v0-nop-r0-a1: infrastructure_error: {why}" in res.stdout
+    assert "1 task(s) or variant(s) not planned" in res.stdout and "unsupported  win: needs a Windows VM" in res.stdout
+    res = runner.invoke(app, [str(out)])
+    assert "unsupported  win: needs a Windows VM" in res.stdout
 
 
 def test_report_prints_pass_at_k_when_piped(tmp_path: Path) -> None:
