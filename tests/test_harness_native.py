@@ -286,3 +286,16 @@ def test_gemini_cli_native_solves_word_count_inside_the_seal(docker_client, tmp_
     assert all(r["decision"] == "forwarded" for r in reqs if r["model_call"]), reqs
     report = verify_run_dir(run)
     assert report.valid, report.reasons
+
+
+@pytest.mark.docker
+@needs_npm
+@pytest.mark.parametrize("fake_api", [ANSWER], indirect=True)
+def test_a_spent_budget_ends_a_native_turn_as_timeout_with_the_reason(docker_client, tmp_path, fake_api):
+    plan = _plan(tmp_path, fake_api, budgets={"max_requests": 1})
+    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+    assert result.status is RunStatus.TIMEOUT and "budget of 1 model requests" in (result.error or ""), result.error
+    assert len([r for r in fake_api.requests if r["path"] == "/v1/messages"]) == 1
+    assert [r.get("refused_for") for r in _requests(plan.run_dir) if r["decision"] == "refused"][:1] == ["budget"]
+    report = verify_run_dir(plan.run_dir)
+    assert report.valid, report.reasons
