@@ -176,6 +176,35 @@ def test_the_host_never_follows_a_symlink_the_sandbox_would_resolve_in_the_conta
         host.apply(adv.Op("copy", "/workspace/c", src="/input/ln"))
 
 
+def test_slots_bound_the_holders_and_serve_the_lowest_priority_first():
+    order, live, peak = [], [0], [0]
+
+    async def job(slots: adv.Slots, name: str, prio: int) -> None:
+        async with slots.hold(prio):
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+            order.append(name)
+            await asyncio.sleep(0.01)
+            live[0] -= 1
+
+    async def go() -> None:
+        slots = adv.Slots(2)
+        first = [asyncio.create_task(job(slots, f"run{i}", adv.Slots.FIRST)) for i in range(2)]
+        await asyncio.sleep(0)
+        rest = [asyncio.create_task(job(slots, n, p)) for n, p in
+                (("small1", adv.Slots.NORMAL), ("huge", adv.Slots.LONG), ("small2", adv.Slots.NORMAL))]
+        cancelled = asyncio.create_task(job(slots, "gone", adv.Slots.FIRST))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        await asyncio.gather(*first, *rest, return_exceptions=True)
+        await asyncio.gather(cancelled, return_exceptions=True)
+        async with slots.hold(), slots.hold():  # every slot came back
+            pass
+
+    asyncio.run(go())
+    assert order == ["run0", "run1", "huge", "small1", "small2"] and peak[0] == 2
+
+
 def test_a_probe_outcome_is_marked_and_never_names_a_run_folder(tmp_path):
     from types import SimpleNamespace
 
@@ -571,6 +600,7 @@ def test_the_outputs_working_copy_is_made_on_first_use_and_never_touches_the_del
     assert (dirs["deliverables"] / "a.txt").read_text() == "answer"
 
 
+@pytest.mark.docker
 def test_a_replay_script_stands_in_for_a_missing_solve(docker_client, tmp_path):
     """ALE's tasks define no solve(): --oracle-script gives task check the oracle as a
     replay script ('{variant}' in its path is the variant's index), and the

@@ -32,6 +32,7 @@ import ast
 import asyncio
 import base64
 import contextlib
+import heapq
 import json
 import math
 import os
@@ -67,6 +68,51 @@ Writer = Callable[[Path, Path, str], list[str]]
 Probe = Callable[[RunPlan, Writer, str], Awaitable[Any]]
 
 RUN, GRADING_PROBE = "run", "grading-probe"  # what an outcome's evidence is
+
+
+class Slots:
+    """At most ``n`` holders at once (sandbox lifecycles or grading probes); a free
+    slot goes to the waiter of the lowest priority value first, then in arrival
+    order: the runs everything waits for (0), then the longest probes (1), then the
+    rest (2), so that the longest start early and the short ones fill in."""
+
+    FIRST, LONG, NORMAL = 0, 1, 2
+
+    def __init__(self, n: int):
+        self._free = max(1, n)
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = 0
+
+    @contextlib.asynccontextmanager
+    async def hold(self, priority: int = NORMAL) -> Any:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+        else:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._seq += 1
+            heapq.heappush(self._waiters, (priority, self._seq, fut))
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():  # handed a slot, then cancelled: give it on
+                    self._release()
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        while self._waiters:
+            _, _, fut = heapq.heappop(self._waiters)
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self._free += 1
+
+
+def _hold(slots: Slots | asyncio.Semaphore, priority: int) -> Any:
+    return slots.hold(priority) if isinstance(slots, Slots) else slots
 
 
 class Graded(Protocol):
@@ -864,7 +910,7 @@ async def run_strategies(
     jobs: int = 2,
     say: Callable[[Outcome], None] | None = None,
     probe: Probe | None = None,
-    slots: asyncio.Semaphore | None = None,
+    slots: Slots | asyncio.Semaphore | None = None,
 ) -> list[Outcome]:
     """Run every applicable strategy (at most `jobs` at once, or as `slots` allows),
     the baselines first; the outcomes in catalogue order. With `probe`, each is a
@@ -887,7 +933,7 @@ async def run_strategies(
             plan = strategy_plan(base, s.name, [a.step for a in actions], base.variant)
             result: Any = None
             kind, note = RUN, ""
-            async with sem:
+            async with _hold(sem, Slots.LONG if s.slow else Slots.NORMAL):
                 t0 = asyncio.get_running_loop().time()
                 try:
                     if probe is not None:
@@ -1011,7 +1057,7 @@ async def probe_missing_reference(
     oracle_scores: Sequence[float] | None = None,
     image_store: Any = None,
     probe: Probe | None = None,
-    slots: asyncio.Semaphore | None = None,
+    slots: Slots | asyncio.Semaphore | None = None,
 ) -> Outcome:
     """Run the oracle once more with its data source's reference gone (with `probe`:
     grade the oracle's deliverables without it, grading only). The grader must
@@ -1037,7 +1083,7 @@ async def probe_missing_reference(
             return o
         plan = base.model_copy(update={"run_id": new_run_id(task_path.name, base.variant, f"adv-{MISSING_REFERENCE}"), "data_source": data})
         result: Any = None
-        async with (slots or contextlib.nullcontext()):
+        async with (contextlib.nullcontext() if slots is None else _hold(slots, Slots.LONG)):
             t0 = asyncio.get_running_loop().time()
             try:
                 if probe is not None:
@@ -1159,7 +1205,7 @@ async def check_task(
     variants side by side. ``plans``: each variant's (oracle, nop) plan."""
     loop = asyncio.get_running_loop()
     t_start = loop.time()
-    slots = asyncio.Semaphore(max(1, jobs))
+    slots = Slots(jobs)
     stages: list[StageTime] = []
 
     async def timed(v: int, stage: str, kind: str, work: Awaitable[Any], count: int = 1) -> Any:
@@ -1170,7 +1216,7 @@ async def check_task(
             stages.append(StageTime(v, stage, kind, round(t0 - t_start, 2), round(loop.time() - t0, 2), count))
 
     async def run(plan: RunPlan) -> RunResult:
-        async with slots:
+        async with slots.hold(Slots.FIRST):
             return await execute(plan)
 
     async def one_variant(v: int, variant: TaskVariant, oracle_plan: RunPlan, nop_plan: RunPlan) -> VariantCheck:
