@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -29,6 +30,7 @@ from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE, DESKTOP_USER, Desktop  # 
 from ale.sandbox.docker import DockerSandbox, connect  # noqa: E402
 from ale.sandbox.policy import IsolationPolicy  # noqa: E402
 
+IMAGE = [DEFAULT_DESKTOP_IMAGE]  # --image
 HTML = "<h1>bench</h1><button id=b style='position:absolute;left:100px;top:100px'>x</button>"
 DIRECT = r"""
 import json, sys, time, subprocess
@@ -59,7 +61,7 @@ async def sandbox(client, root: Path) -> DockerSandbox:
     inp.mkdir()
     ws.chmod(0o777)
     box = DockerSandbox.create(client, SandboxSpec(
-        name=f"ale-bench-desktop-{uuid.uuid4().hex[:8]}", image=DEFAULT_DESKTOP_IMAGE, policy=IsolationPolicy(),
+        name=f"ale-bench-desktop-{uuid.uuid4().hex[:8]}", image=IMAGE[0], policy=IsolationPolicy(),
         mounts=(Mount(str(inp), "/input", True), Mount(str(ws), "/workspace", False)),
         labels={"ale.bench": "desktop"}, workdir="/workspace"))
     return box
@@ -112,6 +114,7 @@ async def main(repeats: int, starts: int) -> dict:
         await box.remove()
     return {
         "resolution": "1024x768",
+        "load": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
         "repeats": repeats,
         "harness": {k: stats(v) for k, v in harness.items()},
         "harness_helper_capture": stats(helper_capture),
@@ -137,7 +140,7 @@ def write_doc(res: dict) -> None:
         f"{res['repeats']} calls each. *Harness* = the `computer` tool as an agent calls it (one `docker exec` "
         "as the desktop user per call, the helper's socket, xdotool or XGetImage + PNG); *direct* = the same "
         "capture and the same xdotool call in a loop inside the container (no exec per call). Median PNG: "
-        f"{res['png_bytes_median']} bytes.",
+        f"{res['png_bytes_median']} bytes. Load average during the run: {res.get('load', '?')}.",
         "",
         "| round trip | median ms | p95 ms | n |",
         "| --- | --- | --- | --- |",
@@ -154,12 +157,12 @@ def write_doc(res: dict) -> None:
         "| --- | --- | --- | --- |",
         row("container start + desktop ready (Xvfb, openbox, helper)", s["container_start_plus_desktop"]),
         row("the helper's own start (inside the container)", s["helper_internal"]),
-        row("first Chromium window launched and loaded", s["first_window"]),
+        row("first window launched and ready (pywebview on WebKitGTK)", s["first_window"]),
         "",
     ])
     if "## Desktop" in text:
         head, _, rest = text.partition("## Desktop")
-        nxt = rest.find("\n## ")
+        nxt = min((i for i in (rest.find("\n## "), rest.find("\n### ")) if i >= 0), default=-1)  # keep subsections
         text = head + section + (rest[nxt + 1:] if nxt >= 0 else "")
     else:
         text = text.rstrip() + "\n\n" + section
@@ -170,7 +173,11 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--starts", type=int, default=5)
+    ap.add_argument("--image", default=DEFAULT_DESKTOP_IMAGE)
+    ap.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md alone")
     a = ap.parse_args()
+    IMAGE[0] = a.image
     res = asyncio.run(main(a.repeats, a.starts))
     print(json.dumps(res, indent=2))
-    write_doc(res)
+    if not a.no_doc:
+        write_doc(res)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import shlex
@@ -26,6 +27,13 @@ from ale.sandbox.tools import TRUNCATION_MARKER, ToolBox, ToolRefused
 
 # cua-bench's action classes (by name, as the task process sends them) -> the
 # computer tool's actions. Coordinates are screen pixels (``screen: True``).
+# Scroll an element into the window's view when it is not wholly inside it (an
+# element below the fold has screen coordinates off the window, or the screen).
+SCROLL_INTO_VIEW_JS = """(() => { const e = document.querySelector(%s); if (!e) return false;
+  const r = e.getBoundingClientRect();
+  if (r.top >= 0 && r.left >= 0 && r.bottom <= window.innerHeight && r.right <= window.innerWidth) return false;
+  e.scrollIntoView({block: 'center', inline: 'center'}); return true; })()"""
+
 _ACTION_MAP = {
     "ClickAction": "left_click", "RightClickAction": "right_click", "DoubleClickAction": "double_click",
     "MiddleClickAction": "middle_click", "TripleClickAction": "triple_click", "MoveToAction": "mouse_move",
@@ -106,6 +114,9 @@ class GuiMethods:
             await asyncio.sleep(max(0.1, float(timeout) / 2))
 
     async def _click_element(self, pid: int | str, selector: str, kind: str) -> None:
+        # Playwright's click, as cua-bench's "Playwright-like" API says: an element
+        # outside the window's viewport is scrolled into view first.
+        await self._gui_task("execute_javascript", {"pid": pid, "javascript": SCROLL_INTO_VIEW_JS % json.dumps(selector)})
         rect = await self.get_element_rect(pid, selector, space="screen")
         if not rect:
             raise RuntimeError(f"Element not found for selector: {selector}")
