@@ -808,14 +808,15 @@ def test_every_command_and_failed_session_call_is_noted_in_the_task_log(tmp_path
     assert lines[1].startswith("[ale] session read_file('/output/missing.json') raised FileNotFoundError")
 
 
-def test_the_jails_tmp_is_on_disk_in_the_process_home(tmp_path: Path) -> None:
-    """Graders copy whole outputs to /tmp/agenthle_eval: in the jail /tmp is a folder
-    of the task process's home (on disk, dropped with it), not a tmpfs in memory."""
+def test_the_jails_tmp_is_a_size_capped_place_shared_with_its_home(tmp_path: Path) -> None:
+    """Graders copy whole outputs to /tmp/agenthle_eval: in the jail /tmp and the home
+    share one size-capped tmpfs (the jail's disk bound, ALE_TASK_DISK), dropped with
+    the process, so candidate code a grader runs cannot fill the host's disk."""
     d = evaluate_only_task(tmp_path, "tmp", """
         os.makedirs("/tmp/agenthle_eval", exist_ok=True)
         open("/tmp/agenthle_eval/x", "w").write("x")
-        fs = [l.split()[2] for l in open("/proc/self/mounts") if l.split()[1] == "/tmp"]
-        return [fs, os.path.exists(os.path.expanduser("~/.tmp/agenthle_eval/x"))]
+        fs = [(l.split()[2], l.split()[3]) for l in open("/proc/self/mounts") if l.split()[1] == "/tmp"]
+        return [fs, os.path.exists(os.path.expanduser("~/.tmp/agenthle_eval/x")) or os.path.exists("/tmp/agenthle_eval/x")]
     """)
 
     async def go():
@@ -824,5 +825,5 @@ def test_the_jails_tmp_is_on_disk_in_the_process_home(tmp_path: Path) -> None:
             return await proc.call("evaluate", 0, FakeSession()), home
 
     (fs, seen), home = asyncio.run(go())
-    assert "tmpfs" not in fs and seen, (fs, seen)
+    assert seen and fs and all(kind == "tmpfs" and "size=" in opts for kind, opts in fs), (fs, seen)
     assert home is not None and not home.exists()  # dropped with the process

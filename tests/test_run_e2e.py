@@ -245,9 +245,9 @@ def test_bad_input_is_a_clear_error(case, docker_client, tmp_path):
     elif case == "empty_load":
         body, expect = good.replace("[cb.Task(description='x')]", "[]"), "load()"
     elif case == "variant_out_of_range":
-        args, expect = ["--variant", "3"], "out of range"
+        args, expect = ["--variant", "3"], "variant 3 does not exist"
     elif case == "image_missing":
-        args, expect = ["--image", "ale-no-such-image:none"], "ale image build"
+        args, expect = ["--image", "ale-no-such-image:none"], "docker pull ale-no-such-image:none"
     elif case == "no_docker":
         env, expect = {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}, "Docker engine"
     (task / "main.py").write_text(body)
