@@ -180,6 +180,43 @@ source = { path = "vendor/local-1.0.whl" }
         ["numpy==2.1.0", "pandas>=2 ; python_version >= '3.9'"], [])
 
 
+def test_a_lock_pins_only_the_versions_locked_for_the_images_python():
+    """A uv.lock for requires-python >=3.10 pins numpy 2.5.5 for Python >=3.12 only: for
+    a 3.11 image it is not a need (it was reported missing, and the run warned of an
+    undelivered 'declared' need)."""
+    lock = """version = 1
+requires-python = ">=3.10"
+resolution-markers = ["python_full_version >= '3.12'", "python_full_version == '3.11.*'", "python_full_version < '3.11'"]
+
+[[package]]
+name = "numpy"
+version = "2.2.6"
+source = { registry = "https://pypi.org/simple" }
+resolution-markers = ["python_full_version < '3.11'"]
+
+[[package]]
+name = "numpy"
+version = "2.4.6"
+source = { registry = "https://pypi.org/simple" }
+resolution-markers = ["python_full_version == '3.11.*'"]
+
+[[package]]
+name = "numpy"
+version = "2.5.5"
+source = { registry = "https://pypi.org/simple" }
+resolution-markers = ["python_full_version >= '3.12'"]
+
+[[package]]
+name = "six"
+version = "1.16.0"
+source = { registry = "https://pypi.org/simple" }
+"""
+    lf = LockFile(name="uv.lock", text=lock)
+    target = {"python": "3.11", "python_full": "3.11.2", "libc": ["glibc", "2.36"], "machine": "x86_64"}
+    assert lock_needs(lf, target) == ([], ["numpy==2.4.6", "six==1.16.0"])
+    assert lock_needs(lf) == ([], ["numpy==2.2.6", "numpy==2.4.6", "numpy==2.5.5", "six==1.16.0"])
+
+
 def test_a_requirement_without_a_wheel_is_reported_missing_not_fatal(tmp_path):
     target = {"python": "3.11", "libc": ["glibc", "2.36"], "machine": "x86_64"}
     missing = download_set(["six==1.17.0", "ale-no-such-package-zz9"], tmp_path, target, say=lambda _l: None)
@@ -287,6 +324,15 @@ def test_uv_pip_install_into_a_venv(sealed):
 
 def test_uv_run_with_a_stored_package(sealed):
     assert ok(sealed.sh("uv run --with tomli python -c 'import tomli; print(\"ok\")'")).strip().endswith("ok")
+
+
+def test_uv_run_with_the_usr_bin_python_that_ale_graders_name(sealed):
+    """ALE's moodle_gradebook_closeout_reconciliation grades with `uv run --isolated
+    --no-project --with pandas==2.2.3 --python /usr/bin/python`: Debian's python3 has
+    no /usr/bin/python, so uv refused the interpreter and every answer scored 0."""
+    out = ok(sealed.sh("uv run --isolated --no-project --with tomli --python /usr/bin/python "
+                       "python -c 'import tomli, sys; print(sys.version_info[:2])'"))
+    assert out.strip().endswith("(3, 11)")
 
 
 def test_uv_sync_installs_the_locked_versions(sealed):

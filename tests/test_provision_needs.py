@@ -97,6 +97,27 @@ def test_a_variants_runtime_env_manifests_go_to_the_store_with_lock_files(tmp_pa
     assert p.declared == ["Python"]  # manifests are needs, not the card's declared names
 
 
+def test_a_graders_uv_run_with_requirements_go_to_the_store(tmp_path: Path) -> None:
+    """ALE's moodle grader runs `uv run --with pandas==2.2.3` offline in the grading
+    sandbox: the pinned version (not the card's latest pandas) must be in the store."""
+    d = task(tmp_path, "moodle", {"vm": LINUX, "software": ["Python", "pandas", "uv"]})
+    write(d / "main.py", MAIN + """
+async def grade(session, meta):
+    await session.run_command(
+        f'cd /tmp && uv run --isolated --no-project --with pandas==2.2.3 --python "/usr/bin/python" '
+        f'python score.py --with-care {meta["x"]}')
+""")
+    write(d / "scripts" / "run.sh", "uvx --with 'numpy<3' --with=scipy python -c pass\n")
+    write(d / "scripts" / "notes.py", "# --with pandas==1.0 in a file that never runs uv is not a need\n")
+    p = resolve_needs(d)
+    assert p.complete and p.spec.python == ("pandas", "uv")
+    assert set(p.spec.store_only) == {"pandas==2.2.3", "numpy<3", "scipy"}
+    by = {n.name: n.origin for n in p.needs}
+    assert by["pandas==2.2.3"] == "main.py: uv run --with" and by["numpy<3"] == "scripts/run.sh: uv run --with"
+    assert "pandas==2.2.3" not in software_summary(p)["declared"]
+    assert [n.origin for n in p.needs if n.name == "pandas"] == ["task_card.json:software"]  # already there: no second need
+
+
 def test_runtime_env_asking_for_another_python_is_missing(tmp_path: Path) -> None:
     d = task(tmp_path, "py312", {"vm": LINUX})
     inp = tmp_path / "input"

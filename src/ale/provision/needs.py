@@ -13,10 +13,11 @@ What no package can provide is in ``missing`` with why; nothing is dropped.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import Requirement
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -291,6 +292,50 @@ def _runtime_env(m: _Merge, input_dir: Path, origin_prefix: str) -> None:
         m.name("uv", f"{origin_prefix}/runtime_env (uv sync)")
 
 
+# `uv run --with pandas==2.2.3 ...` / `uvx --with X ...` in a task's own code (its
+# grader, mostly): uv resolves X from the package store, offline, in the grading
+# sandbox too, so X (as written, pin included) must be in the store.
+_UV_CALL = re.compile(r"\buv\s+run\b|\buvx\b|\buv\s+tool\s+run\b")
+_UV_WITH = re.compile(r"""--with(?:=|\s+)["']?([A-Za-z0-9][^\s"'{}]*)""")
+_CODE_SUFFIXES = (".py", ".sh")
+_CODE_MAX_BYTES = 2 << 20
+
+
+def _task_code(task_dir: Path) -> list[Path]:
+    out = []
+    for p in sorted(task_dir.rglob("*")):
+        rel = p.relative_to(task_dir).parts
+        if any(part.startswith(".") or part == "__pycache__" for part in rel):
+            continue
+        if p.suffix in _CODE_SUFFIXES and p.is_file():
+            out.append(p)
+    return out
+
+
+def _grader_uv_with(m: _Merge, task_dir: Path) -> None:
+    """Requirements the task's own code asks ``uv run --with`` for go into the store."""
+    seen: set[str] = set()
+    for path in _task_code(task_dir):
+        try:
+            if path.stat().st_size > _CODE_MAX_BYTES:
+                continue
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if not _UV_CALL.search(text):
+            continue
+        origin = f"{path.relative_to(task_dir).as_posix()}: uv run --with"
+        for line in text.splitlines():
+            for raw in _UV_WITH.findall(line):
+                try:
+                    req = str(Requirement(raw))
+                except InvalidRequirement:
+                    continue
+                if req not in seen and req not in m.python and req not in m.store:  # new to the store
+                    seen.add(req)
+                    m.provide(req, origin, ProvidedBy(store_only=[req]), None)
+
+
 def _requires_python(m: _Merge, spec: str, origin: str) -> None:
     name = f"requires-python {spec}"
     try:
@@ -352,6 +397,7 @@ def resolve_needs(
     _card_software(m, card.raw)
     if env is not None:
         _environment(m, env, task_dir, card_path)
+    _grader_uv_with(m, task_dir)
     if input_dir is not None:
         _runtime_env(m, Path(input_dir), "input")
     image = env.image if env is not None else None

@@ -47,6 +47,7 @@ from typing import Any
 
 import docker
 import docker.errors
+from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
 from pydantic import BaseModel, Field
 
 from ale.paths import cache_dir
@@ -109,7 +110,8 @@ print(json.dumps(out))
 # What a probe of the base image says about its interpreter and platform.
 _PLATFORM_SCRIPT = (
     "import json, platform, sys; "
-    "print(json.dumps({'python': '%d.%d' % sys.version_info[:2], 'libc': platform.libc_ver(), "
+    "print(json.dumps({'python': '%d.%d' % sys.version_info[:2], 'python_full': platform.python_version(), "
+    "'libc': platform.libc_ver(), "
     "'machine': platform.machine()}))"
 )
 
@@ -153,16 +155,41 @@ def _requirement_lines(text: str) -> list[str]:
     return out
 
 
-def lock_needs(lf: LockFile) -> tuple[list[str], list[str]]:
+def _marker_env(target: dict[str, Any]) -> dict[str, str]:
+    """The PEP 508 environment of the image's python3 (Linux, CPython)."""
+    full = str(target.get("python_full") or f"{target['python']}.0")
+    return {"python_version": str(target["python"]), "python_full_version": full, "implementation_name": "cpython",
+            "platform_python_implementation": "CPython", "sys_platform": "linux", "platform_system": "Linux",
+            "os_name": "posix", "platform_machine": str(target.get("machine") or "x86_64")}
+
+
+def _for_target(pkg: dict[str, Any], target: dict[str, Any] | None) -> bool:
+    """False when every one of a locked version's ``resolution-markers`` excludes the
+    image's interpreter (a lock for ``>=3.10`` pins numpy 2.5 for Python 3.12 only)."""
+    markers = pkg.get("resolution-markers")
+    if target is None or not isinstance(markers, list) or not markers:
+        return True
+    env = _marker_env(target)
+    for m in markers:
+        try:
+            if Marker(str(m)).evaluate(env):
+                return True
+        except (InvalidMarker, UndefinedEnvironmentName, UndefinedComparison):
+            return True
+    return False
+
+
+def lock_needs(lf: LockFile, target: dict[str, Any] | None = None) -> tuple[list[str], list[str]]:
     """(requirements resolved with their dependencies, exact pins taken without them)
-    that a lock file or manifest puts into the store."""
+    that a lock file or manifest puts into the store; with ``target`` (the image's
+    platform), a uv.lock's versions locked only for other interpreters are left out."""
     name = lf.name.rsplit("/", 1)[-1]
     if name == "uv.lock":
         data = tomllib.loads(lf.text)
         pins = []
         for pkg in data.get("package", []):
             source = pkg.get("source") or {}
-            if "registry" in source and pkg.get("name") and pkg.get("version"):
+            if "registry" in source and pkg.get("name") and pkg.get("version") and _for_target(pkg, target):
                 pins.append(f"{pkg['name']}=={pkg['version']}")
         return [], sorted(set(pins))
     if name == "pyproject.toml":
@@ -525,7 +552,7 @@ def build_env_image(
         pins: list[str] = []
         resolve_sets = [list(spec.python), list(spec.store_only)]
         for lf in spec.lockfiles:
-            r, p = lock_needs(lf)
+            r, p = lock_needs(lf, target)
             resolve_sets.append(r)
             pins += p
         for reqs in resolve_sets:
