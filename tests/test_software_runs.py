@@ -53,6 +53,7 @@ STEPS = [
     {"tool": "shell", "args": {"command": "pip install pandas 2>&1 | tail -1"}},
     {"tool": "shell", "args": {"command": "uv venv -q /tmp/mine && uv pip install -q --python /tmp/mine -r /input/runtime_env/requirements.txt "
                                           "&& /tmp/mine/bin/python -c 'import tomli; print(\"tomli\", tomli.__name__)'"}},
+    {"tool": "shell", "args": {"command": "mkdir -p ~/.config/tool && echo settings > ~/.config/tool/rc && echo home=$HOME"}},
     {"tool": "shell", "args": {"command": "python3 -c \"import json, pandas; s=int(pandas.read_csv('/input/table.csv')['b'].sum()); "
                                           "json.dump({'sum': s}, open('/workspace/answer.json', 'w'))\" && jq .sum /workspace/answer.json"}},
 ]
@@ -90,6 +91,7 @@ def test_a_replay_agent_uses_the_declared_software_offline_and_scores(tree, tmp_
     outs = [s["stdout"] + s["stderr"] for s in steps]
     assert all(s["exit_code"] == 0 for s in steps), outs
     assert outs[1].startswith("jq-") and "already satisfied" in outs[2] and "tomli tomli" in outs[3]
+    assert "home=/tmp" in outs[4]  # a writable HOME for tools that keep settings there
     report = verify_run_dir(plan.run_dir)
     assert report.valid, report.reasons
     assert {c["id"] for c in report.checks if c.get("area") == "environment"} == {"environment.image", "environment.record"}

@@ -39,7 +39,7 @@ from ale.agents.trajectory import TrajectoryWriter
 from ale.data.base import DataError
 from ale.data.hashing import restore_runnable
 from ale.data.sources import open_source
-from ale.defaults import DEFAULT_TOOLS_IMAGE
+from ale.defaults import CANDIDATE_HOME, DEFAULT_TOOLS_IMAGE
 from ale.grading.deliverables import extract_deliverables
 from ale.grading.grader import Grader, GradingEnvironmentError, GradingError, GradingInputs
 from ale.isolation.checks import Check
@@ -313,6 +313,7 @@ async def provision(state: RunState) -> None:
             mounts=tuple(mounts),
             labels=labels,
             workdir=state.variant.output_dir,
+            environment={"HOME": CANDIDATE_HOME},
         )
     )
     state.record.events.append("sandbox.created", name=state.sandbox.name, id=state.sandbox.id)
