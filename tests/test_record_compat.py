@@ -62,10 +62,10 @@ def test_a_new_run_folder_has_the_shape_of_an_old_one(docker_client, tmp_path) -
                                                    "limits", "seconds", "stopped"])
     # Since the wave of 2026-12: the run's software (environment.json), and each grading attempt.
     # The prompt the agent received is part of the signed record (agent/prompt.txt).
-    for added in (added, "evidence/environment.json", "evidence/grading-attempts.json", "agent/prompt.txt"):
-        assert (added.endswith(".txt") or new.pop(added)) and added in new["files"] and added in new["manifest.json"], added
-        new["files"].remove(added)
-        new["manifest.json"].remove(added)
+    for name in (added, "evidence/environment.json", "evidence/grading-attempts.json", "agent/prompt.txt"):
+        assert (name.endswith(".txt") or new.pop(name)) and name in new["files"] and name in new["manifest.json"], name
+        new["files"].remove(name)
+        new["manifest.json"].remove(name)
     # The task log notes every command the task ran (the oracle runs `wc`), so it is
     # there even for a task that prints nothing; it always was for one that printed.
     assert "task.log" in new["files"] and "task.log" not in old["files"]
