@@ -203,8 +203,13 @@ def test_real_mcp_client_receives_a_screenshot_image(docker_client, tmp_path):
         desktop = Desktop(sandbox)
         await desktop.start()
         computer = Computer(desktop)
-        await computer.task_call("launch_window", {"html": "<h1 id=t>hello</h1>", "title": "hi", "x": 0, "y": 0,
-                                                   "width": 300, "height": 200})
+        pid = await computer.task_call("launch_window", {"html": "<h1 id=t>hello</h1>", "title": "hi", "x": 0, "y": 0,
+                                                         "width": 300, "height": 200})
+        # A browser window where a task asks for one (ALE's engine="chromium"), beside cua-bench's.
+        await computer.task_call("launch_window", {"html": "<p>browser</p>", "title": "b", "x": 400, "y": 300,
+                                                   "width": 300, "height": 200, "engine": "chromium"})
+        snap = await computer.task_call("get_snapshot", {"html": False})
+        screen_xy = await computer.task_call("execute_javascript", {"pid": pid, "javascript": "[screenX, screenY]"})
         writer = TrajectoryWriter(tmp_path / "run", "r", "mcp")
         tools = ToolBox(sandbox, workdir="/workspace", recorder=writer, computer=computer)
         async with serve_http(tools) as (url, token):
@@ -214,12 +219,15 @@ def test_real_mcp_client_receives_a_screenshot_image(docker_client, tmp_path):
                 shot = await client.call_tool("computer", {"action": "screenshot"})
                 click = await client.call_tool("computer", {"action": "left_click", "coordinate": [50, 50]})
         writer.close(end="finished")
-        return names, shot, click
+        return names, shot, click, snap, screen_xy
 
     try:
-        names, shot, click = asyncio.run(scenario())
+        names, shot, click, snap, screen_xy = asyncio.run(scenario())
     finally:
         asyncio.run(sandbox.remove())
+    assert sorted(w["engine"] for w in snap["windows"]) == ["chromium", "webview"], snap
+    webview = next(w for w in snap["windows"] if w["engine"] == "webview")
+    assert screen_xy == [webview["x"], webview["y"]]  # screenX/Y: the page's origin on the screen
     assert "computer" in names
     images = [c for c in shot.content if getattr(c, "type", "") == "image"]
     assert len(images) == 1 and images[0].mime_type == "image/png"
