@@ -39,7 +39,7 @@ from typing import Any
 
 import ale
 from ale import layout
-from ale.grading.grader import Grader, GradingEnvironmentError, GradingError, GradingInputs
+from ale.grading.grader import GradingEnvironmentError, GradingError
 from ale.layout import Evidence
 from ale.phases import Phase, RunShape
 from ale.plan import AgentSpec, RunPlan, new_run_id
@@ -49,7 +49,6 @@ from ale.runs.extensions import make_extension
 from ale.runs.state import LiveHandles, RunFolder, RunRecord, RunState, now
 from ale.sandbox.base import SandboxProvider
 from ale.sandbox.scratch import release_scratch
-from ale.sandbox.session import Route, RoutedSession
 from ale.status import RunStatus
 
 KIND = "grading-probe"
@@ -110,30 +109,6 @@ def _make_dirs(folder: RunFolder) -> None:
     folder.setup_reference_host.mkdir(mode=0o700)
 
 
-async def _start_in_grading_sandbox(state: RunState) -> None:
-    """The task's start(): input and reference writes on the host, as in a run; its
-    commands in a grading sandbox (no candidate sandbox exists)."""
-    v, folder, plan = state.variant, state.folder, state.plan
-    empty = folder.scratch / "start-output"
-    empty.mkdir(mode=0o755)
-    sandbox = Grader(
-        state.prep.provider, image=state.live.image or plan.image, policy=plan.policy, run_id=start_sandbox_id(plan.run_id),
-        experiment=plan.experiment, command_timeout=plan.limits.command_timeout_s,
-        inputs=GradingInputs(
-            input_host=folder.input_host.resolve(), deliverables_host=empty.resolve(),
-            reference_host=folder.setup_reference_host.resolve(), input_dir=v.input_dir, output_dir=v.output_dir,
-            reference_dir=v.reference_dir, task_dir=v.task_dir, scratch_host=folder.scratch / "start-sandbox"),
-    )
-    session = RoutedSession(
-        [Route(v.input_dir, folder.input_host, writable=True), Route(v.reference_dir, folder.setup_reference_host, writable=True)],
-        sandbox._container_session,
-    )
-    try:
-        await state.prep.process.call("start", v.index, session, timeout=plan.limits.grading_timeout_s)
-    finally:
-        await sandbox.close()
-
-
 async def grade_probe(
     plan: RunPlan,
     write: Callable[[Path, Path, str], Any],
@@ -189,7 +164,7 @@ async def grade_probe(
             await lifecycle.provide_software(state)
         if prep.task.has("start"):
             async with stage("task_start", Phase.TASK_START):
-                await _start_in_grading_sandbox(state)
+                await lifecycle.start_in_grading_sandbox(state, start_sandbox_id(state.plan.run_id), command_timeout=state.plan.limits.command_timeout_s)
         async with stage("commit_reference"):
             record.input_after_start = ev.hash_tree(state.folder.public_host)
             record.store.write_json(Evidence.INPUT_AFTER_START, record.input_after_start)

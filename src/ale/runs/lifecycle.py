@@ -357,6 +357,31 @@ async def run_task_setup(state: RunState) -> None:
     await state.prep.process.call("start", v.index, session, timeout=state.plan.limits.grading_timeout_s)
 
 
+async def start_in_grading_sandbox(state: RunState, sandbox_id: str, *, command_timeout: float) -> None:
+    """The task's start() with no candidate sandbox (a regrade, a grading-only probe):
+    its input and reference writes land on the host as in a run; its commands run in
+    a grading sandbox (no network, the public package read-only), never a candidate's."""
+    v, folder, plan = state.variant, state.folder, state.plan
+    empty = folder.scratch / "start-output"
+    empty.mkdir(mode=0o755)
+    sandbox = Grader(
+        state.prep.provider, image=state.live.image or plan.image, policy=plan.policy, run_id=sandbox_id,
+        experiment=plan.experiment, command_timeout=command_timeout,
+        inputs=GradingInputs(
+            input_host=folder.input_host.resolve(), deliverables_host=empty.resolve(),
+            reference_host=folder.setup_reference_host.resolve(), input_dir=v.input_dir, output_dir=v.output_dir,
+            reference_dir=v.reference_dir, task_dir=v.task_dir, scratch_host=folder.scratch / "start-sandbox"),
+    )
+    session = RoutedSession(
+        [Route(v.input_dir, folder.input_host, writable=True), Route(v.reference_dir, folder.setup_reference_host, writable=True)],
+        sandbox._container_session,
+    )
+    try:
+        await state.prep.process.call("start", v.index, session, timeout=plan.limits.grading_timeout_s)
+    finally:
+        await sandbox.close()
+
+
 async def verify_running(state: RunState, phase: Literal["before", "after"], probe: ExecResult | None = None, *,
                          ran: bool = False) -> None:
     """Probes inside the running sandbox (the harness's own exec; the same code
@@ -821,7 +846,10 @@ async def grade_with_retries(state: RunState) -> list[float]:
     attempts: list[dict[str, Any]] = []
     try:
         for n in range(1, lim.grading_attempts + 1):
-            process = state.prep.process if n == 1 else await _fresh_task_process(state)
+            # A desktop task's grader reads the live window through what start() kept in
+            # its process (window ids): it is tried again in that process while it lives.
+            keep = n == 1 or (state.prep.desktop is not None and state.prep.process.alive)
+            process = state.prep.process if keep else await _fresh_task_process(state)
             started = now()
             try:
                 scores = await grade(state, process, attempt=n)

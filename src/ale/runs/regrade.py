@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 import ale
 from ale import layout
 from ale.agents.base import AgentEnd, AgentOutcome
-from ale.grading.grader import Grader, GradingError, GradingInputs
+from ale.grading.grader import GradingError
 from ale.layout import Evidence
 from ale.phases import RunShape
 from ale.plan import RunPlan
@@ -56,7 +56,6 @@ from ale.runs.store import iter_results, read_result
 from ale.sandbox.base import SandboxProvider
 from ale.sandbox.providers import make_provider
 from ale.sandbox.scratch import release_scratch
-from ale.sandbox.session import Route, RoutedSession
 from ale.status import InvalidAttribution, RunStatus
 from ale.tasks.card import load_card
 from ale.tasks.environment import resolve_environment
@@ -300,7 +299,7 @@ async def _grade_again(
         try:
             await lifecycle.stage_input(state)
             if task.has("start"):
-                await _rerun_start(state)
+                await lifecycle.start_in_grading_sandbox(state, f"{state.plan.run_id}-regrade-start", command_timeout=state.plan.limits.grading_timeout_s)
             _compare_input(run_dir, folder)
             await lifecycle.commit_reference(state)
             committed = _compare_reference(run_dir, record)
@@ -347,31 +346,6 @@ def _make_dirs(folder: RunFolder) -> None:
     folder.workspace_host.mkdir(mode=0o755)
     folder.private.mkdir(mode=0o700)
     folder.setup_reference_host.mkdir(mode=0o700)
-
-
-async def _rerun_start(state: RunState) -> None:
-    """The task's start() again: its input and reference writes land on the host as
-    in the run; its commands run in a grading sandbox (no network, the public package
-    read-only), never a candidate's."""
-    v, folder, plan = state.variant, state.folder, state.plan
-    empty = folder.scratch / "start-output"
-    empty.mkdir(mode=0o755)
-    sandbox = Grader(
-        state.prep.provider, image=plan.image, policy=plan.policy, run_id=f"{plan.run_id}-regrade-start",
-        experiment=plan.experiment, command_timeout=plan.limits.grading_timeout_s,
-        inputs=GradingInputs(
-            input_host=folder.input_host.resolve(), deliverables_host=empty.resolve(),
-            reference_host=folder.setup_reference_host.resolve(), input_dir=v.input_dir, output_dir=v.output_dir,
-            reference_dir=v.reference_dir, task_dir=v.task_dir, scratch_host=folder.scratch / "start-sandbox"),
-    )
-    session = RoutedSession(
-        [Route(v.input_dir, folder.input_host, writable=True), Route(v.reference_dir, folder.setup_reference_host, writable=True)],
-        sandbox._container_session,
-    )
-    try:
-        await state.prep.process.call("start", v.index, session, timeout=plan.limits.grading_timeout_s)
-    finally:
-        await sandbox.close()
 
 
 def _compare_input(run_dir: Path, folder: RunFolder) -> None:

@@ -272,6 +272,11 @@ class TaskProcess:
             return {k: v for k, v in self._cgroup.events().items() if v}
         return {}
 
+    @property
+    def alive(self) -> bool:
+        """Started and not ended (a call that timed out or crashed it ends it)."""
+        return self._proc is not None and self._proc.returncode is None
+
     async def close(self) -> None:
         """End the process (politely, then by force) and drop its home folder."""
         proc, self._proc = self._proc, None
