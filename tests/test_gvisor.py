@@ -17,11 +17,10 @@ import pytest
 
 from ale.isolation.registry import failures
 from ale.isolation.rules import judge, rule_for
-from ale.sandbox.base import Mount, SandboxSpec
+from ale.sandbox.base import Mount, RuntimeMissing, SandboxSpec
 from ale.sandbox.policy import MIB, IsolationPolicy
 from ale.sandbox.runtimes import (
     RUNSC_PIDS_LIMIT,
-    RuntimeMissing,
     install_hint,
     missing_runtime_message,
 )

@@ -37,6 +37,11 @@ class SandboxError(RuntimeError):
     """The provider itself failed (engine unreachable, container vanished, ...)."""
 
 
+class RuntimeMissing(SandboxError):
+    """The engine has no runtime of the policy's name; the message says how to add it
+    (``ale.sandbox.runtimes.missing_runtime_message``)."""
+
+
 class EngineUnreachable(SandboxError):
     """The provider's engine does not answer: nothing was created. Retryable."""
 

@@ -33,6 +33,7 @@ from ale.sandbox.base import (
     ExecResult,
     ImageMissing,
     Mount,
+    RuntimeMissing,
     SandboxError,
     SandboxGone,
     SandboxSpec,
@@ -43,7 +44,6 @@ from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.runtimes import (
     DEFAULT_RUNTIME,
     RUNSC_ARGS,
-    RuntimeMissing,
     install_hint,
     missing_runtime_message,
 )

@@ -23,11 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ale.sandbox.base import SandboxError
-
-
-class RuntimeMissing(SandboxError):
-    """The engine has no runtime of the policy's name; the message says how to add it."""
+# RuntimeMissing lives in ale.sandbox.base (the policy reads this module: no cycle).
 
 DEFAULT_RUNTIME = "runc"
 GVISOR = "runsc"
