@@ -108,7 +108,7 @@ def _ready(plans: list, *, data_flag: str = "--data") -> None:
     from ale.agents.registry import check_agent
     from ale.runs.images import ensure_images, images_for
     from ale.runs.screening import OK, no_data_reason, screen_task
-    from ale.sandbox.base import SandboxError
+    from ale.sandbox.base import EngineUnreachable, SandboxError
 
     for plan in plans:
         try:
@@ -128,7 +128,9 @@ def _ready(plans: list, *, data_flag: str = "--data") -> None:
     _require_runtimes(plans)
     try:
         ensure_images(images_for(plans), say=lambda m: err.print(m, markup=False, highlight=False))
-    except SandboxError as e:
+    except EngineUnreachable as e:  # nothing can begin: as every preflight refusal (exit 2)
+        _fail(str(e))
+    except SandboxError as e:  # an image build that failed
         _fail(str(e), 1)
 
 
