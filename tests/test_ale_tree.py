@@ -666,7 +666,7 @@ def test_judge_credentials_are_selected_by_name() -> None:
 
 
 EVALUATE_ONLY = """\
-import os, socket, subprocess
+import json, os, socket, subprocess, sys, time
 import cua_bench as cb
 @cb.tasks_config
 def load():

@@ -21,24 +21,7 @@ import pytest
 from ale.tasks import jail
 from ale.tasks.jail import MiB, TaskBounds, TaskCgroup, cgroup_mounts, make_cgroup, own_cgroups
 from ale.tasks.process import TaskCallFailed, TaskProcess, TaskProcessError
-
-EVALUATE_ONLY = """\
-import json, os, subprocess, sys, time
-import cua_bench as cb
-@cb.tasks_config
-def load():
-    return [cb.Task(description="x")]
-@cb.evaluate_task
-async def evaluate(cfg, session):
-{body}
-"""
-
-
-def evaluate_only_task(tmp_path: Path, name: str, body: str) -> Path:
-    d = tmp_path / "tasks" / "dom" / name
-    d.mkdir(parents=True)
-    (d / "main.py").write_text(EVALUATE_ONLY.format(body=textwrap.indent(textwrap.dedent(body).strip("\n"), "    ")))
-    return d
+from tests.test_ale_tree import evaluate_only_task  # the one evaluate-only task writer
 
 
 def candidate(tmp_path: Path, name: str, program: str, *, then: str = "") -> Path:

@@ -37,8 +37,28 @@ def _errors(e: ValidationError) -> str:
     return "; ".join(out)
 
 
+class _Packages(BaseModel):
+    """Packages stated directly (an ``environment`` block, an overlay rule): Debian
+    names and PEP 508 requirements, each checked when read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    debian: list[str] = Field(default_factory=list)
+    python: list[str] = Field(default_factory=list)
+    store_only: list[str] = Field(default_factory=list)
+
+    @field_validator("debian")
+    @classmethod
+    def _debian(cls, v: list[str]) -> list[str]:
+        return check_debian_names(v)
+
+    @field_validator("python", "store_only")
+    @classmethod
+    def _python(cls, v: list[str]) -> list[str]:
+        return check_requirements(v)
+
+
 # -- the environment block of ale's own task cards ------------------------------------
-class EnvironmentBlock(BaseModel):
+class EnvironmentBlock(_Packages):
     """``task_card.json``'s ``environment``: what the task's image must hold, stated
     explicitly (no catalogue involved)::
 
@@ -54,23 +74,9 @@ class EnvironmentBlock(BaseModel):
     Unknown keys are refused.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    debian: list[str] = Field(default_factory=list)
-    python: list[str] = Field(default_factory=list)
-    store_only: list[str] = Field(default_factory=list)
     python_version: str | None = None
     lockfile: str | list[str] | None = None
     image: str | None = None
-
-    @field_validator("debian")
-    @classmethod
-    def _debian(cls, v: list[str]) -> list[str]:
-        return check_debian_names(v)
-
-    @field_validator("python", "store_only")
-    @classmethod
-    def _python(cls, v: list[str]) -> list[str]:
-        return check_requirements(v)
 
     @field_validator("python_version")
     @classmethod
@@ -229,26 +235,12 @@ def read_runtime_env(input_dir: Path, origin_prefix: str = "input") -> list[Mani
 
 
 # -- the operator's overlay -------------------------------------------------------------
-class OverlayRule(BaseModel):
+class OverlayRule(_Packages):
     """Extra needs for the tasks a rule applies to: free-form ``software`` names (through
     the catalogue), or packages stated directly; ``image`` replaces the built image."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     software: list[str] = Field(default_factory=list)
-    debian: list[str] = Field(default_factory=list)
-    python: list[str] = Field(default_factory=list)
-    store_only: list[str] = Field(default_factory=list)
     image: str | None = None
-
-    @field_validator("debian")
-    @classmethod
-    def _debian(cls, v: list[str]) -> list[str]:
-        return check_debian_names(v)
-
-    @field_validator("python", "store_only")
-    @classmethod
-    def _python(cls, v: list[str]) -> list[str]:
-        return check_requirements(v)
 
 
 class Overlay(BaseModel):
