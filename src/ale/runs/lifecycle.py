@@ -238,12 +238,7 @@ def _stage_shared(state: RunState) -> dict | None:
         dest = public / input_rel if input_rel != "." else public
         dest.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         tree = source.stage_input(key, dest)
-        rel = state.variant.public_relpath(state.variant.output_dir)
-        if rel not in (None, "."):
-            point = public / rel
-            if point.exists() and (point.is_symlink() or not point.is_dir() or any(point.iterdir())):
-                raise DataError(f"the public package holds {rel!r} where the workspace is mounted; it must not")
-            point.mkdir(parents=True, exist_ok=True, mode=0o755)
+        _make_workspace_mount_point(state, public)
         return {"tree": tree}
 
     pkg = packages.acquire(entry, build)
@@ -265,12 +260,13 @@ def _public_tree(state: RunState) -> dict:
     return ev.hash_tree(state.folder.public_host)
 
 
-def _make_workspace_mount_point(state: RunState) -> None:
-    """An empty folder in the public package where the workspace is mounted
-    (ALE tasks write to ``<task_dir>/output``, inside the read-only package)."""
+def _make_workspace_mount_point(state: RunState, public: Path | None = None) -> None:
+    """An empty folder in the public package (``public``: default the run's) where the
+    workspace is mounted (ALE tasks write to ``<task_dir>/output``, inside the
+    read-only package)."""
     rel = state.variant.public_relpath(state.variant.output_dir)
     if rel not in (None, "."):
-        point = state.folder.public_host / rel
+        point = (public or state.folder.public_host) / rel
         if point.exists() and (point.is_symlink() or not point.is_dir() or any(point.iterdir())):
             raise DataError(f"the public package holds {rel!r} where the workspace is mounted; it must not")
         point.mkdir(parents=True, exist_ok=True, mode=0o755)
