@@ -252,3 +252,21 @@ def test_fixture_paths_exist():
     for name in ("probes-runc.txt", "probes-runsc.txt", "inspect-runsc.json"):
         assert (FIXTURES / name).is_file(), name
     assert Path(__file__).name == "test_gvisor.py"
+
+
+def test_exp_run_refuses_a_missing_runtime_before_any_run(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import ale.sandbox.providers as providers
+    from ale.cli import app
+    from ale.sandbox.docker import DockerProvider
+
+    monkeypatch.setattr(providers, "make_provider", lambda *a, **k: DockerProvider(_Engine(["runc"])))
+    task = REPO / "examples" / "tasks" / "files" / "word_count"
+    f = tmp_path / "exp.yaml"
+    f.write_text(f"name: g\ntasks: [{task}]\nagents: [{{name: nop}}]\noutput: {tmp_path / 'out'}\n"
+                 "environment: {runtime: runsc, provision_software: false}\n")
+    r = CliRunner().invoke(app, ["exp", "run", str(f), "--plain"])
+    assert r.exit_code == 2, r.output
+    assert "environment.runtime 'runsc'" in r.output and "apt-get install runsc" in r.output, r.output
+    assert not (tmp_path / "out" / "runs").exists()  # refused before any run began

@@ -64,9 +64,11 @@ def run_command(
     try:
         exp = load_experiment(file)
         units, skipped = plan_experiment(exp, build_envs=not dry_run)
-        resolve_cluster(cluster, exp.environment.cluster)
+        where = resolve_cluster(cluster, exp.environment.cluster)
     except (ExperimentError, ValueError) as e:
         _fail(str(e))
+    if where.kind == "local" and not dry_run:
+        _require_runtime(exp.environment.provider, exp.isolation_policy().runtime)
     out_dir = exp.output_dir
     if skipped:
         err.print(f"[yellow]{len(skipped)} task(s) or variant(s) not planned[/] (they cannot run here; the rest runs):")
@@ -260,6 +262,23 @@ def report_command(
         print_not_scored(console, report.runs)
         print_skipped_tasks(console, exp_dir)
         console.print(report.counting_policy, markup=False, highlight=False)
+
+
+def _require_runtime(provider: str, runtime: str) -> None:
+    """Refuse, before any run, a sandbox runtime this machine's engine lacks (a cluster's
+    nodes answer for their own engines when a run lands on them)."""
+    from ale.sandbox.base import SandboxError
+    from ale.sandbox.providers import make_provider
+    from ale.sandbox.runtimes import DEFAULT_RUNTIME
+
+    if runtime == DEFAULT_RUNTIME:
+        return
+    try:
+        require = getattr(make_provider(provider), "require_runtime", None)
+        if require is not None:
+            require(runtime)
+    except SandboxError as e:
+        _fail(f"environment.runtime {runtime!r}: {e}")
 
 
 def cleanup_command() -> None:
