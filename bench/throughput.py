@@ -14,7 +14,13 @@ The ratio is orchestrator runs/s ÷ bare runs/s (target ≥ 0.6); the memory
 target is ≤ 300 MB RSS. Results are printed and, with ``--write``, put under
 ``## Throughput`` in docs/benchmarks.md (that section only).
 
+4. ``--profile N``: N runs at ``--concurrency`` through the orchestrator with every
+   call that talks to the engine, the task process, the hashing and the signing
+   timed (``time.perf_counter`` wrappers; py-spy is not available here): where one
+   run's seconds go, per run on average (calls overlap with the other runs').
+
     .venv/bin/python bench/throughput.py --write
+    .venv/bin/python bench/throughput.py --profile 20
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -183,6 +190,139 @@ def bench_memory(queued: int, seconds: float) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+PROFILED: dict[str, list[float]] = {}
+
+
+def _timed(label: str, fn: Any, classify: Any = None) -> Any:
+    """``fn`` wrapped: each call's wall time is added under its label."""
+    import functools
+    import inspect
+
+    def key(args: tuple, kwargs: dict) -> str:
+        return label if classify is None else f"{label}: {classify(args, kwargs)}"
+
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def awrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                PROFILED.setdefault(key(args, kwargs), []).append(time.perf_counter() - t0)
+        return awrapper
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            PROFILED.setdefault(key(args, kwargs), []).append(time.perf_counter() - t0)
+    return wrapper
+
+
+def _exec_kind(args: tuple, kwargs: dict) -> str:
+    argv = args[1] if len(args) > 1 else kwargs.get("argv", [])
+    text = " ".join(str(a) for a in argv)[:400]
+    if "ale-probe" in text and "kill" in text:
+        return "kill + probes after"
+    if "ale-probe" in text:
+        return "probes"
+    if "/proc/uptime" in text:
+        return "uptime"
+    return str(argv[0]) if argv else "?"
+
+
+def instrument() -> None:
+    """Wrap the calls one run makes with timers (the bench's process only)."""
+    from ale.data import local
+    from ale.grading import grader
+    from ale.record import evidence as ev
+    from ale.runs import lifecycle
+    from ale.sandbox import docker as dk
+    from ale.sandbox import scratch
+    from ale.tasks import process
+
+    sb = dk.DockerSandbox
+    for name in ("create",):
+        setattr(sb, name, classmethod(_timed(f"docker {name}", getattr(sb, name).__func__)))
+    for name in ("inspect", "start", "stop", "remove", "kill_user_processes_then", "_raise_if_gone"):
+        setattr(sb, name, _timed(f"docker {name}", getattr(sb, name)))
+    sb.exec = _timed("docker exec", sb.exec, _exec_kind)
+    sb._exec_state = _timed("docker exec_inspect", sb._exec_state)
+    dp = dk.DockerProvider
+    for name in ("image_inspect", "engine_record", "ping"):
+        setattr(dp, name, _timed(f"provider {name}", getattr(dp, name)))
+    tp = process.TaskProcess
+    tp.start = _timed("task process start + load()", tp.start)
+    tp.close = _timed("task process close", tp.close)
+    tp.call = _timed("task process call", tp.call, lambda a, k: a[1] if len(a) > 1 else k.get("name"))
+    ev.hash_tree = _timed("hash_tree", ev.hash_tree)
+    lifecycle.ev.hash_tree = ev.hash_tree
+    ev.write_manifest_and_sign = _timed("manifest + sign", ev.write_manifest_and_sign)
+    lifecycle.ev.write_manifest_and_sign = ev.write_manifest_and_sign
+    lifecycle.release_scratch = _timed("release scratch", scratch.release_scratch)
+    lifecycle.prepare = _timed("prepare (preflight)", lifecycle.prepare)
+    lifecycle._record_static_evidence = _timed("static evidence", lifecycle._record_static_evidence)
+    lifecycle._finish_record = _timed("finish record (checks, result, sign)", lifecycle._finish_record)
+    lifecycle._cleanup = _timed("cleanup", lifecycle._cleanup)
+    lifecycle.execute_run = _timed("execute_run (whole)", lifecycle.execute_run)
+    lifecycle.extract_deliverables = _timed("extract deliverables", lifecycle.extract_deliverables)
+    lifecycle.software.provide = _timed("provide software", lifecycle.software.provide)
+    grader.Grader.close = _timed("grader close", grader.Grader.close)
+    grader.Grader.grade = _timed("grader grade", grader.Grader.grade)
+    local.LocalSource.commit_reference = _timed("commit reference", local.LocalSource.commit_reference)
+    import re
+
+    import docker.api.client as api
+
+    def route(args: tuple, kwargs: dict) -> str:  # the engine's endpoint, ids elided
+        path = "/" + str(args[1]).split("://", 1)[-1].split("/", 1)[-1]
+        path = re.sub(r"^/v[0-9.]+/", "/", path)
+        return re.sub(r"/[0-9a-f]{64}|/ale-[^/?]+|/sha256:[0-9a-f]+|/ale-tools[^/?]*", "/<id>", path)
+
+    for verb in ("_get", "_post", "_delete", "_put"):
+        setattr(api.APIClient, verb, _timed(f"HTTP {verb[1:].upper()}", getattr(api.APIClient, verb), route))
+    real_fsync = os.fsync
+    os.fsync = _timed("os.fsync", real_fsync)
+
+
+def profile(runs: int, concurrency: int) -> None:
+    """Where a no-op run's seconds go: the phases (result.json) and the timed calls."""
+    import statistics as st
+
+    from ale.runs import orchestrator
+
+    instrument()
+    from ale.runs import lifecycle
+    orchestrator.execute_run = lifecycle.execute_run
+    with tempfile.TemporaryDirectory(prefix="ale-bench-prof-") as tmp:
+        name = f"prof-{uuid.uuid4().hex[:8]}"
+        from ale.runs.experiment import load_experiment
+        from ale.runs.orchestrator import Orchestrator
+
+        exp = load_experiment(write_experiment(Path(tmp), name, 10, max(1, runs // 10), concurrency))
+        orch = Orchestrator(exp)
+        t0 = time.perf_counter()
+        summary = asyncio.run(orch.run())
+        dt = time.perf_counter() - t0
+        phases: dict[str, list[float]] = {}
+        for f in (Path(tmp) / "out" / "runs").glob("*/result.json"):
+            r = json.loads(f.read_text())
+            for ph in r["phases"]:
+                phases.setdefault(ph["name"], []).append(ph["seconds"])
+            for k, v in (r.get("extra", {}).get("costs") or {}).items():
+                phases.setdefault(f"cost:{k}", []).append(v)
+    n = summary.total
+    print(f"{n} runs at concurrency {concurrency} in {dt:.1f} s ({n / dt:.2f} runs/s) {summary.statuses}")
+    print("phase (result.json)                          median s   mean s")
+    for k, v in phases.items():
+        print(f"  {k:42} {st.median(v):8.3f} {st.mean(v):8.3f}")
+    print("timed calls                                  calls/run  s/run   median s/call")
+    for k, v in sorted(PROFILED.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  {k:42} {len(v) / n:8.2f} {sum(v) / n:8.3f} {st.median(v):8.3f}")
+
+
 def write_section(text: str) -> Path:
     path = REPO / "docs" / "benchmarks.md"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -207,7 +347,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (this machine is noisy): the median ratio counts")
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     ap.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="time the calls of N runs and print where they go")
     args = ap.parse_args()
+    if args.profile:
+        profile(args.profile, args.concurrency)
+        return
     if args.memory_child:
         memory_child(args.queued, args.seconds)
         return
