@@ -16,7 +16,8 @@ tree root importable, and serves the session calls the task makes. So:
   bounded (``TaskBounds``: processes, memory, disk, CPU time; a cgroup of its own
   where the host allows, rlimits where not; an unprivileged uid when run by root).
 
-Limits: one message at most 2 GiB (``protocol.MAX_LINE``: a 1 GiB read, base64);
+Limits: one message at most 2 GiB (``protocol.MAX_MESSAGE``: a file's bytes or text
+of that size read whole, which travel raw after the message's line);
 the task log (its stdout and stderr) is kept up to 8 MiB, the rest dropped.
 """
 
@@ -26,6 +27,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import errno
+import fcntl
 import os
 import shutil
 import signal
@@ -227,6 +229,7 @@ class TaskProcess:
             )
         except OSError as e:
             raise TaskProcessError(f"cannot start the task process for {self.path} with {python}: {e}") from e
+        _widen_pipes(self._proc)
         self._log_task = asyncio.ensure_future(self._collect_log())
         reply = await self._request({"op": "load"}, session=None)
         where = f"{main} load()"
@@ -414,8 +417,7 @@ class TaskProcess:
         if proc is None or proc.stdin is None or proc.stdout is None:
             raise TaskProcessError("the task process is not running")
         try:
-            proc.stdin.write(protocol.dumps(message))
-            await proc.stdin.drain()
+            await _send(proc, protocol.frame(message))
         except (ConnectionError, BrokenPipeError) as e:
             raise await self._died(f"the task process stopped reading ({e})") from e
         while True:
@@ -427,7 +429,11 @@ class TaskProcess:
             if not line:
                 raise await self._died("the task process exited")
             try:
-                reply = protocol.loads(line)
+                obj, sizes = protocol.head(line)
+                blobs = [await proc.stdout.readexactly(n) for n in sizes]
+                reply = protocol.decode(obj, blobs)
+            except asyncio.IncompleteReadError:
+                raise await self._died("the task process exited inside a message") from None
             except ValueError as e:
                 self._kill(proc)
                 raise TaskProcessError(f"the task process broke the protocol: {e}", self.log_tail()) from e
@@ -444,15 +450,15 @@ class TaskProcess:
                 t0 = time.monotonic()
                 answer = await serve_session_call(session, reply)
                 self._note_call(reply, answer, time.monotonic() - t0)
-                data = protocol.dumps(answer)
-                if len(data) > protocol.MAX_LINE:
+                data = protocol.frame(answer)
+                if (size := sum(len(c) for c in data)) > protocol.MAX_MESSAGE:
                     # Too large for the channel (a candidate's huge file read whole): the
                     # task gets an OSError it can score as a 0; its process stays alive.
-                    data = protocol.dumps(_error(answer.get("sid"), OSError(
-                        errno.EFBIG, f"the answer to session call {reply.get('method')!r} is {len(data)} bytes "
-                        f"encoded, above the task channel's limit of {protocol.MAX_LINE}")))
-                proc.stdin.write(data)
-                await proc.stdin.drain()
+                    data = protocol.frame(_error(answer.get("sid"), OSError(
+                        errno.EFBIG, f"the answer to session call {reply.get('method')!r} is {size} bytes "
+                        f"encoded, above the task channel's limit of {protocol.MAX_MESSAGE}")))
+                del answer
+                await _send(proc, data)
                 continue
             self._kill(proc)
             raise TaskProcessError(f"the task process sent an unknown message {op!r}", self.log_tail())
@@ -471,6 +477,27 @@ class TaskProcess:
             how += f" after hitting its bounds: {_describe_hit(hit)}"
         tail = self.log_tail()
         return TaskProcessError(f"{what}{how}" + (f"; its last output:\n{tail}" if tail else ""), tail)
+
+
+PIPE_BYTES = 1024 * 1024  # the channel's pipes: a big blob crosses in 1 MiB writes, not 64 KiB ones
+
+
+def _widen_pipes(proc: asyncio.subprocess.Process) -> None:
+    for stream in (proc.stdin, proc.stdout):
+        transport = getattr(stream, "transport", None) or getattr(stream, "_transport", None)
+        pipe = transport.get_extra_info("pipe") if transport is not None else None
+        if pipe is not None and hasattr(fcntl, "F_SETPIPE_SZ"):
+            with contextlib.suppress(OSError):  # above the host's pipe-max-size: the default stays
+                fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+
+
+async def _send(proc: asyncio.subprocess.Process, chunks: list[bytes]) -> None:
+    """One frame to the task process; a big blob is handed over and dropped here
+    as soon as the pipe has taken it."""
+    assert proc.stdin is not None
+    while chunks:
+        proc.stdin.write(chunks.pop(0))
+        await proc.stdin.drain()
 
 
 async def serve_session_call(session: Any, request: dict[str, Any]) -> dict[str, Any]:
