@@ -254,6 +254,65 @@ def test_gui_task_check_oracle_one_nop_zero(docker_client, tmp_path, task):
     assert "oracle 1.0, nop 0" in r.stdout + r.stderr
 
 
+# cua-bench-basic's drag-drop in shape: HTML5 drag and drop of an element whose
+# dragstart sets no data (WebKitGTK's drop target never answers such a drag unless
+# the desktop gives it an item), the oracle one DragAction; the drop must also see
+# the page's own data types only (none).
+DND_TASK = r'''
+import cua_bench as cb
+
+HTML = """<div id="item" draggable="true" style="width:120px;height:40px;background:#f99;margin:20px">Apple</div>
+<div id="zone" style="width:300px;height:160px;margin:40px 20px;background:#99f">Fruits</div>
+<script>
+let dragged = null; window.__drop = null;
+document.getElementById('item').addEventListener('dragstart', function () { dragged = this; });
+const zone = document.getElementById('zone');
+zone.addEventListener('dragover', e => e.preventDefault());
+zone.addEventListener('drop', e => { e.preventDefault();
+  window.__drop = {item: dragged && dragged.id, types: Array.from(e.dataTransfer.types)}; });
+</script>"""
+pid = None
+
+
+@cb.tasks_config(split="train")
+def load():
+    return [cb.Task(description="Drag the Apple into the Fruits box.", metadata={},
+                    computer={"provider": "native", "setup_config": {"os_type": "linux", "width": 1024, "height": 768}})]
+
+
+@cb.setup_task(split="train")
+async def start(task_cfg, session):
+    global pid
+    pid = await session.launch_window(html=HTML, title="Drag and Drop", width=500, height=400)
+
+
+@cb.evaluate_task(split="train")
+async def evaluate(task_cfg, session):
+    drop = await session.execute_javascript(pid, "window.__drop")
+    return [1.0 if drop == {"item": "item", "types": []} else 0.0]
+
+
+@cb.solve_task(split="train")
+async def solve(task_cfg, session):
+    a = await session.get_element_rect(pid, "#item", space="screen")
+    b = await session.get_element_rect(pid, "#zone", space="screen")
+    await session.execute_action(cb.DragAction(from_x=a["x"] + a["width"] / 2, from_y=a["y"] + a["height"] / 2,
+                                               to_x=b["x"] + b["width"] / 2, to_y=b["y"] + b["height"] / 2,
+                                               duration=0.5))
+'''
+
+
+@pytest.mark.docker
+def test_html5_drag_and_drop_of_an_element_without_data(docker_client, tmp_path):
+    _desktop_image(docker_client)
+    task = tmp_path / "drag_drop"
+    task.mkdir()
+    (task / "main.py").write_text(DND_TASK)
+    r = _ale("task", "check", str(task), "--no-adversarial", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "oracle 1.0, nop 0" in r.stdout + r.stderr
+
+
 def attack_sections(steps: list[dict]) -> dict[str, str]:
     """bench/desktop_attack.json's shell steps by their ``## <what>`` header: each
     step's stdout and stderr."""

@@ -71,6 +71,8 @@ WEBKIT_ENV = {
     "WEBKIT_DISABLE_COMPOSITING_MODE": "1", "WEBKIT_DISABLE_DMABUF_RENDERER": "1", "LIBGL_ALWAYS_SOFTWARE": "1",
 }
 ENGINES = ("webview", "chromium")
+# How long a drag waits, after its first moves, for the page to start an HTML5 drag.
+DRAG_START_WAIT_S = 1.5
 
 
 def env() -> dict[str, str]:
@@ -107,6 +109,10 @@ class Screen:
         self.x.XGetImage.argtypes = [ctypes.c_void_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_int, ctypes.c_uint,
                                      ctypes.c_uint, ctypes.c_ulong, ctypes.c_int]
         self.x.XFree.argtypes = [ctypes.c_void_p]
+        self.x.XInternAtom.restype = ctypes.c_ulong
+        self.x.XInternAtom.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+        self.x.XGetSelectionOwner.restype = ctypes.c_ulong
+        self.x.XGetSelectionOwner.argtypes = [ctypes.c_void_p, ctypes.c_ulong]
         self.x.XQueryPointer.argtypes = [ctypes.c_void_p, ctypes.c_ulong] + [ctypes.c_void_p] * 7
         os.environ["XAUTHORITY"] = XAUTH
         self.dpy = self.x.XOpenDisplay(DISPLAY.encode())
@@ -130,6 +136,11 @@ class Screen:
             self.x.XFree(ctypes.cast(img, ctypes.c_void_p))
         png = encode_png(raw, width, height, bpl, out)
         return png, time.perf_counter() - t0
+
+    def selection_owner(self, name: str) -> int:
+        """The X window that owns selection ``name`` (0: none)."""
+        atom = self.x.XInternAtom(self.dpy, name.encode(), 0)
+        return int(self.x.XGetSelectionOwner(self.dpy, atom))
 
     def pointer(self) -> tuple[int, int]:
         root, child = ctypes.c_ulong(), ctypes.c_ulong()
@@ -482,18 +493,8 @@ class Desktop:
             args = self._to(*self._xy(req)) if "x" in req else []
             self.xdotool(*args, "mousedown" if op == "mouse_down" else "mouseup", str(button))
         elif op == "drag":
-            fx, fy = (int(v) for v in self._xy(req, "from_x", "from_y"))
-            tx, ty = (int(v) for v in self._xy(req, "to_x", "to_y"))
-            steps = max(2, min(40, int(float(req.get("duration", 0.3)) * 40)))
-            # Chromium starts an HTML5 drag only after a pause and a few small moves past
-            # the threshold, and drops only after motion over the target: give it both.
-            self.xdotool(*self._to(str(fx), str(fy)), "mousedown", "1", "sleep", "0.1")
-            words: list[str] = []
-            for i in range(1, steps + 1):  # one xdotool: moves with short sleeps between them
-                words += ["mousemove", str(fx + (tx - fx) * i // steps), str(fy + (ty - fy) * i // steps), "sleep", "0.02"]
-            words += ["sleep", "0.1"]
-            self.xdotool(*words)
-            self.xdotool(*self._to(str(tx), str(ty)), "mouseup", "1")
+            out = self.drag(*(int(v) for v in (*self._xy(req, "from_x", "from_y"), *self._xy(req, "to_x", "to_y"))),
+                            duration=float(req.get("duration", 0.3)))
         elif op == "scroll":
             direction = str(req.get("direction", "down"))
             button = {"up": "4", "down": "5", "left": "6", "right": "7"}.get(direction)
@@ -526,6 +527,45 @@ class Desktop:
             raise ValueError(f"unknown desktop request {op!r}")
         out["seconds"] = round(time.perf_counter() - t0, 5)
         return out, data
+
+    def drag(self, fx: int, fy: int, tx: int, ty: int, duration: float = 0.3) -> dict:
+        """Press at (fx, fy), move to (tx, ty) in small steps, release: paced as a hand
+        drags, so that an HTML5 drag starts and drops in either engine on a loaded
+        machine. The press, a pause, a few moves past the toolkits' drag thresholds
+        (GTK: 8 px), then, when the page starts an HTML5 drag (an XDND drag: its source
+        owns ``XdndSelection``), the rest of the way only once it has: WebKit starts
+        the GTK drag when its web process has run ``dragstart``, which a loaded
+        machine delays past moves (and a release) sent at once. A drag that starts
+        none (a slider, a selection) waits at most ``DRAG_START_WAIT_S`` for it."""
+        steps = max(4, min(40, int(duration * 40)))
+        dist = max(abs(tx - fx), abs(ty - fy))
+        before = self.screen.selection_owner("XdndSelection")  # (a drag before this one may have left it)
+        self.xdotool(*self._to(str(fx), str(fy)), "mousedown", "1", "sleep", "0.1")
+        # the first moves: 12 px along the way (or the whole way when shorter), 3 px each
+        lead = min(dist, 12)
+        words: list[str] = []
+        for i in range(1, 5):
+            k = lead * i / 4 / dist if dist else 0
+            words += ["mousemove", str(round(fx + (tx - fx) * k)), str(round(fy + (ty - fy) * k)), "sleep", "0.02"]
+        self.xdotool(*words)
+        t0 = time.monotonic()
+        started = False
+        while time.monotonic() - t0 < DRAG_START_WAIT_S:
+            if self.screen.selection_owner("XdndSelection") not in (0, before):
+                started = True
+                break
+            time.sleep(0.01)
+        waited = time.monotonic() - t0
+        words = []
+        for i in range(1, steps + 1):  # one xdotool: moves with short sleeps between them
+            words += ["mousemove", str(fx + (tx - fx) * i // steps), str(fy + (ty - fy) * i // steps), "sleep", "0.02"]
+        # over the target: hover (a 1 px move and back) so that the drop target answers
+        # the last position before the release
+        words += ["sleep", "0.1", "mousemove", str(tx + (1 if tx + 1 < self.width else -1)), str(ty), "sleep", "0.1",
+                  "mousemove", str(tx), str(ty), "sleep", "0.15" if started else "0.05"]
+        self.xdotool(*words)
+        self.xdotool(*self._to(str(tx), str(ty)), "mouseup", "1")
+        return {"html5_drag": started, "drag_start_wait_s": round(waited, 3)}
 
     def launch(self, req: dict) -> dict:
         self.count += 1
@@ -653,6 +693,19 @@ def start(width: int, height: int) -> dict:
     t_x = time.perf_counter() - t0
     wm = subprocess.Popen(["openbox", "--config-file", "/etc/ale-desktop/openbox-rc.xml"], env=env(),
                           stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
+    # The window manager has taken the screen over before any window is launched: a
+    # window mapped while openbox is still starting (a loaded machine) has its map
+    # request swallowed and stays unmapped, unframed, invisible.
+    deadline = time.monotonic() + 60
+    while True:
+        r = subprocess.run(["xprop", "-root", "-notype", "_NET_SUPPORTING_WM_CHECK"], env=env(),
+                           capture_output=True, text=True)
+        if "window id" in r.stdout:
+            break
+        if wm.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the window manager did not start (exit {wm.poll()}); see {LOG}")
+        time.sleep(0.02)
+    t_wm = time.perf_counter() - t0
     child = os.fork()
     if child == 0:  # the server, detached from the exec that started it
         os.setsid()
@@ -676,7 +729,7 @@ def start(width: int, height: int) -> dict:
             raise RuntimeError(f"the desktop helper did not answer; see {LOG}")
         time.sleep(0.02)
     return {"ok": True, "display": DISPLAY, "width": width, "height": height, "xvfb_pid": xvfb.pid,
-            "wm_pid": wm.pid, "server_pid": child, "x_ready_s": round(t_x, 4),
+            "wm_pid": wm.pid, "server_pid": child, "x_ready_s": round(t_x, 4), "wm_ready_s": round(t_wm, 4),
             "seconds": round(time.perf_counter() - t0, 4)}
 
 

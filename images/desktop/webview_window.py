@@ -41,6 +41,23 @@ SCREEN_JS = """(() => { for (const [k, i] of [['screenX', 0], ['screenLeft', 0],
   try { Object.defineProperty(window, k, {configurable: true, enumerable: true, set(v) {},
     get() { const o = window.__aleScreenOrigin; return o ? o[i] : (native ? native.call(window) : 0); }}); } catch (e) {}
 } })();"""
+# HTML5 drag and drop of an element whose dragstart sets no data (cua-bench's
+# drag-drop page: ``draggable="true"``, a ``dragstart`` that only remembers the
+# element): WebKitGTK starts a GTK drag with an empty target list, and its GTK3
+# drop target (the same web view) never answers the first XDND position of a drag
+# that offers no type, so GTK sends no further one and the release ends it with
+# GTK_DRAG_RESULT_NO_TARGET: no dragover, no drop (any input; Chromium drags it).
+# After the page's own listeners, a drag that still carries nothing gets one empty
+# item of a private type (carried as WebKit's custom pasteboard data, the target
+# it asks for); ``types`` hides it, so the page sees what Chromium shows.
+DND_JS = """(() => { const T = 'application/x-ale-drag';
+  const fill = e => { const d = e.dataTransfer; try { if (d && d.types.length === 0) d.setData(T, ''); } catch (x) {} };
+  addEventListener('dragstart', e => { e.target.addEventListener && e.target.addEventListener('dragstart', fill, {once: true}); }, true);
+  addEventListener('dragstart', fill);
+  const p = window.DataTransfer && DataTransfer.prototype, d = p && Object.getOwnPropertyDescriptor(p, 'types');
+  if (d && d.get) { const get = d.get; Object.defineProperty(p, 'types', {configurable: true, enumerable: true,
+    get() { const t = get.call(this); return t.includes(T) ? Object.freeze(Array.from(t).filter(x => x !== T)) : t; }}); }
+})();"""
 RECT_JS = """const e = document.querySelector(selector); if (!e) return null;
 const r = e.getBoundingClientRect(); return {x: r.left, y: r.top, width: r.width, height: r.height};"""
 GEOM_JS = """return {iw: window.innerWidth, ih: window.innerHeight, title: document.title, url: location.href,
@@ -119,6 +136,8 @@ class Host:
         manager = self.view.webview.get_user_content_manager()
         manager.add_script(WebKit2.UserScript.new(
             SCREEN_JS, WebKit2.UserContentInjectedFrames.TOP_FRAME, WebKit2.UserScriptInjectionTime.START, None, None))
+        manager.add_script(WebKit2.UserScript.new(
+            DND_JS, WebKit2.UserContentInjectedFrames.ALL_FRAMES, WebKit2.UserScriptInjectionTime.START, None, None))
 
         def moved(*_: Any) -> bool:
             GLib.idle_add(self._send_origin)
@@ -180,14 +199,17 @@ class Host:
         web view's own X window), and whether the window is mapped, framed and focused."""
         wv, top = self.view.webview, self.view.window
         gw = wv.get_window()
-        if gw is None or not top.get_mapped():
+        tw = top.get_window()
+        from gi.repository import Gdk
+
+        # mapped on the X server (GDK saw its MapNotify), not only in GTK's own state
+        if gw is None or tw is None or not top.get_mapped() or tw.get_state() & Gdk.WindowState.WITHDRAWN:
             return {"mapped": False}
         _, ox, oy = gw.get_origin()
         if not wv.get_has_window():
             a = wv.get_allocation()
             ox, oy = ox + a.x, oy + a.y
-        tw = top.get_window()
-        frame = tw.get_frame_extents() if tw is not None else None
+        frame = tw.get_frame_extents()
         return {"mapped": True, "x": ox, "y": oy, "width": wv.get_allocated_width(),
                 "height": wv.get_allocated_height(), "active": bool(top.is_active()),
                 "framed": frame is not None and (frame.width, frame.height) != (tw.get_width(), tw.get_height()),
@@ -207,8 +229,8 @@ class Host:
         last = None
         while True:
             o = self.origin()
-            # (framed: openbox decorates every pywebview window; not waited for past 5 s)
-            framed = o.get("framed") or time.monotonic() - t0 > 5
+            # (framed: openbox decorates every pywebview window; not waited for past 20 s)
+            framed = o.get("framed") or time.monotonic() - t0 > 20
             ok = o.get("mapped") and framed and o.get("opacity", 0) >= 1.0
             if ok and last is not None and (o["x"], o["y"]) == (last["x"], last["y"]):
                 break
