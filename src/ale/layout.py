@@ -9,6 +9,7 @@ anywhere else as a literal is a bug.
           manifest.json  attestation.dsse.json  public_key.pem  task.log
           agent/{prompt.txt,command.json,stdout.log,stderr.log,mcp-config.json,
                  mcp-settings.json,confinement.json,llm-transcript.jsonl,
+                 harness-transcript.json,harness-transcript/,
                  gateway/{records.jsonl,bodies/,turns.json}}
           evidence/{policy,harness,engine,input-staged,mounts,inspect-before,image,
                     probes-before.txt,input-after-start,workspace-empty,
@@ -48,6 +49,9 @@ class Agent:
     MCP_SETTINGS = "mcp-settings.json"  # the same for Gemini CLI, in its settings format
     CONFINEMENT = "confinement.json"  # a confined harness's bubblewrap record
     LLM_TRANSCRIPT = "llm-transcript.jsonl"  # the built-in LLM agent's requests and answers
+    # A native harness's own transcript, copied out of its HOME in the sandbox: written by the candidate.
+    HARNESS_TRANSCRIPT = "harness-transcript"  # the files, by their path under the harness's HOME
+    HARNESS_TRANSCRIPT_MANIFEST = "harness-transcript.json"  # each file's path, size, sha256; what was left out
 
 
 class Gateway:

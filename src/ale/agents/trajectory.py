@@ -11,6 +11,15 @@ the model side folded in as ``model_turns`` when the run's gateway wrote
 the model made them, each joined to the step it produced), so a run of an external
 harness reads like one of the ``llm`` agent.
 
+Where the steps come from is ``steps_source``: ``toolbox`` (every agent whose tools
+run through the ToolBox: the built-in agents and external harnesses in bridge mode;
+each step recorded as it ran), or ``gateway`` (a native harness, whose tools run
+inside the sandbox: each step derived at ``close()`` from the gateway's hash-chained
+record by ``ale.agents.gateway.steps``, the call as the model made it, the result as
+the harness sent it back, and ``gateway`` naming the records it came from). A native
+harness's own transcript, copied out of the sandbox, is named by
+``harness_transcript``: written by the candidate, never the source of a step.
+
 Any bytes an agent sends or receives are recorded exactly, and every file stays
 UTF-8 JSON: ``files[field]`` holds the field's exact value whenever the inline
 text is not it, either because it is too large (the inline text is a preview)
@@ -35,7 +44,7 @@ import os
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,8 +73,23 @@ class FileRef(BaseModel):
     kind: str | None = None
 
 
+class GatewayOrigin(BaseModel):
+    """Where a step derived from the gateway's record came from (``steps_source: gateway``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    api: str | None = None  # openai | anthropic | gemini
+    call_id: str | None = None  # the call's id as the model gave it (none for Gemini)
+    call_request: int  # the model request whose response made the call (records.jsonl seq; model_turns[].request)
+    call_response: int | None = None  # that response's record seq
+    call_record: str | None = None  # that response record's hash
+    result_request: int | None = None  # the later request carrying the result back (None: no result came)
+    result_record: str | None = None  # that request record's hash
+    turn_usage: dict[str, Any] = Field(default_factory=dict)  # the model turn's tokens and cost (shared by its calls)
+
+
 class TrajectoryStep(BaseModel):
-    """One tool call, as the ToolBox saw it."""
+    """One tool call: as the ToolBox saw it run, or (``gateway`` set) as the
+    gateway's record shows it: the model's call and the result the harness sent back."""
 
     model_config = ConfigDict(extra="forbid")
     index: int = Field(ge=1)
@@ -86,6 +110,23 @@ class TrajectoryStep(BaseModel):
     # Field name ("stdout", "output", "args.content", ...) -> where its full value is.
     files: dict[str, FileRef] = Field(default_factory=dict)
     extra: dict[str, Any] = Field(default_factory=dict)
+    gateway: GatewayOrigin | None = None  # set on a step derived from the gateway's record
+
+
+class StepsDerivation(BaseModel):
+    """How a native harness's steps were derived from the gateway's record."""
+
+    model_config = ConfigDict(extra="forbid")
+    source: str = "gateway"
+    records: int = 0  # records read from agent/gateway/records.jsonl
+    head: str | None = None  # the chain's last hash: the record the steps were derived from
+    model_requests: int = 0
+    calls: int = 0  # tool calls the model made (one step each)
+    answered: int = 0  # calls whose result a later request carried
+    unanswered: int = 0  # calls with no result (the harness was stopped)
+    malformed: int = 0  # parts of request or response bodies skipped as not of the expected shape
+    malformed_where: list[str] = Field(default_factory=list)  # the first of them
+    record_problems: list[str] = Field(default_factory=list)  # the record's own problems as read (``ale verify`` judges them)
 
 
 class ModelToolCall(BaseModel):
@@ -94,7 +135,8 @@ class ModelToolCall(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str | None = None
     arguments: Any = None  # as the API carries them: a JSON string (OpenAI) or an object
-    step: int | None = Field(default=None, ge=1)  # the bridge step it produced (``steps[].index``), if any
+    id: str | None = None  # the call's id (Anthropic tool_use id, OpenAI call_id), when the model gave one
+    step: int | None = Field(default=None, ge=1)  # the step it produced or was derived into (``steps[].index``), if any
 
 
 class ModelTurn(BaseModel):
@@ -124,7 +166,12 @@ class Trajectory(BaseModel):
     started_at: str
     ended_at: str | None = None
     ended: str | None = None  # the agent's end: finished | failed | timeout | interrupted
+    # toolbox: recorded as each tool ran through the ToolBox; gateway: derived from the gateway's record (a native harness).
+    steps_source: Literal["toolbox", "gateway"] = "toolbox"
     steps: list[TrajectoryStep] = Field(default_factory=list)
+    steps_derivation: StepsDerivation | None = None  # steps_source gateway: how the steps were derived
+    # A native harness's own transcript (its manifest, run-relative): written by the candidate, not evidence of any step.
+    harness_transcript: str | None = None
     # The model side, for every agent whose model requests went through the gateway.
     model_turns: list[ModelTurn] = Field(default_factory=list)
     usage: dict[str, Any] = Field(default_factory=dict)
@@ -132,6 +179,8 @@ class Trajectory(BaseModel):
 
 
 MODEL_TURNS = layout.gateway_path(layout.Gateway.TURNS)  # relative to the run folder (gateway/turns.py writes it)
+GATEWAY_RECORDS = layout.gateway_path(layout.Gateway.RECORDS)
+HARNESS_TRANSCRIPT_MANIFEST = layout.agent_path(layout.Agent.HARNESS_TRANSCRIPT_MANIFEST)
 
 
 def _now() -> str:
@@ -165,6 +214,9 @@ class TrajectoryWriter:
         self.started_at = _now()
         self.steps: list[TrajectoryStep] = []
         self.closed = False
+        # A native harness's steps, derived from the gateway's record once (at the first close() that finds it).
+        self.gateway_steps: list[TrajectoryStep] | None = None
+        self.derivation: StepsDerivation | None = None
         # Steps can arrive from a worker thread (an MCP server) as well as the loop.
         self._lock = threading.Lock()
         self._fh = open(self.jsonl_path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
@@ -277,16 +329,45 @@ class TrajectoryWriter:
 
     # -- ending ------------------------------------------------------------
     def trajectory(self, *, usage: dict[str, Any] | None = None, end: str | None = None) -> Trajectory:
+        native = self.gateway_steps is not None
         return Trajectory(
             run_id=self.run_id,
             agent=self.agent,
             started_at=self.started_at,
             ended_at=_now() if end is not None else None,
             ended=end,
-            steps=list(self.steps),
+            steps_source="gateway" if native else "toolbox",
+            steps=[*self.steps, *(self.gateway_steps or [])],
+            steps_derivation=self.derivation,
+            harness_transcript=HARNESS_TRANSCRIPT_MANIFEST if (self.run_dir / HARNESS_TRANSCRIPT_MANIFEST).is_file() else None,
             model_turns=self._model_turns(),
             usage=_jsonable(usage or {}),
         )
+
+    def _derive_gateway_steps(self) -> None:
+        """A native harness's steps, from the gateway's record (``ale.agents.gateway.steps``),
+        each stored like a recorded step (large or inexact values beside, as FileRefs).
+        Done once; nothing for a run whose gateway served no native harness."""
+        from ale.agents.gateway.record import read_records
+        from ale.agents.gateway.steps import derive_steps, is_native
+
+        if self.gateway_steps is not None or not (self.run_dir / GATEWAY_RECORDS).is_file():
+            return
+        records, problems = read_records(self.run_dir)
+        if not is_native(records):
+            return
+        derived = derive_steps(self.run_dir, records)
+        derived["derivation"]["record_problems"] = (problems + derived["derivation"]["record_problems"])[:20]
+        offset = len(self.steps)  # none in a native run: its tools never pass through the ToolBox
+        steps = []
+        for raw in derived["steps"]:
+            origin = raw.pop("gateway")
+            if isinstance(origin.get("call_id"), str):
+                origin["call_id"] = display(origin["call_id"])
+            step = self._to_step({**raw, "index": raw["index"] + offset})
+            steps.append(step.model_copy(update={"gateway": GatewayOrigin.model_validate(origin)}))
+        self.derivation = StepsDerivation.model_validate(derived["derivation"])
+        self.gateway_steps = steps
 
     def _model_turns(self) -> list[ModelTurn]:
         """The gateway's model turns of this run, if it wrote them; a file that does not
@@ -304,6 +385,10 @@ class TrajectoryWriter:
     def close(self, *, usage: dict[str, Any] | None = None, end: str | None = None) -> Path:
         """Write `trajectory.json` (again, if called twice: the last call wins)."""
         with self._lock:
+            try:
+                self._derive_gateway_steps()
+            except Exception as e:  # a view of the record: the record itself stays the evidence
+                log.warning("trajectory: cannot derive the steps from the gateway's record in %s: %r", self.run_dir, e)
             doc = self.trajectory(usage=usage, end=end or "interrupted")
             tmp = self.json_path.with_suffix(".json.tmp")
             with open(tmp, "w", encoding="utf-8") as f:
