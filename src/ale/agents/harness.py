@@ -50,6 +50,7 @@ from ale.agents.gateway.server import (
     serve_gateway,
 )
 from ale.agents.gateway.tools import HarnessProfile, ToolPolicy
+from ale.agents.harness_transcript import copy_out
 from ale.agents.secrets import build_agent_env
 from ale.sandbox.harness_image import HARNESSES, HarnessPackage
 
@@ -203,7 +204,8 @@ class HarnessAgent:
         if self.name == "codex":
             provider = ('model_providers.gw={name="gw", base_url="' + f"http://127.0.0.1:{self.channel_port}/openai/v1"
                         + '", wire_api="responses", env_key="CODEX_API_KEY", supports_websockets=false}')
-            return [self.harness.node, exe, "exec", "--skip-git-repo-check", "--ephemeral", "--dangerously-bypass-approvals-and-sandbox",
+            # Not --ephemeral: its session file is the transcript ale copies out (harness_transcript.py).
+            return [self.harness.node, exe, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
                     "-c", provider, "-c", 'model_provider="gw"', "-m", self.model, "-c", 'web_search="disabled"',
                     "--disable", "image_generation", "--disable", "apps", "--disable", "plugins", *self.args, "--", prompt]
         return [self.harness.node, exe, f"--prompt={prompt}", "--yolo", "--skip-trust", "--model", self.model, *self.args]
@@ -239,6 +241,7 @@ class HarnessAgent:
                 try:
                     async with channel.serve():
                         outcome = await self._drive(ctx, sandbox, gw, agent_dir, started)
+                        await copy_out(sandbox, Path(ctx.run_dir), self.name, f"{NATIVE_HOME}/{self.name}")  # candidate-written
                 finally:
                     record["channel"] = await channel.record()
                 usage.update(outcome.usage)

@@ -82,7 +82,7 @@ class GatewayRecorder:
         if len(data) <= INLINE_LIMIT:
             try:
                 return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "json": json.loads(data)}
-            except ValueError:
+            except (ValueError, RecursionError):  # a body nested past the parser: kept as a file
                 pass
         rel = f"{BODIES}/{seq:06d}-{kind}"
         with open(self.dir / rel, "wb") as f:
@@ -123,7 +123,7 @@ def read_body(run_dir: Path, ref: dict[str, Any]) -> tuple[Any, list[str]]:
         return None, [f"body file {rel} does not match the sha256 and size its record names"]
     try:
         return json.loads(data), []
-    except ValueError:
+    except (ValueError, RecursionError):
         return None, []
 
 
@@ -139,7 +139,7 @@ def read_records(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
     for n, line in enumerate(lines, 1):
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             problems.append(f"records.jsonl:{n}: not JSON")
             continue
         if not isinstance(rec, dict):

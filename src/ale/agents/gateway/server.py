@@ -188,7 +188,7 @@ class ModelGateway:
         model_call = method == "POST" and is_model_call(api, rest)
         parsed: Any = None
         if body:
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, RecursionError):
                 parsed = json.loads(body)
         tools = offered_tools(api, rest, parsed) if model_call else []
         forbidden = self.policy.forbidden(tools)
