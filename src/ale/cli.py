@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import signal
 import sys
@@ -296,7 +297,7 @@ def _run_check(task_dir: Path, variants, plans, adversarial: bool, strategies, j
     missing-reference probe (grading probes, or with `full` runs through the whole
     lifecycle), independent stages at once within `jobs` slots."""
     from ale.grading import adversarial as adv
-    from ale.runs.grading_only import grade_probe
+    from ale.runs.grading_only import WarmProcesses, grade_probe
     from ale.runs.lifecycle import PreflightError, execute_run
     from ale.sandbox.base import SandboxError
     from ale.sandbox.providers import make_provider
@@ -316,9 +317,14 @@ def _run_check(task_dir: Path, variants, plans, adversarial: bool, strategies, j
             store = make_provider(plans[0][0].provider).image_store()
         except SandboxError:
             store = None
-        return await adv.check_task(Path(task_dir).resolve(), variants, plans, execute_run,
-                                    probe=None if full else grade_probe, adversarial=adversarial, strategies=strategies,
-                                    jobs=jobs, image_store=store, say_run=say_run, say=say)
+        warm = WarmProcesses()  # the probes' task processes: forks of warm ones (load() once each)
+        try:
+            return await adv.check_task(Path(task_dir).resolve(), variants, plans, execute_run,
+                                        probe=None if full else functools.partial(grade_probe, warm=warm),
+                                        adversarial=adversarial, strategies=strategies,
+                                        jobs=jobs, image_store=store, say_run=say_run, say=say)
+        finally:
+            await warm.close()
 
     try:
         with terminate_as_interrupt(), software_progress():

@@ -124,9 +124,9 @@ class Graded(Protocol):
     error: str | None
     violations: list[str]
 
-# The huge-file strategy's size and filler. The task channel carries a session
-# answer of at most 256 MiB encoded: a bigger read breaks the task process today
-# (see docs/task-check.md), so the default stays below it in every encoding.
+# The huge-file strategy's size and filler: a file far larger than any answer a
+# grader expects, read whole by a grader that reads it (the task channel carries it
+# as raw bytes, protocol.MAX_MESSAGE at most; docs/task-check.md).
 HUGE_FILE_BYTES = 200 * 1024**2
 HUGE_FILE_FILLER: str | None = None  # None: a sparse file of NUL bytes; else one printable byte, repeated
 MAX_REWRITE_BYTES = 8 * 1024**2  # oracle files above this are not rewritten into a script
@@ -870,10 +870,21 @@ class VariantReport:
         return {"variant": self.variant, "nop_score": self.nop_score, "outcomes": [o.to_dict() for o in self.outcomes]}
 
 
+def unhurried(base: RunPlan) -> RunPlan:
+    """The plan with no wait between grading attempts (the attempts themselves kept:
+    each a fresh task process and grading sandbox). A run waits so that a grading
+    environment that failed for a moment (a busy engine) can recover; what an
+    adversarial output or a removed reference does to a grader does not pass with
+    time, and the check's outputs and probes would otherwise sleep 6 s each a grader
+    raises (2 s, then 4 s)."""
+    return base.model_copy(update={"limits": base.limits.model_copy(update={"grading_backoff_s": 0.0})})
+
+
 def strategy_plan(base: RunPlan, strategy: str, steps: list[Step], variant: int) -> RunPlan:
-    """The oracle's plan (same task, data, image, policy, limits) with the replay agent."""
+    """The oracle's plan (same task, data, image, policy, limits; no wait between
+    grading attempts: ``unhurried``) with the replay agent."""
     task = Path(base.task_dir).name
-    return base.model_copy(
+    return unhurried(base).model_copy(
         update={
             "run_id": new_run_id(task, variant, f"adv-{strategy}"),
             "agent": AgentSpec(name="replay", label=f"adversarial:{strategy}", config={"steps": steps}),
@@ -1081,7 +1092,8 @@ async def probe_missing_reference(
         except (DataError, OSError, ValueError) as e:
             o.verdict, o.detail = ERROR, f"could not stage the input without the reference: {e}"
             return o
-        plan = base.model_copy(update={"run_id": new_run_id(task_path.name, base.variant, f"adv-{MISSING_REFERENCE}"), "data_source": data})
+        plan = unhurried(base).model_copy(
+            update={"run_id": new_run_id(task_path.name, base.variant, f"adv-{MISSING_REFERENCE}"), "data_source": data})
         result: Any = None
         async with (contextlib.nullcontext() if slots is None else _hold(slots, Slots.LONG)):
             t0 = asyncio.get_running_loop().time()

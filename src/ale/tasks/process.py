@@ -16,6 +16,11 @@ tree root importable, and serves the session calls the task makes. So:
   bounded (``TaskBounds``: processes, memory, disk, CPU time; a cgroup of its own
   where the host allows, rlimits where not; an unprivileged uid when run by root).
 
+``TaskProcessPool`` lends forks of warm processes instead (``LentTaskProcess``: the
+state after ``load()`` without a new interpreter, jail and import per run; what a
+run leaves is removed or retires the warm process); ``ale task check``'s grading
+probes use it.
+
 Limits: one message at most 2 GiB (``protocol.MAX_MESSAGE``: a file's bytes or text
 of that size read whole, which travel raw after the message's line);
 the task log (its stdout and stderr) is kept up to 8 MiB, the rest dropped.
@@ -29,6 +34,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -179,6 +185,14 @@ class TaskProcess:
         self._log = bytearray()
         self.info: TaskInfo | None = None
         self.returncode: int | None = None
+        # A warm process lending itself (TaskProcessPool): the lease its stderr goes to,
+        # the line that ends the lease's part of it, and what was held back in case the
+        # line straddles two reads.
+        self._sink: TaskProcess | None = None
+        self._mark: bytes | None = None
+        self._held = b""
+        self._marked = asyncio.Event()
+        self._ended: dict[str, Any] | None = None  # a lease: the warm process's word that it ended
 
     async def __aenter__(self) -> TaskProcess:
         await self.start()
@@ -336,11 +350,35 @@ class TaskProcess:
         while True:
             chunk = await self._proc.stderr.read(65536)
             if not chunk:
+                self._keep_log(self._held)
+                self._held = b""
                 return
+            self._route_log(chunk)
+
+    def _route_log(self, chunk: bytes) -> None:
+        """What the process printed: to the lease it is lent to up to the lease's end
+        line (``_fork`` in serve.py), then to its own log."""
+        mark = self._mark
+        if mark is None:
             self._keep_log(chunk)
+            return
+        data, self._held = self._held + chunk, b""
+        at = data.find(mark)
+        if at < 0:
+            keep = len(mark) - 1
+            self._keep_log(data[: len(data) - keep])
+            self._held = data[len(data) - keep :]
+            return
+        self._keep_log(data[:at])
+        self._mark, self._sink = None, None
+        self._marked.set()
+        self._keep_log(data[at + len(mark) :])
 
     def _keep_log(self, data: bytes) -> None:
-        """Into the task log, up to ``LOG_LIMIT`` bytes; the rest is dropped."""
+        """Into the task log (the lease's, while lent), up to ``LOG_LIMIT`` bytes; the rest is dropped."""
+        if self._sink is not None:
+            self._sink._keep_log(data)
+            return
         room = LOG_LIMIT - len(self._log)
         if room > 0:
             self._log.extend(data[:room])
@@ -460,6 +498,9 @@ class TaskProcess:
                 del answer
                 await _send(proc, data)
                 continue
+            if op == "ended" and isinstance(self, LentTaskProcess):  # the fork serving this run is gone
+                self._ended = reply
+                raise await self._fork_died(reply)
             self._kill(proc)
             raise TaskProcessError(f"the task process sent an unknown message {op!r}", self.log_tail())
 
@@ -489,6 +530,193 @@ def _widen_pipes(proc: asyncio.subprocess.Process) -> None:
         if pipe is not None and hasattr(fcntl, "F_SETPIPE_SZ"):
             with contextlib.suppress(OSError):  # above the host's pipe-max-size: the default stays
                 fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+
+
+class LentTaskProcess(TaskProcess):
+    """One run's task process, lent by a ``TaskProcessPool``: a fork of a warm process
+    that has run ``load()``, so the run starts from the state a process of its own has
+    after ``load()``, without a new interpreter, jail and import. Used like a
+    ``TaskProcess`` (``start``, ``call``, ``close``); ``fresh()`` is a process of its
+    own (a grading retry starts from a new one, ``load()`` included).
+
+    What it shares with the warm process, and how each stays the run's own: the
+    state after ``load()`` (copied by the fork; nothing the run does reaches the warm
+    process); the writable places (files the run made there are removed at its end;
+    a file of before that it changed or removed retires the warm process); the
+    processes it starts (its own process group, killed at its end; one left in the
+    jail retires the warm process); the jail's bounds (its cgroup: memory and
+    processes counted with the warm process's own, a bound hit during the run noted in
+    its log; a fresh ``RLIMIT_CPU`` count); its log (what it printed, up to the end
+    line the warm process writes when the fork is gone). A call that times out kills
+    the warm process with the fork, as a run's own process would be killed."""
+
+    def __init__(self, pool: TaskProcessPool, *, log_path: Path | None = None):
+        super().__init__(pool.path, environment=pool.environment, log_path=log_path, card=pool.card,
+                         network=pool.network, bounds=pool.bounds)
+        self._pool = pool
+        self._warm: TaskProcess | None = None
+        self._hit_at_start: dict[str, int] = {}
+        self._busy = False
+        self.pid: int | None = None
+
+    async def start(self) -> TaskInfo:
+        warm = await self._pool.take()
+        self._warm, self._proc, self._jailed = warm, warm._proc, warm._jailed
+        self._bounds_record = None if warm._bounds_record is None else {**warm._bounds_record, "shared_with": "a warm process"}
+        self._hit_at_start = warm.bounds_hit()
+        token = f"[ale] lease {secrets.token_hex(16)} ended"
+        warm._sink, warm._mark, warm._held = self, ("\n" + token + "\n").encode(), b""
+        warm._marked = asyncio.Event()
+        assert warm._home is not None
+        writable = ["/tmp", "/dev/shm", str(warm._home)] if warm._jailed else [str(warm._home)]
+        try:
+            reply = await self._request({"op": "fork", "token": token, "writable": writable, "jailed": warm._jailed},
+                                        session=None)
+        except BaseException:
+            await asyncio.shield(self.close())
+            raise
+        self.pid = int(reply["pid"])
+        self.info = warm.info
+        assert self.info is not None
+        return self.info
+
+    async def _request(self, message: dict[str, Any], *, session: Any) -> Any:
+        self._busy = True
+        try:
+            return await super()._request(message, session=session)
+        finally:
+            self._busy = False
+
+    async def _settle(self, warm: TaskProcess) -> bool:
+        """Wait for the end line of this run's part of the log; False when it never came."""
+        try:
+            await asyncio.wait_for(warm._marked.wait(), 5)
+            return True
+        except TimeoutError:
+            return False
+
+    async def _fork_died(self, reply: dict[str, Any]) -> TaskProcessError:
+        if self._warm is not None:
+            await self._settle(self._warm)
+        code = reply.get("code")
+        how = "" if not isinstance(code, int) else (f" (killed by signal {-code})" if code < 0 else f" (exit code {code})")
+        if hit := self.bounds_hit():
+            how += f" after hitting its bounds: {_describe_hit(hit)}"
+        tail = self.log_tail()
+        return TaskProcessError(f"the task process exited{how}" + (f"; its last output:\n{tail}" if tail else ""), tail)
+
+    def bounds_hit(self) -> dict[str, int]:
+        """What hit a bound while this run had the warm process's jail."""
+        return {} if self._warm is None else self._hit_since_start(self._warm)
+
+    def _hit_since_start(self, warm: TaskProcess) -> dict[str, int]:
+        now = warm.bounds_hit()
+        return {k: v - self._hit_at_start.get(k, 0) for k, v in now.items() if v > self._hit_at_start.get(k, 0)}
+
+    @property
+    def alive(self) -> bool:
+        return self._warm is not None and self._warm.alive and self._ended is None
+
+    async def close(self) -> None:
+        """End the fork (``exit``) and give the warm process back: reused when the run
+        left it as after ``load()``, else ended."""
+        warm, self._warm = self._warm, None
+        if warm is None:
+            return
+        reusable = False
+        proc = warm._proc
+        try:
+            if self._ended is None and warm.alive and proc is not None and not self._busy:
+                with contextlib.suppress(Exception):
+                    await _send(proc, protocol.frame({"op": "exit"}))
+                    self._ended = await asyncio.wait_for(_read_ended(proc), 10)
+            if self._ended is not None:
+                settled = await self._settle(warm)
+                code = self._ended.get("code")
+                self.returncode = code if isinstance(code, int) else None
+                reusable = settled and self._ended.get("clean") is True and warm.alive
+            hit = self._hit_since_start(warm)
+            if hit:
+                self._log_line(f"[ale] the task process hit its bounds: {_describe_hit(hit)}")
+                reusable = False
+        finally:
+            warm._sink, warm._mark, warm._held = None, None, b""
+            self._proc = None
+            if self.log_path is not None and self._log:
+                with contextlib.suppress(OSError):
+                    self.log_path.write_bytes(bytes(self._log))
+            await self._pool.give_back(warm, reusable)
+
+    def evidence(self) -> dict[str, Any]:
+        doc = super().evidence()
+        doc["isolation"] = "a fork of a warm task process after load(), one per run, to the end of evaluate()"
+        doc["pid"] = self.pid
+        return doc
+
+
+async def _read_ended(proc: asyncio.subprocess.Process) -> dict[str, Any]:
+    """The warm process's ``ended`` message, once the fork it lent is gone."""
+    assert proc.stdout is not None
+    line = await proc.stdout.readline()
+    obj, sizes = protocol.head(line)
+    blobs = [await proc.stdout.readexactly(n) for n in sizes]
+    reply = protocol.decode(obj, blobs)
+    if reply.get("op") != "ended":
+        raise ValueError(f"expected the end of a lease, got {reply.get('op')!r}")
+    return reply
+
+
+class TaskProcessPool:
+    """Warm task processes of one task folder (each started and ``load()``ed once),
+    lending a fork per run: ``lend()`` gives an unstarted ``LentTaskProcess``. A warm
+    process is made when none is free (at most as many as runs at once), reused while
+    the runs it lent leave it as after ``load()``, ended otherwise. ``close()`` ends
+    them all. ``spawned`` and ``lent`` count what it did."""
+
+    def __init__(self, task_dir: str | Path, *, environment: TaskEnvironment | None = None, card: TaskCard | None = None,
+                 network: bool = False, bounds: TaskBounds | None | str = "env"):
+        self.path = Path(task_dir).expanduser().resolve()
+        self.environment = environment or TaskEnvironment()
+        self.card = card
+        self.network = network
+        self.bounds = bounds
+        self._idle: list[TaskProcess] = []
+        self._live: set[TaskProcess] = set()
+        self._closed = False
+        self.spawned = 0
+        self.lent = 0
+
+    def lend(self, *, log_path: Path | None = None) -> LentTaskProcess:
+        return LentTaskProcess(self, log_path=log_path)
+
+    async def take(self) -> TaskProcess:
+        if self._closed:
+            raise TaskProcessError("the pool of task processes is closed")
+        while self._idle:
+            warm = self._idle.pop()
+            if warm.alive:
+                self.lent += 1
+                return warm
+            self._live.discard(warm)
+            await warm.close()
+        warm = TaskProcess(self.path, environment=self.environment, card=self.card, network=self.network, bounds=self.bounds)
+        await warm.start()  # raises as a run's own process would (TaskError, TaskProcessError)
+        self._live.add(warm)
+        self.spawned += 1
+        self.lent += 1
+        return warm
+
+    async def give_back(self, warm: TaskProcess, reusable: bool) -> None:
+        if reusable and warm.alive and not self._closed:
+            self._idle.append(warm)
+            return
+        self._live.discard(warm)
+        await warm.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        live, self._live, self._idle = list(self._live), set(), []
+        await asyncio.gather(*(w.close() for w in live), return_exceptions=True)
 
 
 async def _send(proc: asyncio.subprocess.Process, chunks: list[bytes]) -> None:

@@ -9,7 +9,10 @@ to stderr (the harness keeps them as the task log), never into the channel.
 
 One process serves one run from ``load()`` to the end of ``evaluate()``, so a
 task's module-level state between ``start()`` and ``evaluate()`` survives, and no
-other task's modules are ever in this interpreter.
+other task's modules are ever in this interpreter. A warm process
+(``TaskProcessPool``) serves many runs, one at a time, each by a fork made after
+``load()`` (``fork``): the run's ``start()`` and ``evaluate()`` happen in the fork,
+which ends with the run (``exit``), leaving this process as it was.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import itertools
 import logging
 import os
+import stat
 import subprocess
 import sys
 import traceback
@@ -196,12 +200,80 @@ def _event_loop() -> Any:
     return loop
 
 
+_PREWARM: list[Any] = []
+
+
 def _prewarm() -> None:
     """Import asyncio in the background while the harness starts the sandbox; an
     ``exit`` that comes first (``ale task list`` only loads) does not wait for it."""
     import threading
 
-    threading.Thread(target=__import__, args=("asyncio",), daemon=True).start()
+    t = threading.Thread(target=__import__, args=("asyncio",), daemon=True)
+    t.start()
+    _PREWARM.append(t)
+
+
+def _snapshot(roots: list[str]) -> dict[str, tuple[int, int, int]]:
+    """Every entry under the writable ``roots``: (mode, size, mtime) of a file or link."""
+    seen: dict[str, tuple[int, int, int]] = {}
+    for root in dict.fromkeys(os.path.realpath(r) for r in roots):
+        for top, dirs, files in os.walk(root):
+            for name in dirs + files:
+                path = os.path.join(top, name)
+                with contextlib.suppress(OSError):
+                    st = os.lstat(path)
+                    # a folder is the same while it holds the same entries (each listed itself)
+                    seen[path] = (st.st_mode, 0, 0) if stat.S_ISDIR(st.st_mode) else (st.st_mode, st.st_size, st.st_mtime_ns)
+    return seen
+
+
+def _pids() -> set[int]:
+    return {int(n) for n in os.listdir("/proc") if n.isdigit()}
+
+
+def _fork(channel: Channel, msg: dict[str, Any]) -> bool:
+    """A lease: a child that serves one run from here (``start``, ``evaluate``, then
+    ``exit``) with this process's state after ``load()``, as a process of its own
+    that had just loaded would. True in the child. In this process: wait for the
+    child's end, remove what it left (files it made under the writable places,
+    processes it started), then say ``ended`` with its exit code and whether this
+    process is still as after ``load()`` (``clean``: no file of before changed or
+    gone, no process left behind)."""
+    for t in _PREWARM:
+        t.join()
+    roots, token, jailed = list(msg.get("writable") or []), str(msg.get("token", "")), bool(msg.get("jailed"))
+    before, pids = _snapshot(roots), (_pids() if jailed else set())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.setpgid(0, 0)  # what it starts is its own process group: ended with it
+        channel.send({"op": "result", "value": {"pid": os.getpid()}})
+        return True
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    clean = True
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, 9)
+        clean = False
+    if jailed:  # the jail's own PID namespace: any new process is the lease's
+        for left in _pids() - pids - {os.getpid()}:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(left, 9)
+                clean = False
+    after = _snapshot(roots)
+    for path in sorted(set(after) - set(before), key=len, reverse=True):
+        with contextlib.suppress(OSError):
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)
+            else:
+                os.unlink(path)
+    if any(after.get(path) != meta for path, meta in before.items()):
+        clean = False
+    sys.stderr.write(f"\n{token}\n")
+    sys.stderr.flush()
+    channel.send({"op": "ended", "code": code, "clean": clean})
+    return False
 
 
 def serve(task_dir: str, channel: Channel) -> None:
@@ -224,6 +296,9 @@ def serve(task_dir: str, channel: Channel) -> None:
                 items = importer.call_load(functions["load"], main)
                 channel.send({"op": "result", "value": _describe(main, items, functions)})
                 _prewarm()
+            elif op == "fork":
+                if _fork(channel, msg):
+                    continue
             elif op == "call":
                 role, index = msg["role"], int(msg["variant"])
                 fn = functions.get(role)
