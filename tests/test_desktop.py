@@ -153,6 +153,26 @@ def _probe_text(sockets: list[str], procs: list[str], me: int = 50) -> dict:
     return split_sections(raw)
 
 
+def test_the_windows_get_no_inspector_or_bus_from_the_environment(monkeypatch):
+    """The window's environment is built from nothing: an inspector server (WebKit's
+    WEBKIT_INSPECTOR_SERVER / _HTTP_SERVER: a TCP port) or a session bus set where
+    the harness runs never reaches the desktop."""
+    sys.path.insert(0, str(ROOT / "images" / "desktop"))
+    try:
+        import desktopd
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setenv("WEBKIT_INSPECTOR_SERVER", "127.0.0.1:2999")
+    monkeypatch.setenv("WEBKIT_INSPECTOR_HTTP_SERVER", "127.0.0.1:2998")
+    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", "unix:path=/run/user/0/bus")
+    window_env = {**desktopd.env(), **desktopd.WEBKIT_ENV}
+    assert not [k for k in window_env if k.startswith("WEBKIT_INSPECTOR")]
+    assert window_env["DBUS_SESSION_BUS_ADDRESS"] == "unix:path=/nonexistent/bus"
+    assert window_env["NO_AT_BRIDGE"] == "1"
+    src = (ROOT / "images" / "desktop" / "webview_window.py").read_text()
+    assert "debug=False" in src and "enable_developer_extras" not in src
+
+
 def test_socket_and_process_probes_judge():
     policy = IsolationPolicy(cpus=1.0)
     good = _probe_text(["unix 00010000 01 /tmp/.X11-unix/X0 -", "tcp 0100007F:0277 01"],
@@ -358,6 +378,11 @@ def test_candidate_shell_cannot_reach_the_desktop_and_the_run_is_graded(docker_c
         assert f"{who} ptrace seize -1 Operation not permitted" in window, window
     engine = attack["reach the engine (IPC sockets, inspector ports)"]
     assert "denied webprocess fds" in engine, engine  # WebKit's IPC: socketpairs, reachable only through fds
+    assert re.search(r"^networkprocess \d+: \S*WebKitNetworkProcess", engine, re.M), engine
+    assert "denied networkprocess fds" in engine, engine
+    assert "shm files of the desktop user 0" in engine, engine  # WebKit's shared memory: memfds, no /dev/shm name
+    for v in ("WEBKIT_INSPECTOR_SERVER", "WEBKIT_INSPECTOR_HTTP_SERVER"):
+        assert f"no {v} readable" in engine, engine
     names = ast.literal_eval(re.search(r"^unix socket names (\[.*\])$", engine, re.M)[1])
     for name in names:  # every named socket there is (the display's, the helper's) refuses the candidate
         assert re.search(rf"^refused {re.escape(name)} ", engine, re.M), (name, engine)
