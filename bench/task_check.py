@@ -1,11 +1,12 @@
-"""`ale task check` before and after grading probes, on the example tasks.
+"""`ale task check` before and after a change, on the example tasks.
 
 Each round runs, interleaved, on each task: `ale task check --json` as it was (a
-source tree given with --before, e.g. `git archive HEAD src | tar -x -C /tmp/head`:
-every adversarial output a full sandbox lifecycle, one variant after another), the
-same with `--full-adversarial` (this tree, the old path kept behind the flag), and
-as it is now (grading probes, stages at once). Prints wall seconds per run, the
-medians, and whether every strategy's verdict agrees.
+source tree given with --before, e.g. `git archive HEAD src | tar -x -C /tmp/head`),
+the same with `--full-adversarial` (this tree: every adversarial output a full
+sandbox lifecycle; --no-full leaves it out), and as it is now. Prints wall seconds
+per run with each stage's wall time (oracle, nop, adversarial, missing-reference,
+per variant, as the check reports them), the medians, and whether every
+strategy's verdict agrees.
 
     python bench/task_check.py --before /tmp/head/src --rounds 2 [--task files/word_count ...]
 """
@@ -69,7 +70,10 @@ def main() -> None:
                     s, doc = check(task, Path(tmp) / f"{mode}-{r}", src=src, extra=extra)
                     times.setdefault((task, mode), []).append(s)
                     seen[mode] = verdicts(doc)
-                    print(f"round {r} {task} {mode}: {s:.1f}s ok={doc['ok']}", flush=True)
+                    stages = ", ".join(f"v{st['variant']} {st['stage']} {st['started']:.1f}+{st['seconds']:.1f}s"
+                                       for st in (doc.get("timing") or {}).get("stages") or [])
+                    print(f"round {r} {task} {mode}: {s:.1f}s ok={doc['ok']} load={os.getloadavg()[0]:.1f}"
+                          + (f"; stages (start+wall): {stages}" if stages else ""), flush=True)
                 same = all(v == seen["after"] for v in seen.values())
                 print(f"round {r} {task}: verdicts {'agree' if same else 'DIFFER'} ({len(seen['after'])} each)", flush=True)
                 if not same:

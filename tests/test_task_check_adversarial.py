@@ -205,6 +205,28 @@ def test_slots_bound_the_holders_and_serve_the_lowest_priority_first():
     assert order == ["run0", "run1", "huge", "small1", "small2"] and peak[0] == 2
 
 
+def test_a_grading_probe_holds_half_a_slot_and_a_lifecycle_a_whole_one():
+    live: list[str] = []
+    seen: list[tuple[str, ...]] = []
+
+    async def job(slots: adv.Slots, name: str, weight: int) -> None:
+        async with slots.hold(adv.Slots.NORMAL, weight):
+            live.append(name)
+            seen.append(tuple(sorted(live)))
+            await asyncio.sleep(0.02)
+            live.remove(name)
+
+    async def go() -> None:
+        slots = adv.Slots(1)
+        await asyncio.gather(job(slots, "probe1", adv.Slots.PROBE), job(slots, "probe2", adv.Slots.PROBE),
+                             job(slots, "run", adv.Slots.WHOLE), job(slots, "probe3", adv.Slots.PROBE))
+
+    asyncio.run(go())
+    assert seen[:2] == [("probe1",), ("probe1", "probe2")]  # two probes in one slot
+    assert ("run",) in seen and not any("run" in s and len(s) > 1 for s in seen)  # the run alone, in arrival order
+    assert seen.index(("run",)) < next(i for i, s in enumerate(seen) if "probe3" in s)
+
+
 def test_a_probe_outcome_is_marked_and_never_names_a_run_folder(tmp_path):
     from types import SimpleNamespace
 

@@ -223,7 +223,7 @@ def task_check(
     runtime: RuntimeOpt = None,
     adversarial: Annotated[bool, typer.Option("--adversarial/--no-adversarial", help="Also run the adversarial outputs (and the missing-reference probe) against the grader.")] = True,
     strategy: Annotated[list[str] | None, typer.Option("--strategy", "-s", help="Run only this adversarial strategy (repeatable; default: all).")] = None,
-    jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Sandbox lifecycles or grading probes at once (default: the machine's cores, at least 2).")] = None,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Sandbox lifecycles at once, or twice as many grading probes (default: the machine's cores, at least 2).")] = None,
     full_adversarial: Annotated[bool, typer.Option("--full-adversarial", help="Run each adversarial output (and the missing-reference probe) through the full sealed lifecycle, a candidate sandbox each, instead of as a grading probe.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the whole check as JSON on stdout.")] = False,
     oracle_script: Annotated[str | None, typer.Option(

@@ -71,48 +71,56 @@ RUN, GRADING_PROBE = "run", "grading-probe"  # what an outcome's evidence is
 
 
 class Slots:
-    """At most ``n`` holders at once (sandbox lifecycles or grading probes); a free
-    slot goes to the waiter of the lowest priority value first, then in arrival
-    order: the runs everything waits for (0), then the longest probes (1), then the
-    rest (2), so that the longest start early and the short ones fill in."""
+    """At most ``n`` sandbox lifecycles at once, or twice as many grading probes (a
+    probe, with no candidate sandbox and no seal to prove, holds half a slot:
+    ``PROBE``; a lifecycle, or a probe that moves much data, a whole one: ``WHOLE``).
+    A free slot goes to the waiter of the lowest priority value first, then in
+    arrival order: the runs everything waits for (0), then the longest probes (1),
+    then the rest (2), so that the longest start early and the short ones fill in."""
 
     FIRST, LONG, NORMAL = 0, 1, 2
+    WHOLE, PROBE = 2, 1  # in halves of a slot
 
     def __init__(self, n: int):
-        self._free = max(1, n)
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._free = 2 * max(1, n)
+        self._waiters: list[tuple[int, int, int, asyncio.Future[None]]] = []
         self._seq = 0
 
     @contextlib.asynccontextmanager
-    async def hold(self, priority: int = NORMAL) -> Any:
-        if self._free > 0 and not self._waiters:
-            self._free -= 1
+    async def hold(self, priority: int = NORMAL, weight: int = WHOLE) -> Any:
+        if self._free >= weight and not self._waiters:
+            self._free -= weight
         else:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._seq += 1
-            heapq.heappush(self._waiters, (priority, self._seq, fut))
+            heapq.heappush(self._waiters, (priority, self._seq, weight, fut))
             try:
                 await fut
             except asyncio.CancelledError:
                 if fut.done() and not fut.cancelled():  # handed a slot, then cancelled: give it on
-                    self._release()
+                    self._release(weight)
                 raise
         try:
             yield
         finally:
-            self._release()
+            self._release(weight)
 
-    def _release(self) -> None:
+    def _release(self, weight: int) -> None:
+        self._free += weight
         while self._waiters:
-            _, _, fut = heapq.heappop(self._waiters)
-            if not fut.done():
-                fut.set_result(None)
+            _, _, want, fut = self._waiters[0]
+            if fut.done():  # cancelled while waiting
+                heapq.heappop(self._waiters)
+                continue
+            if want > self._free:
                 return
-        self._free += 1
+            heapq.heappop(self._waiters)
+            self._free -= want
+            fut.set_result(None)
 
 
-def _hold(slots: Slots | asyncio.Semaphore, priority: int) -> Any:
-    return slots.hold(priority) if isinstance(slots, Slots) else slots
+def _hold(slots: Slots | asyncio.Semaphore, priority: int, weight: int = Slots.WHOLE) -> Any:
+    return slots.hold(priority, weight) if isinstance(slots, Slots) else slots
 
 
 class Graded(Protocol):
@@ -944,7 +952,8 @@ async def run_strategies(
             plan = strategy_plan(base, s.name, [a.step for a in actions], base.variant)
             result: Any = None
             kind, note = RUN, ""
-            async with _hold(sem, Slots.LONG if s.slow else Slots.NORMAL):
+            light = probe is not None and not s.slow
+            async with _hold(sem, Slots.LONG if s.slow else Slots.NORMAL, Slots.PROBE if light else Slots.WHOLE):
                 t0 = asyncio.get_running_loop().time()
                 try:
                     if probe is not None:
@@ -1095,7 +1104,8 @@ async def probe_missing_reference(
         plan = unhurried(base).model_copy(
             update={"run_id": new_run_id(task_path.name, base.variant, f"adv-{MISSING_REFERENCE}"), "data_source": data})
         result: Any = None
-        async with (contextlib.nullcontext() if slots is None else _hold(slots, Slots.LONG)):
+        async with (contextlib.nullcontext() if slots is None else
+                    _hold(slots, Slots.LONG, Slots.PROBE if probe is not None else Slots.WHOLE)):
             t0 = asyncio.get_running_loop().time()
             try:
                 if probe is not None:
