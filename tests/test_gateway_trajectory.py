@@ -253,3 +253,31 @@ def test_the_harness_transcript_is_copied_out_bounded_and_labelled_candidate_wri
     # Covered by the run's signed manifest like every other file of the run.
     files, odd = run_files(tmp_path)
     assert f["path"] in files and layout.agent_path(layout.Agent.HARNESS_TRANSCRIPT_MANIFEST) in files and not odd
+
+
+def test_view_and_atif_show_the_gateway_steps_with_their_records(tmp_path: Path) -> None:
+    from ale.agents.gateway.turns import write_turns
+    from ale.report import atif, viewer
+    from tests.test_viewer import synthetic_run
+
+    src = tmp_path / "src"
+    r = Record(src)
+    r.exchange("anthropic", "/v1/messages", {"model": "m", "messages": []}, _anthropic_use(("toolu_1", "Bash", {"command": "wc -w f"})))
+    r.exchange("anthropic", "/v1/messages", {"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "42 f"}]}]},
+        _anthropic_use(("toolu_2", "Write", {"file_path": "/workspace/a.json", "content": "{}"})))
+    r.close()
+    write_turns(src)
+    traj = load_trajectory(TrajectoryWriter(src, "native-run", "claude-code").close(end="timeout"))
+    run = synthetic_run(tmp_path, traj.steps, turns=traj.model_turns, name="native-run")
+    (run / layout.TRAJECTORY).write_text(traj.model_dump_json())
+    data = viewer.load_run(run, verify=False)
+    assert any("derived from the gateway's record" in n and "1 call(s) without a result" in n for n in data.notes), data.notes
+    html = viewer.render_run(data, run / "view.html")
+    assert "Bash" in html and "Write" in html and "42 f" in html
+    [path] = atif.export(run)
+    doc = atif.validate(json.loads(path.read_text()))
+    assert doc.extra and doc.extra["ale"]["steps_source"] == "gateway"
+    results = [res for s in doc.steps for res in (s.observation.results if s.observation else [])]
+    assert [res.content for res in results] == ["42 f", f"[error] {NO_RESULT}"]
+    assert [res.extra["ale"]["gateway"]["call_request"] for res in results if res.extra] == [2, 4]

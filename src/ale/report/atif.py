@@ -268,6 +268,8 @@ class _Exporter:
         files = step.get("files") or {}
         if files:
             extra["files"] = {k: v.get("path") for k, v in files.items() if isinstance(v, dict)}
+        if isinstance(step.get("gateway"), dict):  # derived from the gateway's record: the records it came from
+            extra["gateway"] = step["gateway"]
         return ObservationResult(source_call_id=call_id, content=content, extra={"ale": extra})
 
     def step_extra(self, step: dict[str, Any]) -> dict[str, Any]:
@@ -336,7 +338,8 @@ class _Exporter:
             extra={"ale": {"run_id": run_id, "task_id": result.get("task_id"), "variant": result.get("variant"),
                            "status": result.get("status"), "score": result.get("score"), "scores": result.get("scores"),
                            "reason": one_line_reason(result), "ended": traj.get("ended"),
-                           "run_dir": self.run_dir.name}},
+                           "run_dir": self.run_dir.name, "steps_source": traj.get("steps_source") or "toolbox",
+                           "harness_transcript": traj.get("harness_transcript")}},
         )
 
     @staticmethod

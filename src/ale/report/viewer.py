@@ -221,6 +221,13 @@ def load_run(run_dir: Path, *, verify: bool = True) -> RunData:
             trajectory = {"steps": steps}
         else:
             notes.append(f"no readable {layout.TRAJECTORY} or {layout.TRAJECTORY_LOG}: no steps to show")
+    if trajectory.get("steps_source") == "gateway":
+        derivation = trajectory["steps_derivation"] if isinstance(trajectory.get("steps_derivation"), dict) else {}
+        notes.append(f"the steps are derived from the gateway's record ({layout.gateway_path(layout.Gateway.RECORDS)}): each call as "
+                     f"the model made it, each result as the harness sent it back; {derivation.get('unanswered', 0)} call(s) without "
+                     f"a result, {derivation.get('malformed', 0)} malformed part(s) skipped")
+    if isinstance(trajectory.get("harness_transcript"), str):
+        notes.append(f"the harness's own transcript, written by the candidate: {clean(trajectory['harness_transcript'])}")
     if not trajectory.get("model_turns"):
         turns = _read_json(run_dir / layout.gateway_path(layout.Gateway.TURNS))
         if isinstance(turns, dict) and isinstance(turns.get("turns"), list):
