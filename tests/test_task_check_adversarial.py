@@ -227,6 +227,22 @@ def test_a_grading_probe_holds_half_a_slot_and_a_lifecycle_a_whole_one():
     assert seen.index(("run",)) < next(i for i, s in enumerate(seen) if "probe3" in s)
 
 
+def test_a_probes_record_is_written_without_fsync_a_runs_with(tmp_path, monkeypatch):
+    """A probe's events and files are no evidence: 20-odd fsyncs each, on the check's
+    one event loop, would stall every other probe."""
+    from ale.record import evidence as ev
+
+    synced: list[int] = []
+    monkeypatch.setattr(ev.os, "fsync", lambda fd: synced.append(fd))
+    for durable, want in ((False, 0), (True, 2)):
+        synced.clear()
+        folder = tmp_path / str(durable)
+        folder.mkdir()
+        ev.EventLog(folder / "events.jsonl", durable=durable).append("x", n=1)
+        ev.EvidenceStore(folder, durable=durable).write_json("a.json", {"n": 1})
+        assert len(synced) == want and (folder / "evidence" / "a.json").is_file()
+
+
 def test_a_probe_outcome_is_marked_and_never_names_a_run_folder(tmp_path):
     from types import SimpleNamespace
 

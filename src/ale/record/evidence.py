@@ -149,8 +149,8 @@ def to_json_text(obj: Any) -> str:
     return json.dumps(json_safe(obj, default=_json_default), ensure_ascii=False, allow_nan=False) + "\n"
 
 
-def write_new(path: Path, data: bytes, *, mode: int = 0o644) -> Path:
-    """Write a file that must not exist yet, and fsync it."""
+def write_new(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> Path:
+    """Write a file that must not exist yet, and fsync it (unless not ``durable``)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     except FileExistsError as e:
@@ -159,21 +159,24 @@ def write_new(path: Path, data: bytes, *, mode: int = 0o644) -> Path:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     return path
 
 
-def write_json_new(path: Path, obj: Any) -> Path:
-    return write_new(Path(path), to_json_text(obj).encode())
+def write_json_new(path: Path, obj: Any, *, durable: bool = True) -> Path:
+    return write_new(Path(path), to_json_text(obj).encode(), durable=durable)
 
 
 class EvidenceStore:
-    """``RUN_DIR/evidence/``: flat files, each written once."""
+    """``RUN_DIR/evidence/``: flat files, each written once (and fsynced, unless
+    ``durable`` is False: a record that is no evidence, as a grading probe's)."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, *, durable: bool = True):
         self.run_dir = Path(run_dir)
+        self.durable = durable
         self.dir = self.run_dir / layout.EVIDENCE_DIR
         self.dir.mkdir(parents=True, exist_ok=True)
 
@@ -183,10 +186,10 @@ class EvidenceStore:
         return self.dir / name
 
     def write_json(self, name: str, obj: Any) -> Path:
-        return write_json_new(self.path(name), obj)
+        return write_json_new(self.path(name), obj, durable=self.durable)
 
     def write_text(self, name: str, text: str) -> Path:
-        return write_new(self.path(name), text.encode())
+        return write_new(self.path(name), text.encode(), durable=self.durable)
 
 
 
@@ -197,10 +200,12 @@ def event_hash(record: Mapping[str, Any]) -> str:
 
 class EventLog:
     """Append-only, hash-chained ``events.jsonl``: each line names its predecessor's
-    hash, so removing, reordering or editing a line breaks the chain."""
+    hash, so removing, reordering or editing a line breaks the chain. Each line is
+    fsynced unless ``durable`` is False (a record that is no evidence)."""
 
-    def __init__(self, path: Path, *, resume: bool = False):
+    def __init__(self, path: Path, *, resume: bool = False, durable: bool = True):
         self.path = Path(path)
+        self.durable = durable
         self._lock = threading.Lock()
         self.seq = 0
         self.head = GENESIS
@@ -233,7 +238,8 @@ class EventLog:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
             try:
                 os.write(fd, line)
-                os.fsync(fd)
+                if self.durable:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             self.seq, self.head = record["seq"], record["hash"]

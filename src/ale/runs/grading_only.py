@@ -187,7 +187,9 @@ async def grade_probe(
     probe_dir.mkdir(parents=True)
     prep.process.log_path = probe_dir / layout.TASK_LOG
     scratch = Path(plan.runs_dir).resolve() / ".scratch" / probe_id
-    record = RunRecord(events=ev.EventLog(probe_dir / layout.EVENTS), store=ev.EvidenceStore(probe_dir))
+    # no evidence: nothing here is fsynced (a probe's 20-odd fsyncs would stall the others' event loop)
+    record = RunRecord(events=ev.EventLog(probe_dir / layout.EVENTS, durable=False),
+                       store=ev.EvidenceStore(probe_dir, durable=False))
     state = RunState(prep, RunFolder(probe_dir, scratch, prep.variant), record, LiveHandles(), make_extension(prep))
     stages: dict[str, float] = {"prepare": prepared_in}
     started = now()
