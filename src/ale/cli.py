@@ -318,12 +318,16 @@ def _run_check(task_dir: Path, variants, plans, adversarial: bool, strategies, j
         except SandboxError:
             store = None
         warm = WarmProcesses()  # the probes' task processes: forks of warm ones (load() once each)
+        # started while the oracle and nop run
+        warming = asyncio.ensure_future(warm.warm_up(plans[0][0], 2 * jobs) if adversarial and not full else asyncio.sleep(0))
         try:
             return await adv.check_task(Path(task_dir).resolve(), variants, plans, execute_run,
                                         probe=None if full else functools.partial(grade_probe, warm=warm),
                                         adversarial=adversarial, strategies=strategies,
                                         jobs=jobs, image_store=store, say_run=say_run, say=say)
         finally:
+            warming.cancel()
+            await asyncio.gather(warming, return_exceptions=True)
             await warm.close()
 
     try:

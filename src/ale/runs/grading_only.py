@@ -107,8 +107,22 @@ class WarmProcesses:
         self._pools: dict[tuple[str, bool], TaskProcessPool] = {}
         self._lock = asyncio.Lock()
 
+    async def warm_up(self, plan: RunPlan, n: int) -> None:
+        """Start ``n`` warm processes for ``plan``'s task now (while the oracle and nop
+        run); a failure is left for the probes to meet, as they would."""
+        with contextlib.suppress(Exception):
+            await (await self._pool(plan)).warm_up(n)
+
     async def prepare(self, plan: RunPlan, provider: SandboxProvider | None) -> Prepared:
         """``lifecycle.prepare`` with a lent task process; raises ``PreflightError`` as it does."""
+        process = (await self._pool(plan)).lend()
+        try:
+            return await lifecycle._prepare(plan, provider, process)
+        except BaseException:
+            await asyncio.shield(process.close())
+            raise
+
+    async def _pool(self, plan: RunPlan) -> TaskProcessPool:
         try:
             card = load_card(plan.task_dir)
             reason = card.unsupported_reason(plan.provider)
@@ -126,12 +140,7 @@ class WarmProcesses:
                 except (TaskError, EnvironmentBuildError) as e:
                     raise lifecycle.PreflightError(str(e)) from e
                 pool = self._pools[key] = TaskProcessPool(plan.task_dir, environment=environment, card=card, network=network)
-        process = pool.lend()
-        try:
-            return await lifecycle._prepare(plan, provider, process)
-        except BaseException:
-            await asyncio.shield(process.close())
-            raise
+        return pool
 
     def counts(self) -> dict[str, int]:
         """How many warm processes were started and how many runs they served."""

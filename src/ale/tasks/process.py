@@ -706,6 +706,18 @@ class TaskProcessPool:
         self.lent += 1
         return warm
 
+    async def warm_up(self, n: int) -> None:
+        """Start warm processes until ``n`` are idle (before the runs that need them)."""
+        async def one() -> None:
+            warm = TaskProcess(self.path, environment=self.environment, card=self.card, network=self.network,
+                               bounds=self.bounds)
+            await warm.start()
+            self._live.add(warm)
+            self.spawned += 1
+            await self.give_back(warm, True)
+
+        await asyncio.gather(*(one() for _ in range(max(0, n - len(self._idle)))))
+
     async def give_back(self, warm: TaskProcess, reusable: bool) -> None:
         if reusable and warm.alive and not self._closed:
             self._idle.append(warm)
