@@ -5,8 +5,9 @@ the shapes the harnesses send:
 
 - OpenAI Chat Completions: ``tools[].function.name`` (and the legacy
   ``functions[]``); ``web_search_options`` is the server-side web search.
-- OpenAI Responses: ``tools[]`` of type ``function``/``custom`` by name; every
-  other type (``web_search``, ``file_search``, ``code_interpreter``,
+- OpenAI Responses: ``tools[]`` of type ``function``/``custom`` by name, and
+  ``tool_search`` with ``execution: "client"`` (the harness searches its own
+  deferred tools) as ``tool_search``; every other type (``web_search``, ``file_search``, ``code_interpreter``,
   ``computer_use_preview``, ``image_generation``, ``local_shell``, ``mcp`` hosted
   connectors, ...) is a server-side tool; ``namespace`` entries are opened.
 - Anthropic Messages: ``tools[]`` without a ``type`` (or ``custom``) by name;
@@ -122,6 +123,10 @@ def _responses_tools(tools: Any, out: set[str], where: str) -> None:
         kind = t.get("type")
         if kind in ("function", "custom"):
             _name(t, out, here)
+        elif kind == "tool_search" and t.get("execution") == "client":
+            # Executed by the harness itself (Codex searches its own deferred tools and answers the
+            # model's tool_search_call with a tool_search_output): a client tool, reaching nothing.
+            out.add("tool_search")
         elif kind == "namespace":  # a group of function tools under one name
             _responses_tools(t.get("tools"), out, f"{here}.tools")
         elif kind == "mcp":
