@@ -732,12 +732,16 @@ class TaskProcessPool:
 
 
 async def _send(proc: asyncio.subprocess.Process, chunks: list[bytes]) -> None:
-    """One frame to the task process; a big blob is handed over and dropped here
-    as soon as the pipe has taken it."""
+    """One frame to the task process, a pipe's worth at a time: a big blob is never
+    copied whole into the transport's buffer, other runs' work goes on between the
+    writes, and each chunk is dropped as soon as the pipe has taken it."""
     assert proc.stdin is not None
     while chunks:
-        proc.stdin.write(chunks.pop(0))
-        await proc.stdin.drain()
+        view = memoryview(chunks.pop(0))
+        for at in range(0, len(view), PIPE_BYTES):
+            proc.stdin.write(view[at : at + PIPE_BYTES])
+            await proc.stdin.drain()
+        view.release()
 
 
 async def serve_session_call(session: Any, request: dict[str, Any]) -> dict[str, Any]:
