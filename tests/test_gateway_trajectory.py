@@ -281,3 +281,11 @@ def test_view_and_atif_show_the_gateway_steps_with_their_records(tmp_path: Path)
     results = [res for s in doc.steps for res in (s.observation.results if s.observation else [])]
     assert [res.content for res in results] == ["42 f", f"[error] {NO_RESULT}"]
     assert [res.extra["ale"]["gateway"]["call_request"] for res in results if res.extra] == [2, 4]
+
+
+def test_a_tool_search_the_harness_runs_itself_is_a_client_tool() -> None:
+    from ale.agents.gateway.tools import offered_tools
+
+    tools = [{"type": "tool_search", "execution": "client", "parameters": {}}, {"type": "custom", "name": "apply_patch"}]
+    assert offered_tools("openai", "/responses", {"tools": tools}) == ["apply_patch", "tool_search"]
+    assert offered_tools("openai", "/responses", {"tools": [{"type": "tool_search"}]}) == ["server:tool_search"]
