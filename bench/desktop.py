@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 from ale.sandbox.base import Mount, SandboxSpec  # noqa: E402
 from ale.sandbox.computer import Computer  # noqa: E402
-from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE, DESKTOP_USER, Desktop  # noqa: E402
+from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE, DESKTOP_USER, HELPER, Desktop  # noqa: E402
 from ale.sandbox.docker import DockerSandbox, connect  # noqa: E402
 from ale.sandbox.policy import IsolationPolicy  # noqa: E402
 
@@ -55,74 +55,98 @@ def stats(xs: list[float]) -> dict[str, float]:
     return {"median_ms": round(statistics.median(xs) * 1000, 1), "p95_ms": round(p95 * 1000, 1), "n": len(xs)}
 
 
-async def sandbox(client, root: Path) -> DockerSandbox:
+def desktop_of(box: DockerSandbox, variant: str) -> Desktop:
+    """``IMAGE@helper``: each call through ``desktopd.py call`` (the client before
+    ``desktopctl.py``), else the harness's own client."""
+    desk = Desktop(box)
+    if variant.partition("@")[2] == "helper":
+        desk.client = [*HELPER, "call"]
+    return desk
+
+
+async def sandbox(client, root: Path, image: str) -> DockerSandbox:
     ws, inp = root / f"ws-{uuid.uuid4().hex[:6]}", root / f"in-{uuid.uuid4().hex[:6]}"
     ws.mkdir()
     inp.mkdir()
     ws.chmod(0o777)
     box = DockerSandbox.create(client, SandboxSpec(
-        name=f"ale-bench-desktop-{uuid.uuid4().hex[:8]}", image=IMAGE[0], policy=IsolationPolicy(),
+        name=f"ale-bench-desktop-{uuid.uuid4().hex[:8]}", image=image.partition("@")[0], policy=IsolationPolicy(),
         mounts=(Mount(str(inp), "/input", True), Mount(str(ws), "/workspace", False)),
         labels={"ale.bench": "desktop"}, workdir="/workspace"))
     return box
 
 
 async def main(repeats: int, starts: int) -> dict:
+    """Every measurement on each image in turn (``--image`` twice: interleaved, call by
+    call, two sandboxes up at once), so that both see the same load."""
     client = connect()
     root = Path(tempfile.mkdtemp(prefix="ale-bench-desktop-"))
-    start_total, start_helper, first_window = [], [], []
+    per: dict[str, dict[str, list[float]]] = {
+        im: {k: [] for k in ("start_total", "start_helper", "first_window", "screenshot", "click", "mouse_move",
+                             "helper_capture")} for im in IMAGE}
     for _ in range(starts):
-        box = await sandbox(client, root)
-        try:
-            t0 = time.perf_counter()
-            await box.start()
-            desk = Desktop(box)
-            info = await desk.start()
-            start_total.append(time.perf_counter() - t0)
-            start_helper.append(info["seconds"])
-            t1 = time.perf_counter()
-            await Computer(desk).task_call("launch_window", {"html": HTML, "x": 0, "y": 0, "width": 400, "height": 300})
-            first_window.append(time.perf_counter() - t1)
-        finally:
-            await box.remove()
-    box = await sandbox(client, root)
+        for im in IMAGE:
+            box = await sandbox(client, root, im)
+            try:
+                t0 = time.perf_counter()
+                await box.start()
+                desk = desktop_of(box, im)
+                info = await desk.start()
+                per[im]["start_total"].append(time.perf_counter() - t0)
+                per[im]["start_helper"].append(info["seconds"])
+                t1 = time.perf_counter()
+                await Computer(desk).task_call("launch_window", {"html": HTML, "x": 0, "y": 0, "width": 400, "height": 300})
+                per[im]["first_window"].append(time.perf_counter() - t1)
+            finally:
+                await box.remove()
+    boxes, comps = {}, {}
+    direct: dict[str, dict] = {}
     try:
-        await box.start()
-        desk = Desktop(box)
-        await desk.start()
-        comp = Computer(desk)
-        await comp.task_call("launch_window", {"html": HTML, "x": 0, "y": 0, "width": 600, "height": 400})
-        harness: dict[str, list[float]] = {"screenshot": [], "click": [], "mouse_move": []}
-        helper_capture: list[float] = []
+        for im in IMAGE:
+            boxes[im] = await sandbox(client, root, im)
+            await boxes[im].start()
+            desk = desktop_of(boxes[im], im)
+            await desk.start()
+            comps[im] = Computer(desk)
+            await comps[im].task_call("launch_window", {"html": HTML, "x": 0, "y": 0, "width": 600, "height": 400})
         for _ in range(repeats):
-            t = time.perf_counter()
-            out = await comp.act({"action": "screenshot"})
-            harness["screenshot"].append(time.perf_counter() - t)
-            helper_capture.append(out.info["capture_s"])
+            for im in IMAGE:
+                t = time.perf_counter()
+                out = await comps[im].act({"action": "screenshot"})
+                per[im]["screenshot"].append(time.perf_counter() - t)
+                per[im]["helper_capture"].append(out.info["capture_s"])
         for i in range(repeats):
-            t = time.perf_counter()
-            await comp.act({"action": "left_click", "coordinate": [200 + i % 2, 200]})
-            harness["click"].append(time.perf_counter() - t)
+            for im in IMAGE:
+                t = time.perf_counter()
+                await comps[im].act({"action": "left_click", "coordinate": [200 + i % 2, 200]})
+                per[im]["click"].append(time.perf_counter() - t)
         for i in range(repeats):
-            t = time.perf_counter()
-            await comp.act({"action": "mouse_move", "coordinate": [300 + i % 2, 300]})
-            harness["mouse_move"].append(time.perf_counter() - t)
-        r = await box.exec(["python3", "-c", DIRECT, str(repeats)], user=DESKTOP_USER, workdir="/", timeout=600)
-        direct = json.loads(r.stdout.decode().strip().splitlines()[-1])
-        png_bytes = statistics.median(direct["png_bytes"])
+            for im in IMAGE:
+                t = time.perf_counter()
+                await comps[im].act({"action": "mouse_move", "coordinate": [300 + i % 2, 300]})
+                per[im]["mouse_move"].append(time.perf_counter() - t)
+        for im in IMAGE:
+            r = await boxes[im].exec(["python3", "-c", DIRECT, str(repeats)], user=DESKTOP_USER, workdir="/", timeout=600)
+            direct[im] = json.loads(r.stdout.decode().strip().splitlines()[-1])
     finally:
-        await box.remove()
-    return {
-        "resolution": "1024x768",
-        "load": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
-        "repeats": repeats,
-        "harness": {k: stats(v) for k, v in harness.items()},
-        "harness_helper_capture": stats(helper_capture),
-        "direct": {"screenshot": stats(direct["screenshot"]), "click": stats(direct["click"])},
-        "png_bytes_median": int(png_bytes),
-        "desktop_start": {"container_start_plus_desktop": stats(start_total), "helper_internal": stats(start_helper),
-                          "first_window": stats(first_window), "runs": starts},
-    }
+        for box in boxes.values():
+            await box.remove()
+    results = {}
+    for im in IMAGE:
+        p, d = per[im], direct[im]
+        results[im] = {
+            "harness": {k: stats(p[k]) for k in ("screenshot", "click", "mouse_move")},
+            "harness_helper_capture": stats(p["helper_capture"]),
+            "direct": {"screenshot": stats(d["screenshot"]), "click": stats(d["click"])},
+            "png_bytes_median": int(statistics.median(d["png_bytes"])),
+            "desktop_start": {"container_start_plus_desktop": stats(p["start_total"]),
+                              "helper_internal": stats(p["start_helper"]), "first_window": stats(p["first_window"]),
+                              "runs": starts},
+        }
+    res = {"resolution": "1024x768", "load": " / ".join(f"{x:.1f}" for x in os.getloadavg()), "repeats": repeats,
+           "images": IMAGE, "per_image": results}
+    res.update(results[IMAGE[-1]])  # the last image's figures at the top level (the doc's table)
+    return res
 
 
 def write_doc(res: dict) -> None:
@@ -173,10 +197,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--starts", type=int, default=5)
-    ap.add_argument("--image", default=DEFAULT_DESKTOP_IMAGE)
+    ap.add_argument("--image", action="append", default=None,
+                    help="the desktop image (repeated: each measured in turn, interleaved; the doc gets the last one); "
+                         "IMAGE@helper: every call through `desktopd.py call`, the client before desktopctl.py")
     ap.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md alone")
     a = ap.parse_args()
-    IMAGE[0] = a.image
+    IMAGE[:] = a.image or [DEFAULT_DESKTOP_IMAGE]
     res = asyncio.run(main(a.repeats, a.starts))
     print(json.dumps(res, indent=2))
     if not a.no_doc:

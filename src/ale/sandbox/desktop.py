@@ -34,6 +34,9 @@ DESKTOP_REPO = "ale-desktop"
 DEFAULT_DESKTOP_IMAGE = os.environ.get("ALE_DESKTOP_IMAGE") or f"{DESKTOP_REPO}:latest"
 DESKTOP_USER = "1001:1001"
 HELPER = ["python3", "-I", "/opt/ale-desktop/desktopd.py"]
+# The per-call client: socket and json only, no site packages (``desktopd.py call`` answers
+# the same, after importing the helper's whole module; images before it have only that).
+CLIENT = ["python3", "-I", "-S", "/opt/ale-desktop/desktopctl.py"]
 DEFAULT_WIDTH, DEFAULT_HEIGHT = 1024, 768
 SCREENSHOT_LIMIT = 32 * 1024 * 1024
 
@@ -86,6 +89,7 @@ class Desktop:
         self.spec = spec or DesktopSpec()
         self.user = user
         self.started: dict[str, Any] | None = None
+        self.client = CLIENT
 
     @property
     def width(self) -> int:
@@ -118,9 +122,11 @@ class Desktop:
         Raises ``DesktopError`` when it fails (bad arguments included)."""
         body = json.dumps({"op": op, **args}).encode()
         r = await self.sandbox.exec(
-            [*HELPER, "call"], user=self.user, workdir="/", timeout=timeout, stdin=body,
-            output_limit=SCREENSHOT_LIMIT,
+            self.client, user=self.user, workdir="/", timeout=timeout, stdin=body, output_limit=SCREENSHOT_LIMIT,
         )
+        if r.exit_code == 2 and not r.stdout and b"desktopctl.py" in r.stderr and self.client == CLIENT:
+            self.client = [*HELPER, "call"]  # an image from before the client: the helper's own call
+            return await self.request(op, timeout, **args)
         line, _, data = r.stdout.partition(b"\n")
         try:
             head = json.loads(line)
