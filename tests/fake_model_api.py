@@ -5,12 +5,20 @@ The model is scripted: while the request offers a tool named like the bridge's
 ``shell`` (``mcp__ale__shell``, ``mcp_ale_shell``, ``shell``) and the conversation
 holds no tool result yet, it calls that tool with ``COMMAND``; otherwise it answers
 ``done``. Every request (path, headers, JSON body) is kept in ``requests``.
+
+A native harness's own tools: ``native_command`` has the harness's shell run one
+command; ``script`` (``HEAVY``) makes it use its heaviest features, turn by turn:
+each step is the tool calls of one answer (called in parallel), the step taken is
+the number of answers with tool calls the conversation holds; a conversation whose
+user messages hold ``SUBAGENT_MARK`` is a sub-agent's and follows
+``script["subagent"]``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from typing import Any
 
@@ -55,6 +63,85 @@ NATIVE_SHELLS = {
 }
 
 
+# Marks the prompt a sub-agent is given: its requests follow the script's "subagent" steps.
+SUBAGENT_MARK = "ALE-SUBAGENT-7f3a"
+Step = list[tuple[str, dict[str, Any]]]
+
+
+def heavy_script(answer: str) -> dict[str, dict[str, list[Step]]]:
+    """Per harness: parallel shell calls, search, sub-agents, then ``answer`` in the shell, then text."""
+    slow = [f"sleep 3; wc -w /input/document.txt; echo {i}" for i in range(3)]
+    sub = f"{SUBAGENT_MARK}: run `wc -l /input/document.txt` with the Bash tool and report the number."
+    return {
+        "claude-code": {  # 2.1.197 offers no Grep or Glob tool: search is rg through Bash
+            "steps": [[("Agent", {"description": "count lines", "prompt": sub, "subagent_type": "general-purpose"}),
+                       ("Agent", {"description": "count lines again", "prompt": sub, "subagent_type": "general-purpose"}),
+                       *[("Bash", {"command": c}) for c in slow],
+                       ("Bash", {"command": "rg -c the /input || grep -rc the /input"}),
+                       ("Read", {"file_path": "/input/document.txt"})],
+                      [("Bash", {"command": answer})]],
+            "subagent": [[("Bash", {"command": "sleep 2; wc -l /input/document.txt"}),
+                          ("Read", {"file_path": "/input/document.txt"})]],
+        },
+        "codex": {
+            "steps": [[*[("multi_agent_v1__spawn_agent", {"message": sub}) for _ in range(2)],
+                       *[("exec_command", {"cmd": c}) for c in slow],
+                       ("exec_command", {"cmd": "rg -c the /input || grep -rc the /input"})],
+                      [("exec_command", {"cmd": answer})]],
+            "subagent": [[("exec_command", {"cmd": "sleep 2; wc -l /input/document.txt"})]],
+        },
+        "gemini-cli": {
+            "steps": [[*[("invoke_agent", {"agent_name": "codebase_investigator", "prompt": sub}) for _ in range(2)],
+                       *[("run_shell_command", {"command": c}) for c in slow],
+                       ("glob", {"pattern": "**/*", "dir_path": "/workspace"}),
+                       ("grep_search", {"pattern": "the", "dir_path": "/workspace"}),
+                       ("read_file", {"file_path": "/input/document.txt"})],
+                      [("run_shell_command", {"command": answer})]],
+            "subagent": [[("glob", {"pattern": "**/*", "dir_path": "/workspace"}),
+                          ("grep_search", {"pattern": "a", "dir_path": "/workspace"}),
+                          ("read_file", {"file_path": "/input/document.txt"})],
+                         [("complete_task", {"report": {"SummaryOfFindings": "done", "ExplorationTrace": [], "RelevantLocations": []},
+                                             "result": "done"})]],
+        },
+    }
+
+
+def _user_text(body: dict[str, Any]) -> str:
+    """The text the user's messages hold (Anthropic, Responses, Gemini), tool results left out."""
+    out = []
+    for m in body.get("messages") or body.get("input") or body.get("contents") or []:
+        if not (isinstance(m, dict) and m.get("role") == "user"):
+            continue
+        content = m.get("content") if "content" in m else m.get("parts")
+        for block in content if isinstance(content, list) else [content]:
+            if isinstance(block, str):
+                out.append(block)
+            elif isinstance(block, dict) and isinstance(block.get("text"), str):
+                out.append(block["text"])
+    return "\n".join(out)
+
+
+def _answers_with_calls(body: dict[str, Any]) -> int:
+    """How many of the model's answers in the conversation called tools: the highest
+    step in the call ids this API sent (``toolu_s<step>_<n>``; harnesses merge
+    consecutive answers), else the answers counted."""
+    convo = json.dumps(body.get("messages") or body.get("input") or body.get("contents") or [])
+    steps = [int(n) for n in re.findall(r'"(?:toolu|call|fc)_s(\d+)_\d+"', convo)]
+    if steps:
+        return max(steps) + 1
+    if isinstance(body.get("contents"), list):  # Gemini
+        return sum(1 for c in body["contents"] if c.get("role") == "model" and any("functionCall" in p for p in c.get("parts") or []))
+    if isinstance(body.get("input"), list):  # Responses: consecutive function_call items are one answer
+        n, prev = 0, False
+        for item in body["input"]:
+            call = isinstance(item, dict) and item.get("type") == "function_call"
+            n += call and not prev
+            prev = call
+        return n
+    return sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant" and isinstance(m.get("content"), list)
+               and any(b.get("type") == "tool_use" for b in m["content"] if isinstance(b, dict)))
+
+
 def _sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
     out = b""
     for name, data in events:
@@ -65,8 +152,10 @@ def _sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
 
 
 class FakeModelAPI:
-    def __init__(self, *, chunk_delay_s: float = 0.0, native_command: str | None = None):
+    def __init__(self, *, chunk_delay_s: float = 0.0, native_command: str | None = None,
+                 script: dict[str, list[Step]] | None = None):
         self.requests: list[dict[str, Any]] = []
+        self.script = script
         # A native harness's own shell (Claude Code's ``Bash``) is called with this command (Anthropic API).
         self.native_command = native_command
         self.chunk_delay_s = chunk_delay_s
@@ -83,6 +172,16 @@ class FakeModelAPI:
         app.router.add_post(r"/v1beta/models/{model}:{method}", self.gemini)
         app.router.add_route("*", "/{tail:.*}", self.other)
         return app
+
+    def _calls(self, body: dict[str, Any]) -> Step:
+        """The tool calls of this answer ([]: answer with text)."""
+        if self.script is not None:
+            offered = set(_tool_names(body))
+            steps = self.script["subagent" if SUBAGENT_MARK in _user_text(body) else "steps"] if offered else []
+            n = _answers_with_calls(body)
+            return [(t, a) for t, a in steps[n] if t in offered] if n < len(steps) else []
+        tool, args = self._call(body)
+        return [(tool, args)] if tool else []
 
     def _call(self, body: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
         """The tool to call and its arguments: a native shell when ``native_command`` is set."""
@@ -121,28 +220,31 @@ class FakeModelAPI:
 
     async def anthropic(self, request: web.Request) -> web.StreamResponse:
         body = await self._keep(request)
-        (tool, args), model = self._call(body), body.get("model", "claude-fake")
+        calls, model = self._calls(body), body.get("model", "claude-fake")
         usage_in = {"input_tokens": 100, "output_tokens": 1}
-        if tool:
-            block = {"type": "tool_use", "id": "toolu_01", "name": tool, "input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(args)}
-            content = [{"type": "tool_use", "id": "toolu_01", "name": tool, "input": args}]
+        step = _answers_with_calls(body)
+        ids = [f"toolu_s{step}_{i:02d}" if self.script is not None else "toolu_01" for i in range(len(calls))]
+        blocks: list[tuple[dict[str, Any], dict[str, Any] | None]]
+        if calls:
+            content = [{"type": "tool_use", "id": i, "name": t, "input": a} for i, (t, a) in zip(ids, calls, strict=True)]
+            blocks = [({**c, "input": {}}, {"type": "input_json_delta", "partial_json": json.dumps(c["input"])}) for c in content]
             stop = "tool_use"
         else:
-            block, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": "done"}
+            blocks = [({"type": "text", "text": ""}, {"type": "text_delta", "text": "done"})]
             content, stop = [{"type": "text", "text": "done"}], "end_turn"
         if not body.get("stream"):
             return web.json_response({"id": "msg_01", "type": "message", "role": "assistant", "model": model, "content": content,
                                       "stop_reason": stop, "stop_sequence": None, "usage": {"input_tokens": 100, "output_tokens": 20}})
-        return await self._stream(request, _sse([
+        events: list[tuple[str | None, dict[str, Any]]] = [
             ("message_start", {"type": "message_start", "message": {"id": "msg_01", "type": "message", "role": "assistant", "model": model,
-                                "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage_in}}),
-            ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}),
-            ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
-            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-            ("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": 20}}),
-            ("message_stop", {"type": "message_stop"}),
-        ]))
+                                "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage_in}})]
+        for n, (block, delta) in enumerate(blocks):
+            events += [("content_block_start", {"type": "content_block_start", "index": n, "content_block": block}),
+                       ("content_block_delta", {"type": "content_block_delta", "index": n, "delta": delta}),
+                       ("content_block_stop", {"type": "content_block_stop", "index": n})]
+        events += [("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": 20}}),
+                   ("message_stop", {"type": "message_stop"})]
+        return await self._stream(request, _sse(events))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._keep(request)
@@ -166,36 +268,41 @@ class FakeModelAPI:
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = await self._keep(request)
-        model, (tool, args) = body.get("model", "gpt-fake"), self._call(body)
-        item: dict[str, Any]
-        if tool:
-            namespaces = {f"{t.get('name')}__{f.get('name')}": (t.get("name"), f.get("name")) for t in body.get("tools") or []
-                          if t.get("type") == "namespace" for f in t.get("tools") or []}
-            item = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "status": "completed",
-                    "arguments": json.dumps(args)}
+        model, calls = body.get("model", "gpt-fake"), self._calls(body)
+        step = _answers_with_calls(body)
+        items: list[dict[str, Any]] = []
+        namespaces = {f"{t.get('name')}__{f.get('name')}": (t.get("name"), f.get("name")) for t in body.get("tools") or []
+                      if t.get("type") == "namespace" for f in t.get("tools") or []}
+        for i, (tool, args) in enumerate(calls):
+            suffix = f"s{step}_{i}" if self.script is not None else "1"
+            item: dict[str, Any] = {"type": "function_call", "id": f"fc_{suffix}", "call_id": f"call_{suffix}", "status": "completed",
+                                    "arguments": json.dumps(args)}
             if tool in namespaces:
                 item["namespace"], item["name"] = namespaces[tool]
             else:
                 item["name"] = tool
-        else:
-            item = {"type": "message", "id": "m1", "role": "assistant", "status": "completed",
-                    "content": [{"type": "output_text", "text": "done", "annotations": []}]}
-        resp = {"id": "resp_1", "object": "response", "model": model, "status": "completed", "output": [item],
+            items.append(item)
+        if not items:
+            items = [{"type": "message", "id": "m1", "role": "assistant", "status": "completed",
+                      "content": [{"type": "output_text", "text": "done", "annotations": []}]}]
+        resp = {"id": "resp_1", "object": "response", "model": model, "status": "completed", "output": items,
                 "usage": {"input_tokens": 100, "output_tokens": 20, "total_tokens": 120}}
         if not body.get("stream"):
             return web.json_response(resp)
-        return await self._stream(request, _sse([
-            ("response.created", {"type": "response.created", "response": {**resp, "status": "in_progress", "output": []}}),
-            ("response.output_item.added", {"type": "response.output_item.added", "output_index": 0, "item": item}),
-            ("response.output_item.done", {"type": "response.output_item.done", "output_index": 0, "item": item}),
-            ("response.completed", {"type": "response.completed", "response": resp}),
-        ]))
+        events: list[tuple[str | None, dict[str, Any]]] = [
+            ("response.created", {"type": "response.created", "response": {**resp, "status": "in_progress", "output": []}})]
+        for n, item in enumerate(items):
+            events += [("response.output_item.added", {"type": "response.output_item.added", "output_index": n, "item": item}),
+                       ("response.output_item.done", {"type": "response.output_item.done", "output_index": n, "item": item})]
+        events.append(("response.completed", {"type": "response.completed", "response": resp}))
+        return await self._stream(request, _sse(events))
 
     async def gemini(self, request: web.Request) -> web.StreamResponse:
         body = await self._keep(request)
-        tool, args = self._call(body)
-        part = {"functionCall": {"name": tool, "args": args}} if tool else {"text": "done"}
-        doc = {"candidates": [{"content": {"role": "model", "parts": [part]}, "finishReason": "STOP", "index": 0}],
+        step = _answers_with_calls(body)
+        parts: list[dict[str, Any]] = [{"functionCall": {"name": t, "args": a, **({"id": f"call_s{step}_{i}"} if self.script else {})}}
+                                       for i, (t, a) in enumerate(self._calls(body))] or [{"text": "done"}]
+        doc = {"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
                "usageMetadata": {"promptTokenCount": 100, "candidatesTokenCount": 20, "totalTokenCount": 120}, "modelVersion": request.match_info["model"]}
         if request.match_info["method"] != "streamGenerateContent":
             return web.json_response(doc)

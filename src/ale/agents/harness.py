@@ -53,6 +53,8 @@ from ale.agents.gateway.tools import HarnessProfile, ToolPolicy
 from ale.agents.harness_transcript import copy_out
 from ale.agents.secrets import build_agent_env
 from ale.sandbox.harness_image import HARNESSES, HarnessPackage
+from ale.sandbox.policy import GIB, MIB, IsolationPolicy, LimitNeeds, LimitRefused, raise_to_needs
+from ale.sandbox.usage import UsageMonitor, limit_reached
 
 MODES = ("native", "bridge")
 NATIVE_HOME = "/tmp/ale-harness-home"  # on the sandbox's size-capped /tmp tmpfs
@@ -63,6 +65,13 @@ BRIDGE_TOOLS = ("shell", "read_file", "write_file", "list_dir")
 _QUIET = {"DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
 PREFIX_DIRS = {"claude-code": "claude", "codex": "codex", "gemini-cli": "gemini"}
+# What a native harness needs of the sandbox's limits: about twice the peaks measured
+# with its heaviest features (sub-agents, parallel shell calls, search; docs/agents.md
+# "Limits"), which the default policy (256 pids, 8 GiB, /tmp 1 GiB) gives. A run whose
+# policy gives less has it raised where the policy leaves the limit to its default,
+# and refused at preflight where the operator or the task card states it.
+SANDBOX_NEEDS = LimitNeeds(pids=128, memory_bytes=1 * GIB, tmp_bytes=256 * MIB)
+GEMINI_SUBAGENTS = ("codebase_investigator", "cli_help", "generalist", "confucius", "browser_agent")  # Gemini CLI 0.61's own
 CODEX_OFF = ["--disable", "shell_tool", "--disable", "unified_exec", "--disable", "view_image", "--disable", "image_generation",
              "--disable", "goals", "--disable", "apps", "--disable", "plugins"]
 
@@ -98,6 +107,7 @@ class HarnessAgent:
         self.limits = GatewayLimits.from_config(self.config.get("budgets"), models=(self.model,), model_calls_only=True)
         self.channel_port = int(self.config.get("channel_port", 8417))
         self.bridge: CommandAgent | None = None
+        self.sandbox_limits: dict[str, Any] | None = None  # fit_policy's record: needs, what the policy gave, what was raised
         if self.mode == "bridge":
             self.bridge = CommandAgent(self._bridge_config())
             self.bridge.limits = self.limits
@@ -115,10 +125,33 @@ class HarnessAgent:
         if self.bridge is not None:
             doc["bridge"] = self.bridge.evidence()
         else:
+            doc["sandbox_needs"] = SANDBOX_NEEDS.to_dict()
             doc.update({"install_dir": self.harness.install_dir, "home": NATIVE_HOME,
                         "channel": {"kind": "exec-stream", "listen_inside": f"127.0.0.1:{self.channel_port}"},
                         "argv_template": self._native_argv("{prompt}"), "env_names": sorted(self._native_env("", "x"))})
         return doc
+
+    @property
+    def sandbox_needs(self) -> LimitNeeds | None:
+        """What the harness needs of the sandbox's limits (None in bridge mode: it runs outside)."""
+        return SANDBOX_NEEDS if self.native else None
+
+    def fit_policy(self, policy: IsolationPolicy) -> IsolationPolicy:
+        """The run's policy with the limits this harness needs (``raise_to_needs``:
+        raised only where the policy leaves them to their default, memory within the
+        host's), recorded in ``sandbox_limits``; AgentConfigError when the policy or the
+        host forbids it."""
+        needs = self.sandbox_needs
+        if needs is None:
+            return policy
+        try:
+            fitted, raised = raise_to_needs(policy, needs, who=f"{self.name} ({self.mode} mode)")
+        except LimitRefused as e:
+            raise AgentConfigError(str(e)) from e
+        self.sandbox_limits = {"needs": needs.to_dict(), "raised": raised,
+                               "given": {"pids_limit": fitted.pids_limit, "memory_bytes": fitted.memory_bytes,
+                                         "tmpfs": [t.path + ":" + t.options for t in fitted.tmpfs]}}
+        return fitted
 
     def preflight(self, *, private: list[Path]) -> None:
         if self.bridge is not None:
@@ -219,7 +252,9 @@ class HarnessAgent:
         if self.name == "gemini-cli":
             return {".gemini/settings.json": json.dumps({
                 "security": {"auth": {"selectedType": "gemini-api-key"}}, "privacy": {"usageStatisticsEnabled": False},
-                "general": {"disableAutoUpdate": True}, "tools": {"exclude": ["google_web_search", "web_fetch"]}})}
+                "general": {"disableAutoUpdate": True}, "tools": {"exclude": ["google_web_search", "web_fetch"]},
+                # Its sub-agents name their own models (gemini-2.5-pro, flash): the run's model, or the gateway refuses them.
+                "agents": {"overrides": {a: {"modelConfig": {"model": self.model}} for a in GEMINI_SUBAGENTS}}})}
         return {}
 
     async def _run_native(self, ctx: AgentContext) -> AgentOutcome:
@@ -234,16 +269,21 @@ class HarnessAgent:
         usage: dict[str, Any] = {}
         record: dict[str, Any] = {"kind": "sandbox-native", "mode": "native", "harness": self.harness.spec,
                                   "user": getattr(getattr(sandbox, "policy", None), "user", None), "home": f"{NATIVE_HOME}/{self.name}"}
+        if self.sandbox_limits is not None:
+            record["sandbox_limits"] = self.sandbox_limits
         try:
             async with serve_gateway(gw) as gw_url:
                 port = int(gw_url.rsplit(":", 1)[1])
                 channel = ExecChannel(sandbox, gateway=("127.0.0.1", port), port=self.channel_port)
+                monitor = await _usage_monitor(sandbox)
                 try:
-                    async with channel.serve():
+                    async with channel.serve(), monitor.watching():
                         outcome = await self._drive(ctx, sandbox, gw, agent_dir, started)
                         await copy_out(sandbox, Path(ctx.run_dir), self.name, f"{NATIVE_HOME}/{self.name}")  # candidate-written
                 finally:
                     record["channel"] = await channel.record()
+                    record["resources"] = monitor.record()
+                outcome = _name_limits(outcome, record["resources"])
                 usage.update(outcome.usage)
         except ChannelError as e:
             return AgentOutcome(AgentEnd.FAILED, detail=f"native mode: {e}", usage=usage)
@@ -298,6 +338,25 @@ class HarnessAgent:
             return AgentOutcome(AgentEnd.FAILED, detail=f"harness exited with code {res.exit_code}" + (f"; output ends:\n{tail}" if tail else ""),
                                 usage=base)
         return AgentOutcome(AgentEnd.FINISHED, detail="harness exited with code 0", usage=base)
+
+
+async def _usage_monitor(sandbox: Any) -> UsageMonitor:
+    """The sandbox's pids, memory and /tmp, watched from the host (``ale.sandbox.usage``)."""
+    try:
+        inspect = await asyncio.to_thread(sandbox.inspect)
+    except Exception as e:  # any provider's failure: the record says why nothing was measured
+        return UsageMonitor(None, reason=f"the sandbox's inspect failed: {e}")
+    pid = (inspect.get("State") or {}).get("Pid")
+    tmpfs = tuple(t.path for t in getattr(getattr(sandbox, "policy", None), "tmpfs", ())) or ("/tmp",)
+    return UsageMonitor(pid if isinstance(pid, int) else None, tmpfs)
+
+
+def _name_limits(outcome: AgentOutcome, resources: dict[str, Any]) -> AgentOutcome:
+    """A turn that did not finish names the sandbox limit it ran into, first, in its detail."""
+    hit = limit_reached(resources)
+    if hit and outcome.end is not AgentEnd.FINISHED:
+        outcome.detail = "; ".join(hit) + (f". {outcome.detail}" if outcome.detail else "")
+    return outcome
 
 
 class ClaudeCodeAgent(HarnessAgent):

@@ -155,6 +155,11 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
         check = getattr(agent, "preflight", None)
         if check is not None:
             check(private=[Path(plan.runs_dir), Path(plan.task_dir)])
+        # An agent that needs more of the sandbox's limits (a native harness) raises
+        # them within the policy's bounds, or refuses here (evidence/policy.json: what ran).
+        fit = getattr(agent, "fit_policy", None)
+        if fit is not None:
+            plan = plan.model_copy(update={"policy": fit(plan.policy)})
     except AgentConfigError as e:
         raise PreflightError(str(e)) from e
     data_spec = plan.data_source or task.card.data_source
@@ -946,6 +951,9 @@ async def execute_run(
     error: str | None = None
     extra: dict[str, Any] = {}
     record.events.append("run.start", run_id=plan.run_id, plan_digest=plan.digest())
+    raised = (getattr(prep.agent, "sandbox_limits", None) or {}).get("raised")
+    if raised:  # the agent's needs raised the planned policy's limits (evidence/policy.json is what ran)
+        record.events.append("policy.raised", by=prep.agent.name, raised=raised)
     with record.cost("evidence"):
         _record_static_evidence(state)
     try:

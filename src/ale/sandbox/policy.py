@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -29,6 +30,23 @@ def host_cpu_count() -> int:
 
 def default_cpus() -> float:
     return float(min(4, host_cpu_count()))
+
+
+def host_memory_bytes() -> int:
+    """The host's memory (MemTotal), 8 GiB when it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * GIB
+
+
+# The most of the host's memory a sandbox is given when a limit is raised for it
+# (as a task card's memory is capped: ale.tasks.card).
+HOST_MEMORY_SHARE = 0.75
 
 
 # Docker's /dev/shm (64 MiB unless told otherwise): a tmpfs too, charged to the
@@ -226,3 +244,90 @@ class IsolationPolicy(BaseModel):
         if problem is not None:
             raise ValueError(f"isolation policy {p}: {problem}")
         return policy
+
+
+@dataclass(frozen=True)
+class LimitNeeds:
+    """The least a workload (a native harness, ``ale.agents.harness``) needs of the
+    sandbox's limits; None: nothing stated."""
+
+    pids: int | None = None
+    memory_bytes: int | None = None
+    tmp_bytes: int | None = None  # the size of the /tmp tmpfs
+
+    def to_dict(self) -> dict[str, int | None]:
+        return {"pids_limit": self.pids, "memory_bytes": self.memory_bytes, "tmp_bytes": self.tmp_bytes}
+
+
+_STATED = "the run's policy (an operator's policy file, a task card's resources) states it and"
+
+
+class LimitRefused(ValueError):
+    """A limit the policy states (or the host's capacity) is below what the workload needs."""
+
+
+def _tmp_size(policy: IsolationPolicy) -> int | None:
+    sizes = [t.size_bytes for t in policy.tmpfs if t.path == "/tmp"]
+    return sizes[0] if sizes else 0
+
+
+def raise_to_needs(policy: IsolationPolicy, needs: LimitNeeds, *, who: str,
+                   host_memory: int | None = None) -> tuple[IsolationPolicy, dict[str, dict[str, int]]]:
+    """``policy`` with each limit below ``needs`` raised to it, and the changes made
+    (``{field: {"from": old, "to": new}}``, empty when the policy fits already).
+
+    Within the policy's bounds only: a limit the policy states itself
+    (``model_fields_set``: an operator's policy file, a task card's resources, a
+    runtime's pids) is never raised, and memory never beyond ``HOST_MEMORY_SHARE`` of
+    the host's. A /tmp the policy sizes by default is re-fitted to the raised memory
+    (tmpfs take at most ``TMPFS_MEMORY_SHARE`` of it), so /tmp's need raises memory
+    too. Raises ``LimitRefused`` naming the limit, the need and the fix."""
+    stated = policy.model_fields_set
+    update: dict[str, object] = {}
+    changes: dict[str, dict[str, int]] = {}
+
+    def refuse(field: str, have: int, need: int, why: str, fix: str = "") -> LimitRefused:
+        fix = fix or f"Set {field} to at least {_show(field, need)} in the isolation policy (--policy)"
+        return LimitRefused(f"{who} needs {field} >= {_show(field, need)}; {why} gives {_show(field, have)}. "
+                            f"{fix}, or run it in bridge mode (outside the sandbox)")
+
+    if needs.pids is not None and policy.pids_limit < needs.pids:
+        if "pids_limit" in stated:
+            raise refuse("pids_limit", policy.pids_limit, needs.pids, _STATED)
+        update["pids_limit"] = needs.pids
+    tmp_need = needs.tmp_bytes
+    tmp = _tmp_size(policy)
+    tmp_short = tmp_need is not None and tmp is not None and tmp < tmp_need
+    mem_need = needs.memory_bytes or 0
+    if tmp_short and tmp_need is not None:
+        mem_need = max(mem_need, -(-int((tmp_need + SHM_BYTES) / TMPFS_MEMORY_SHARE) // MIB) * MIB)
+    if policy.memory_bytes < mem_need:
+        if "memory_bytes" in stated:
+            raise refuse("memory_bytes", policy.memory_bytes, mem_need, _STATED)
+        cap = int((host_memory if host_memory is not None else host_memory_bytes()) * HOST_MEMORY_SHARE) // MIB * MIB
+        if cap < mem_need:
+            raise refuse("memory_bytes", cap, mem_need, f"this host ({HOST_MEMORY_SHARE:.0%} of its memory)",
+                         "Run it on a host with more memory")
+        update["memory_bytes"] = mem_need
+    if tmp_short and "tmpfs" in stated:  # after memory: a stated memory too small is the first thing to fix
+        raise refuse("tmpfs /tmp size", tmp or 0, tmp_need or 0, _STATED)
+    if not update and not tmp_short:
+        return policy, {}
+    raised = policy.model_copy(update=update)
+    if "tmpfs" not in stated:  # the default /tmp, fitted to the memory the sandbox has now
+        raised = raised.model_copy(update={"tmpfs": (TmpfsMount(),)}).fit_tmpfs()
+        if tmp_need is not None and (_tmp_size(raised) or 0) < tmp_need:
+            raised = raised.model_copy(update={"tmpfs": tuple(t.with_size(tmp_need) if t.path == "/tmp" else t for t in raised.tmpfs)})
+    for field in ("pids_limit", "memory_bytes"):
+        if getattr(raised, field) != getattr(policy, field):
+            changes[field] = {"from": getattr(policy, field), "to": getattr(raised, field)}
+    if _tmp_size(raised) != tmp:
+        changes["tmp_bytes"] = {"from": tmp or 0, "to": _tmp_size(raised) or 0}
+    problem = raised.tmpfs_problem()
+    if problem is not None:  # never: the rule above keeps tmpfs within memory
+        raise LimitRefused(f"{who}: raising the limits would break the policy's own rule: {problem}")
+    return raised, changes
+
+
+def _show(field: str, value: int) -> str:
+    return str(value) if field == "pids_limit" else f"{value // MIB} MiB"
