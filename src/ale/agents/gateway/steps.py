@@ -99,23 +99,15 @@ def derive_steps(run_dir: Path, records: list[dict[str, Any]] | None = None) -> 
         elif rec.get("type") == "response" and rec.get("model_call") and rec.get("by") == "upstream" \
                 and isinstance(rec.get("status"), int) and 200 <= rec["status"] < 300 and isinstance(rec.get("request"), int):
             answers.setdefault(rec["request"], rec)
-    # Each model request's results, by key, in order.
-    results: dict[int, dict[str, list[tuple[str, bool]]]] = {}
+    # How many results each model request carries, by key (the texts are read again, once, where a step needs them:
+    # a long conversation repeats its whole history in every request).
+    counts: dict[int, Counter[str]] = {}
     for seq, rec in sorted(requests.items()):
-        api, path, where = str(rec.get("api")), str(rec.get("path")), f"request {seq}"
-        per: dict[str, list[tuple[str, bool]]] = defaultdict(list)
-        try:
-            body, probs = read_body(run_dir, rec.get("body") or {})
-            problems += [f"{where}: {p}" for p in probs]
-            for key, text, err in request_results(api, path, body, bad, where):
-                per[key].append((text, err))
-        except PARSE_ERRORS as e:
-            bad.add(f"{where}: unreadable ({type(e).__name__})")
-        results[seq] = per
-    order = sorted(results)
+        counts[seq] = Counter(key for key, _, _ in _results(run_dir, rec, bad, problems))
+    order = sorted(counts)
     steps: list[dict[str, Any]] = []
     joins: dict[tuple[int, int], int] = {}
-    answered = 0
+    wanted: dict[int, list[tuple[dict[str, Any], str, int]]] = defaultdict(list)  # result request -> (step, key, nth)
     for seq in order:
         resp, req = answers.get(seq), requests[seq]
         if resp is None:
@@ -126,22 +118,19 @@ def derive_steps(run_dir: Path, records: list[dict[str, Any]] | None = None) -> 
         except PARSE_ERRORS as e:
             bad.add(f"response {resp.get('seq')}: unreadable ({type(e).__name__})")
             continue
-        seen = Counter({k: len(v) for k, v in results[seq].items()})  # results this request already carried
+        seen = Counter(counts[seq])  # the results this request already carried
         for pos, call in enumerate(calls):
             name = call.get("name")
             if not isinstance(name, str) or not name:
                 bad.add(f"response {resp.get('seq')}: tool call {pos} has no name")
                 continue
             ckey = call_key(api, call)
-            result: tuple[str, bool] | None = None
             result_seq: int | None = None
+            nth = 0
             if ckey is not None:
                 seen[ckey] += 1
                 nth = seen[ckey]
-                for later in order:
-                    if later > seq and len(results[later].get(ckey, ())) >= nth:
-                        result, result_seq = results[later][ckey][nth - 1], later
-                        break
+                result_seq = next((later for later in order if later > seq and counts[later][ckey] >= nth), None)
             usage = resp.get("usage") if isinstance(resp.get("usage"), dict) else {}
             origin = {
                 "api": api, "call_id": call.get("id") if isinstance(call.get("id"), str) else None,
@@ -152,21 +141,28 @@ def derive_steps(run_dir: Path, records: list[dict[str, Any]] | None = None) -> 
             step: dict[str, Any] = {
                 "index": len(steps) + 1, "tool": name, "args": _args(call.get("arguments")),
                 "started_at": resp.get("time") or req.get("time") or "", "gateway": origin,
+                "ok": False, "error": NO_RESULT,
             }
             extra = {k: call[k] for k in ("kind", "namespace") if isinstance(call.get(k), str)}
             if extra:
                 step["extra"] = {f"call_{k}": v for k, v in extra.items()}
-            if result is None:
-                step.update(ok=False, error=NO_RESULT)
-                step["ended_at"] = step["started_at"]
-            else:
-                answered += 1
-                text, err = result
-                step.update(ok=not err, output=text, error=HARNESS_ERROR if err else None,
-                            ended_at=requests[result_seq or seq].get("time") or step["started_at"])
+            step["ended_at"] = step["started_at"]
+            if result_seq is not None and ckey is not None:
+                step["ended_at"] = requests[result_seq].get("time") or step["started_at"]
+                wanted[result_seq].append((step, ckey, nth))
             step["seconds"] = _seconds(step["started_at"], step["ended_at"])
             joins[(seq, pos)] = step["index"]
             steps.append(step)
+    answered = 0
+    for result_seq, needs in wanted.items():
+        per: dict[str, list[tuple[str, bool]]] = defaultdict(list)
+        for key, text, err in _results(run_dir, requests[result_seq], Malformed(), []):  # counted in the first pass
+            per[key].append((text, err))
+        for step, key, nth in needs:
+            if len(per[key]) >= nth:
+                text, err = per[key][nth - 1]
+                step.update(ok=not err, output=text, error=HARNESS_ERROR if err else None)
+                answered += 1
     head = records[-1].get("hash") if records else None
     derivation = {
         "source": "gateway", "records": len(records), "head": head, "model_requests": len(requests),
@@ -174,6 +170,18 @@ def derive_steps(run_dir: Path, records: list[dict[str, Any]] | None = None) -> 
         "malformed": bad.count, "malformed_where": bad.where, "record_problems": problems[:20],
     }
     return {"steps": steps, "derivation": derivation, "joins": joins}
+
+
+def _results(run_dir: Path, rec: dict[str, Any], bad: Malformed, problems: list[str]) -> list[tuple[str, str, bool]]:
+    """The tool results one request record's body carries (``parse.request_results``)."""
+    where = f"request {rec.get('seq')}"
+    try:
+        body, probs = read_body(run_dir, rec.get("body") or {})
+        problems += [f"{where}: {p}" for p in probs]
+        return request_results(str(rec.get("api")), str(rec.get("path")), body, bad, where)
+    except PARSE_ERRORS as e:
+        bad.add(f"{where}: unreadable ({type(e).__name__})")
+        return []
 
 
 def _seconds(start: Any, end: Any) -> float:
