@@ -398,14 +398,16 @@ async def verify_running(state: RunState, phase: Literal["before", "after"], pro
         state.record.add_checks(CheckGroup.PROBES_BEFORE if phase == "before" else CheckGroup.PROBES_AFTER, checks)
 
 
-def seal_input_and_workspace(state: RunState) -> None:
-    """After start(): hash the input, prove the workspace is still empty."""
+async def seal_input_and_workspace(state: RunState) -> None:
+    """After start(): hash the input (off the event loop: a large per-run copy takes
+    seconds, and other runs share the loop), prove the workspace is still empty."""
     with state.record.cost("evidence"):
-        _seal_input_and_workspace(state)
+        tree = await asyncio.to_thread(_public_tree, state)
+        _seal_input_and_workspace(state, tree)
 
 
-def _seal_input_and_workspace(state: RunState) -> None:
-    state.record.input_after_start = _public_tree(state)
+def _seal_input_and_workspace(state: RunState, tree: dict) -> None:
+    state.record.input_after_start = tree
     state.record.store.write_json(Evidence.INPUT_AFTER_START, state.record.input_after_start)
     created = state.record.workspace_at_creation or {}
     listing = workspace_listing(state.folder.workspace_host)
@@ -418,7 +420,7 @@ async def commit_reference(state: RunState) -> None:
     if state.live.source is not None:
         src_commit = await asyncio.to_thread(state.live.source.commit_reference, state.variant.data_key)
     state.record.commitment = src_commit
-    setup_tree = ev.hash_tree(state.folder.setup_reference_host)
+    setup_tree = await asyncio.to_thread(ev.hash_tree, state.folder.setup_reference_host)
     state.record.reference_commit = {
         "source": None if src_commit is None else {"kind": src_commit.kind, "sha256": src_commit.sha256, "files": src_commit.files},
         "setup_written": setup_tree,
@@ -607,9 +609,9 @@ async def remove_sandbox(state: RunState) -> None:
         state.record.events.append("sandbox.removed", name=state.sandbox.name)
 
 
-def check_input_unchanged(state: RunState) -> None:
+async def check_input_unchanged(state: RunState) -> None:
     with state.record.cost("evidence"):
-        after = _public_tree(state)
+        after = await asyncio.to_thread(_public_tree, state)
     state.record.store.write_json(Evidence.INPUT_AFTER_RUN, after)
     start = state.record.input_after_start or {}
     same = after["digest"] == start.get("digest")
@@ -625,7 +627,7 @@ async def stage_reference(state: RunState) -> None:
         await asyncio.to_thread(state.live.source.stage_reference, state.variant.data_key, dest, state.record.commitment)
     else:
         dest.mkdir(mode=0o700)
-    setup_tree = ev.hash_tree(state.folder.setup_reference_host)
+    setup_tree = await asyncio.to_thread(ev.hash_tree, state.folder.setup_reference_host)
     committed = state.record.reference_commit or {}
     if setup_tree["digest"] != (committed.get("setup_written") or {}).get("digest"):
         raise GradingError("reference written by start() changed after it was committed")
@@ -638,12 +640,13 @@ async def stage_reference(state: RunState) -> None:
     # The grading container reads it as the candidate uid: readable, on the trusted side
     # only; what is meant to run (execute bits, #!, ELF) stays runnable on its read-only mount.
     restore_runnable(dest)
+    staged_tree = await asyncio.to_thread(ev.hash_tree, dest)  # off the loop: a reference may be large
     state.record.store.write_json(
         Evidence.REFERENCE_CHECK,
         {
             "source_sha256": None if state.record.commitment is None else state.record.commitment.sha256,
             "setup_written_digest": setup_tree["digest"],
-            "staged_tree": ev.hash_tree(dest),
+            "staged_tree": staged_tree,
             "unpacked_at": now().isoformat(),
         },
     )
@@ -782,7 +785,7 @@ async def _provision_step(state: RunState) -> None:
 
 async def _verify_before_step(state: RunState) -> None:
     await verify_running(state, "before")
-    seal_input_and_workspace(state)
+    await seal_input_and_workspace(state)
     await commit_reference(state)
 
 
@@ -826,7 +829,7 @@ def judge_stopped_sandbox(state: RunState, inspect: dict[str, Any]) -> None:
 
 async def _deliverables_step(state: RunState) -> None:
     await collect_deliverables(state)
-    check_input_unchanged(state)
+    await check_input_unchanged(state)
 
 
 async def _grade_step(state: RunState) -> None:

@@ -35,6 +35,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -195,6 +196,12 @@ class Orchestrator:
                 self._cluster.close()
 
     async def _run_locked(self) -> OrchestratorSummary:
+        # Each run in flight holds worker threads for its blocking calls (an exec's
+        # output stream for as long as the command runs, a package build, a hash):
+        # the loop's default pool (CPUs + 4, at most 32) would queue one run's engine
+        # calls behind another run's hashing, and deadlock past 32 long commands.
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=max(32, 4 * self.concurrency + 8), thread_name_prefix="ale-run"))
         write_experiment_record(self.exp, self.units, self.output, allow_changed=self.allow_changed)
         orphans, moved = await asyncio.to_thread(reconcile, self.output, self.exp.name, self.janitor)
         runs_root(self.output).mkdir(parents=True, exist_ok=True)

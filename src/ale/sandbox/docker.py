@@ -170,6 +170,7 @@ class DockerSandbox:
         self.name: str = container.name
         self.id: str = container.id
         self._uptime_offset: float | None = None
+        self._removed = False
 
     shares_host_filesystem = True
 
@@ -216,14 +217,14 @@ class DockerSandbox:
             raise SandboxError(f"docker could not start {self.name}: {why}") from e
 
     async def stop(self) -> None:
-        """Kill the container (every process in it dies with its PID namespace)."""
+        """Kill the container (every process in it dies with its PID namespace) and
+        wait until it has exited. No status read first: a container that is not
+        running refuses the kill (409), and the wait returns at once."""
         def _kill() -> None:
             with suppress(docker.errors.NotFound):
-                self.container.reload()
-                if self.container.status == "running":
-                    with suppress(docker.errors.APIError):
-                        self.container.kill()
-                    self.container.wait(timeout=60)
+                with suppress(docker.errors.APIError):
+                    self.client.api.kill(self.id)
+                self.client.api.wait(self.id, timeout=60)
 
         try:
             await asyncio.to_thread(_kill)
@@ -231,14 +232,19 @@ class DockerSandbox:
             raise SandboxError(f"docker could not stop {self.name}: {e}") from e
 
     async def remove(self) -> None:
+        """Remove the container; once it is gone, a second call asks the engine nothing."""
+        if self._removed:
+            return
+
         def _rm() -> None:
             with suppress(docker.errors.NotFound):
-                self.container.remove(force=True, v=True)
+                self.client.api.remove_container(self.id, force=True, v=True)
 
         try:
             await asyncio.to_thread(_rm)
         except docker.errors.DockerException as e:
             raise SandboxError(f"docker could not remove {self.name}: {e}") from e
+        self._removed = True
 
     # -- exec ----------------------------------------------------------------
     async def exec(
