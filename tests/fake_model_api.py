@@ -134,7 +134,7 @@ def _answers_with_calls(body: dict[str, Any]) -> int:
     if isinstance(body.get("input"), list):  # Responses: consecutive function_call items are one answer
         n, prev = 0, False
         for item in body["input"]:
-            call = isinstance(item, dict) and item.get("type") == "function_call"
+            call = isinstance(item, dict) and item.get("type") in ("function_call", "custom_tool_call")
             n += call and not prev
             prev = call
         return n
@@ -273,6 +273,7 @@ class FakeModelAPI:
         items: list[dict[str, Any]] = []
         namespaces = {f"{t.get('name')}__{f.get('name')}": (t.get("name"), f.get("name")) for t in body.get("tools") or []
                       if t.get("type") == "namespace" for f in t.get("tools") or []}
+        custom = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") == "custom"}
         for i, (tool, args) in enumerate(calls):
             suffix = f"s{step}_{i}" if self.script is not None else "1"
             item: dict[str, Any] = {"type": "function_call", "id": f"fc_{suffix}", "call_id": f"call_{suffix}", "status": "completed",
@@ -281,6 +282,9 @@ class FakeModelAPI:
                 item["namespace"], item["name"] = namespaces[tool]
             else:
                 item["name"] = tool
+            if tool in custom:  # a free-form tool (Codex's apply_patch): called with its raw input
+                item = {"type": "custom_tool_call", "id": f"ctc_{suffix}", "call_id": f"call_{suffix}", "status": "completed",
+                        "name": tool, "input": args.get("input", "")}
             items.append(item)
         if not items:
             items = [{"type": "message", "id": "m1", "role": "assistant", "status": "completed",

@@ -80,6 +80,20 @@ EOF"""
 
 needs_npm = pytest.mark.requires(shutil.which("npm") is not None, "native mode fetches the harness with the host's npm")
 
+# Variant 0 (essay): the fake model's answer, counted here the way wc counts.
+_DOC = (EXAMPLES.parent / "data" / "tasks" / "files" / "word_count" / "essay" / "input" / "document.txt").read_text()
+ANSWER_JSON = json.dumps({"words": len(_DOC.split()), "lines": _DOC.count("\n")})
+COUNT = "wc -w -l /input/document.txt"
+# Each harness's own shell, then its own file writer: what the trajectory must show.
+SHELL_THEN_WRITE = {
+    "claude-code": [[("Bash", {"command": COUNT})],
+                    [("Write", {"file_path": "/workspace/answer.json", "content": ANSWER_JSON})]],
+    "codex": [[("exec_command", {"cmd": COUNT})],
+              [("apply_patch", {"input": f"*** Begin Patch\n*** Add File: /workspace/answer.json\n+{ANSWER_JSON}\n*** End Patch\n"})]],
+    "gemini-cli": [[("run_shell_command", {"command": COUNT})],
+                   [("write_file", {"file_path": "/workspace/answer.json", "content": ANSWER_JSON})]],
+}
+
 
 @pytest.fixture
 def fake_api(request):
@@ -88,6 +102,43 @@ def fake_api(request):
         yield api
     finally:
         api.stop()
+
+
+@pytest.fixture
+def scripted_api(request):
+    api = FakeModelAPI(script={"steps": SHELL_THEN_WRITE[request.param]}).start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+def _assert_native_trajectory(run: Path, shell: str, write: str) -> None:
+    """The trajectory's steps are the gateway's: the harness's shell (its result holds the counts), then its
+    file writer, each joined to the records it came from and to its model turn; the harness's transcript kept
+    beside, labelled as the candidate's."""
+    from ale.agents.trajectory import load_trajectory
+
+    traj = load_trajectory(run / "trajectory.json")
+    assert traj.steps_source == "gateway" and traj.steps_derivation is not None, traj.steps_source
+    assert [s.tool for s in traj.steps] == [shell, write], [(s.tool, s.args) for s in traj.steps]
+    assert all(s.ok and s.gateway is not None and s.gateway.result_request for s in traj.steps), traj.steps
+    counts = json.loads(ANSWER_JSON)
+    assert str(counts["words"]) in traj.steps[0].output and str(counts["lines"]) in traj.steps[0].output, traj.steps[0].output
+    assert any(ANSWER_JSON in str(v) for v in traj.steps[1].args.values()), traj.steps[1].args
+    assert traj.steps_derivation.calls == 2 and traj.steps_derivation.unanswered == 0
+    requests = {r["seq"]: r for r in _requests(run)}
+    for step in traj.steps:
+        g = step.gateway
+        assert g is not None and g.turn_usage.get("cost_usd", 0) > 0 and g.turn_usage.get("output_tokens") == 20
+        assert g.result_record == requests[g.result_request]["hash"] and g.call_request in requests  # type: ignore[index]
+    joined = {c.step: t.request for t in traj.model_turns for c in t.tool_calls if c.step}
+    assert joined == {1: traj.steps[0].gateway.call_request, 2: traj.steps[1].gateway.call_request}  # type: ignore[union-attr]
+    manifest = json.loads((run / "agent" / "harness-transcript.json").read_text())
+    assert traj.harness_transcript == "agent/harness-transcript.json"
+    assert manifest["written_by"] == "candidate" and manifest["error"] is None and manifest["files"], manifest
+    for f in manifest["files"]:
+        assert f["written_by"] == "candidate" and (run / f["path"]).stat().st_size == f["bytes"]
 
 
 def _plan(tmp_path: Path, api: FakeModelAPI, **config) -> RunPlan:
@@ -123,8 +174,9 @@ def test_named_harness_agents_pin_their_version_and_name_their_mode():
 
 @pytest.mark.docker
 @needs_npm
-@pytest.mark.parametrize("fake_api", [ANSWER], indirect=True)
-def test_claude_code_native_solves_word_count_inside_the_seal(docker_client, tmp_path, fake_api):
+@pytest.mark.parametrize("scripted_api", ["claude-code"], indirect=True)
+def test_claude_code_native_solves_word_count_inside_the_seal(docker_client, tmp_path, scripted_api):
+    fake_api = scripted_api
     plan = _plan(tmp_path, fake_api)
     result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
     run = plan.run_dir
@@ -152,6 +204,7 @@ def test_claude_code_native_solves_word_count_inside_the_seal(docker_client, tmp
     assert report.valid, report.reasons
     passed = {c["id"] for c in report.checks if c["ok"] is True}
     assert {"gateway.mode", "gateway.channel.process", "gateway.channel.frames"} <= passed
+    _assert_native_trajectory(run, "Bash", "Write")
 
 
 @pytest.mark.docker
@@ -253,26 +306,31 @@ def test_claude_code_bridge_mode_is_the_command_design_with_the_gateway_limits(b
 
 @pytest.mark.docker
 @needs_npm
-@pytest.mark.parametrize("fake_api", [ANSWER], indirect=True)
-def test_codex_native_solves_word_count_inside_the_seal(docker_client, tmp_path, fake_api):
-    plan = _plan(tmp_path, fake_api, model="gpt-fake-1", ALE_GATEWAY_OPENAI_UPSTREAM=fake_api.url + "/v1",
-                 prices={"gpt-fake-1": {"input_per_mtok": 1.25, "output_per_mtok": 10.0}})
+@pytest.mark.parametrize("scripted_api", ["codex"], indirect=True)
+def test_codex_native_solves_word_count_inside_the_seal(docker_client, tmp_path, scripted_api):
+    # A model Codex knows to edit files with apply_patch (a free-form tool): it offers apply_patch only then.
+    fake_api = scripted_api
+    plan = _plan(tmp_path, fake_api, model="gpt-5.5", ALE_GATEWAY_OPENAI_UPSTREAM=fake_api.url + "/v1",
+                 prices={"gpt-5.5": {"input_per_mtok": 1.25, "output_per_mtok": 10.0}})
     plan = plan.model_copy(update={"agent": AgentSpec(name="codex", config=plan.agent.config)})
     result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
     run = plan.run_dir
     reqs = _requests(run)
     offered = {t for r in reqs for t in r["tools"]}
     assert result.status is RunStatus.SCORED and result.score == 1.0, (result.error, result.violations, offered)
-    assert result.extra["agent_mode"] == "native" and offered & {"exec_command", "shell"}, offered
+    # For such a model Codex also offers tool_search, executed by Codex itself ("execution": "client"): a client tool.
+    assert result.extra["agent_mode"] == "native" and {"exec_command", "apply_patch", "tool_search"} <= offered, offered
     assert all(r["decision"] == "forwarded" for r in reqs if r["model_call"]), reqs
     report = verify_run_dir(run)
     assert report.valid, report.reasons
+    _assert_native_trajectory(run, "exec_command", "apply_patch")
 
 
 @pytest.mark.docker
 @needs_npm
-@pytest.mark.parametrize("fake_api", [ANSWER], indirect=True)
-def test_gemini_cli_native_solves_word_count_inside_the_seal(docker_client, tmp_path, fake_api):
+@pytest.mark.parametrize("scripted_api", ["gemini-cli"], indirect=True)
+def test_gemini_cli_native_solves_word_count_inside_the_seal(docker_client, tmp_path, scripted_api):
+    fake_api = scripted_api
     plan = _plan(tmp_path, fake_api, model="gemini-fake-1", ALE_GATEWAY_GEMINI_UPSTREAM=fake_api.url,
                  prices={"gemini-fake-1": {"input_per_mtok": 1.25, "output_per_mtok": 10.0}})
     plan = plan.model_copy(update={"agent": AgentSpec(name="gemini-cli", config=plan.agent.config)})
@@ -282,10 +340,11 @@ def test_gemini_cli_native_solves_word_count_inside_the_seal(docker_client, tmp_
     offered = {t for r in reqs for t in r["tools"]}
     assert result.status is RunStatus.SCORED and result.score == 1.0, (result.error, result.violations, offered,
                                                                        [(r["path"], r["decision"], r.get("refused_for")) for r in reqs])
-    assert result.extra["agent_mode"] == "native" and "run_shell_command" in offered, offered
+    assert result.extra["agent_mode"] == "native" and {"run_shell_command", "write_file"} <= offered, offered
     assert all(r["decision"] == "forwarded" for r in reqs if r["model_call"]), reqs
     report = verify_run_dir(run)
     assert report.valid, report.reasons
+    _assert_native_trajectory(run, "run_shell_command", "write_file")
 
 
 @pytest.mark.docker
