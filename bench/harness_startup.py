@@ -20,7 +20,8 @@ Glob; Codex four parallel exec_command calls; Gemini CLI three parallel shell ca
 glob, search and read_file), at the default policy; the sandbox's peak pids, memory
 and /tmp against its limits, as the run records them (agent/confinement.json's
 ``resources``). ``--pids N`` / ``--memory-mib N`` run them under a tighter limit
-instead, to see how a harness fails there.
+instead, with the rule that would refuse such a policy (``HarnessAgent.fit_policy``)
+switched off, to see how the harness itself fails there.
 
 Prints Markdown tables for docs/benchmarks.md ("## Native harness channel").
 """
@@ -58,13 +59,13 @@ MODELS = {"claude-code": ("claude-fake-1", "ALE_GATEWAY_ANTHROPIC_UPSTREAM", "")
           "gemini-cli": ("gemini-fake-1", "ALE_GATEWAY_GEMINI_UPSTREAM", "")}
 
 
-def plan_for(harness: str, mode: str, api: FakeModelAPI, runs: Path, policy: IsolationPolicy) -> RunPlan:
+def plan_for(harness: str, mode: str, api: FakeModelAPI, runs: Path, policy: IsolationPolicy, wall_s: float = 600) -> RunPlan:
     model, var, suffix = MODELS[harness]
     cfg = {"mode": mode, "model": model, var: api.url + suffix,
            "prices": {model: {"input_per_mtok": 1.0, "output_per_mtok": 10.0}}}
     return RunPlan(run_id=f"hs-{harness}-{mode}-{uuid.uuid4().hex[:8]}", task_dir=str(TASK), variant=0,
                    agent=AgentSpec(name=harness, config=cfg), policy=policy, runs_dir=str(runs),
-                   signing_key=str(runs / "key.pem"), limits=Limits(wall_time_s=600))
+                   signing_key=str(runs / "key.pem"), limits=Limits(wall_time_s=wall_s))
 
 
 def _time(s: str) -> float:
@@ -120,14 +121,14 @@ def startup(harnesses: list[str], repeats: int, provider: DockerProvider, runs: 
         print(f"| {harness} | " + " | ".join(cells) + " |")
 
 
-def limits(harnesses: list[str], provider: DockerProvider, runs: Path, policy: IsolationPolicy) -> None:
+def limits(harnesses: list[str], provider: DockerProvider, runs: Path, policy: IsolationPolicy, wall_s: float) -> None:
     print("| harness | outcome | pids peak / limit | memory peak / limit (MiB) | /tmp peak / size (MiB) | "
           "model requests |")
     print("| --- | --- | --- | --- | --- | --- |")
     for harness in harnesses:
         api = FakeModelAPI(script=heavy_script(ANSWER)[harness]).start()
         try:
-            result, run_dir = run_one(plan_for(harness, "native", api, runs, policy), provider)
+            result, run_dir = run_one(plan_for(harness, "native", api, runs, policy, wall_s), provider)
         finally:
             api.stop()
         conf = json.loads((run_dir / "agent" / "confinement.json").read_text())
@@ -158,6 +159,7 @@ def main() -> None:
     ap.add_argument("--limits", action="store_true", help="the heaviest features' peak pids, memory and /tmp")
     ap.add_argument("--pids", type=int, help="with --limits: this pids limit instead of the default")
     ap.add_argument("--memory-mib", type=int, help="with --limits: this memory limit instead of the default")
+    ap.add_argument("--wall", type=float, default=600, help="with --limits: the agent's wall time (s)")
     ap.add_argument("--keep", type=Path, help="keep the run folders here")
     args = ap.parse_args()
     harnesses = args.harness or list(HARNESS_NAMES)
@@ -171,7 +173,11 @@ def main() -> None:
                 update["pids_limit"] = args.pids
             if args.memory_mib:
                 update["memory_bytes"] = args.memory_mib * MIB
-            limits(harnesses, provider, runs, IsolationPolicy(**update))
+            if update:  # the harness's own failure there: its needs' rule (which would refuse this policy) switched off
+                from ale.agents.harness import HarnessAgent
+
+                HarnessAgent.fit_policy = lambda self, policy: policy  # type: ignore[method-assign]
+            limits(harnesses, provider, runs, IsolationPolicy(**update), args.wall)
         else:
             startup(harnesses, args.repeats, provider, runs)
 

@@ -96,8 +96,14 @@ def test_usage_record_names_each_limit_hit():
     out = _name_limits(AgentOutcome(AgentEnd.FAILED, detail="harness exited with code 1"), rec)
     assert out.detail is not None and out.detail.startswith("the sandbox's pids limit (64) was reached")
     assert out.detail.endswith("harness exited with code 1")
-    fine = AgentOutcome(AgentEnd.FINISHED, detail="harness exited with code 0")
-    assert _name_limits(fine, rec).detail == "harness exited with code 0"  # a finished turn keeps its detail
+    # A harness that exits 0 after its shell calls were refused (Codex at 32 pids) is scored; the record says why.
+    finished = _name_limits(AgentOutcome(AgentEnd.FINISHED, detail="harness exited with code 0"), rec)
+    assert finished.end is AgentEnd.FINISHED and finished.usage["sandbox_limits_hit"] == hit
+    assert finished.detail is not None and "EAGAIN" in finished.detail
+    clean = {**rec, "pids": {**rec["pids"], "refused_forks": 0}, "memory": {**rec["memory"], "oom_kills": 0},
+             "tmpfs": {"/tmp": {**rec["tmpfs"]["/tmp"], "full": False}}}
+    untouched = _name_limits(AgentOutcome(AgentEnd.FINISHED, detail="harness exited with code 0"), clean)
+    assert untouched.detail == "harness exited with code 0" and "sandbox_limits_hit" not in untouched.usage
     assert limit_reached({"available": False, "reason": "remote engine"}) == []
     assert UsageMonitor(None).record() == {"available": False, "reason": UsageMonitor(None).reason}
 

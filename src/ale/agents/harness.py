@@ -352,10 +352,14 @@ async def _usage_monitor(sandbox: Any) -> UsageMonitor:
 
 
 def _name_limits(outcome: AgentOutcome, resources: dict[str, Any]) -> AgentOutcome:
-    """A turn that did not finish names the sandbox limit it ran into, first, in its detail."""
+    """The sandbox limits the turn ran into, first in its detail and in its usage
+    (``sandbox_limits_hit``, in result.json): a harness that exits 0 after its shell
+    calls were refused (Codex reports EAGAIN to the model and goes on) scores what it
+    wrote, and the record says why it could not do more."""
     hit = limit_reached(resources)
-    if hit and outcome.end is not AgentEnd.FINISHED:
+    if hit:
         outcome.detail = "; ".join(hit) + (f". {outcome.detail}" if outcome.detail else "")
+        outcome.usage["sandbox_limits_hit"] = hit
     return outcome
 
 
