@@ -337,14 +337,32 @@ def test_uv_run_with_the_usr_bin_python_that_ale_graders_name(sealed):
 
 def test_uv_sync_installs_the_locked_versions(sealed):
     ok(sealed.sh("cp -r /input/proj /workspace/proj && cd /workspace/proj && uv sync"))
-    assert ok(sealed.sh("/workspace/proj/.venv/bin/python -c 'import six; print(six.__version__)'")).strip() == "1.16.0"
+    assert ok(sealed.sh("cd /workspace/proj && uv run python -c 'import six; print(six.__version__)'")).strip() == "1.16.0"
+
+
+@pytest.mark.parametrize("sync", ["uv sync", "uv sync --frozen", "uv sync --locked"])
+def test_uv_sync_of_the_read_only_project_as_ale_prompts_say(sealed, sync):
+    """ALE's prompts: `uv sync [--frozen] --project input/runtime_env`, on the read-only
+    input, with a lock naming PyPI: the image's project environment already holds it."""
+    out = ok(sealed.sh(f"cd /workspace && {sync} --project /input/proj 2>&1"))
+    assert "Checked" in out or "Audited" in out, out
+    assert ok(sealed.sh("uv run --frozen --project /input/proj python -c 'import six; print(six.__version__)'")).strip() == "1.16.0"
+    r = sealed.sh("test -e /input/proj/.venv")
+    assert not r.ok  # nothing was written next to the project (it is read-only)
+
+
+def test_the_project_environment_is_recorded_and_read_only(env, sealed):
+    project = env[0].record["uv_project"]
+    assert project["path"] == "/opt/ale/uv-project" and "six==1.16.0" in project["installed"], project
+    r = sealed.sh("touch /opt/ale/uv-project/x")
+    assert not r.ok
 
 
 def test_a_package_not_in_the_store_does_not_install(sealed):
     r = sealed.sh("python3 -m venv /tmp/v4 && /tmp/v4/bin/pip install requests")
     assert not r.ok and "No matching distribution found for requests" in r.stderr.decode()
     r = sealed.sh("uv venv /tmp/v5 && uv pip install --python /tmp/v5 requests")
-    assert not r.ok and "requests was not found in the provided package locations" in r.stderr.decode()
+    assert not r.ok and "requests was not found" in r.stderr.decode(), r.stderr.decode()
 
 
 def test_the_default_policy_installs_pure_python_and_syncs_in_the_workspace(sealed_default):
@@ -352,7 +370,8 @@ def test_the_default_policy_installs_pure_python_and_syncs_in_the_workspace(seal
     box = sealed_default
     assert "Requirement already satisfied: six" in ok(box.sh("pip install six"))
     ok(box.sh("python3 -m venv /tmp/v && /tmp/v/bin/python -m pip install six && /tmp/v/bin/python -c 'import six'"))
-    ok(box.sh("cp -r /input/proj /workspace/proj && cd /workspace/proj && uv sync && .venv/bin/python -c 'import six'"))
+    ok(box.sh("cp -r /input/proj /workspace/proj && cd /workspace/proj && uv sync && uv run python -c 'import six'"))
+    ok(box.sh("cd /workspace && uv sync --frozen --project /input/proj && uv run --frozen --project /input/proj python -c 'import six'"))
 
 
 def test_the_default_policy_runs_uv_run_with_a_compiled_package(sealed_default):

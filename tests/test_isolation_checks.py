@@ -422,7 +422,7 @@ def test_credential_names() -> None:
     for name in ("OPENAI_API_KEY", "HF_TOKEN", "AWS_REGION", "GOOGLE_APPLICATION_CREDENTIALS",
                  "http_proxy", "NO_PROXY", "DOCKER_HOST", "DB_PASSWORD", "MY_SECRET"):
         assert looks_like_credential(name), name
-    for name in ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONDONTWRITEBYTECODE"):
+    for name in ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONDONTWRITEBYTECODE", "UV_PROJECT_ENVIRONMENT"):
         assert not looks_like_credential(name), name
 
 

@@ -6,16 +6,18 @@ Debian set share the first stage):
 1. ``ale-env-system:<key>``: the spec's Debian packages (apt inside the build,
    ``--no-install-recommends``, lists cleaned), pip and venv for the default
    ``python3`` where it lacks them, ``uv``, and ``/etc/pip.conf`` and
-   ``/etc/uv/uv.toml``, which point pip and uv at the package store with no index,
-   uv's cache under ``/tmp`` and no Python downloads. Files, never image ENV: the
-   sandbox's environment is allowlisted by the isolation checks.
+   ``/etc/uv/uv.toml``, which point pip and uv at the package store (pip with no
+   index, uv offline), uv's cache under ``/tmp`` and no Python downloads. Files, not
+   image ENV: the sandbox's environment is allowlisted by the isolation checks (the
+   one variable an image sets, ``UV_PROJECT_ENVIRONMENT``, is on the allowlist).
 2. the package store ``/opt/ale/wheels``: wheels for the spec's ``python`` and
    ``store_only`` requirements with their dependencies, and the versions its lock
    files pin. They are downloaded on the host with the host's pip (the build
    container cannot verify PyPI's certificate here, the host's pip is configured
    for it), for the image's interpreter and platform, and copied in; then the
    ``python`` requirements are installed from the store, offline, into the default
-   ``python3``.
+   ``python3``; a task's uv project (one ``uv.lock``) is installed, as locked, into
+   ``/opt/ale/uv-project``, which ``UV_PROJECT_ENVIRONMENT`` names (``uv_project``).
 3. ``/opt/ale/software-record.json``: the record of what the image holds, taken by
    running the built image once with no network: the Debian package list, the
    default interpreter's Python packages, the store's files and digest. Its sha256
@@ -56,6 +58,10 @@ from ale.sandbox.image import Say, _dir_digest, _has_image, _sha, build_tools_im
 from ale.sandbox.software import RECORD_LABEL, LockFile, SoftwareSpec
 
 ENV_REPO = "ale-env"
+#: The image's read-only uv project environment (see ``uv_project``) and the variable
+#: that points uv at it (on the policy's environment allowlist).
+UV_PROJECT_ENV = "/opt/ale/uv-project"
+UV_PROJECT_VAR = "UV_PROJECT_ENVIRONMENT"
 SYSTEM_REPO = "ale-env-system"
 #: uv, from PyPI's ``uv`` wheel (which ships the binary); pinned so that the recipe,
 #: hence the cache key, does not drift.
@@ -63,7 +69,7 @@ UV_VERSION = "0.13.9"
 STORE = "/opt/ale/wheels"
 RECORD_PATH = "/opt/ale/software-record.json"
 #: Bump when the build changes in a way the files under images/env do not show.
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "2"  # 2: the uv project environment
 RECORD_ROLE = "env-record"
 LABEL_KEY = "org.ale.env.key"
 LABEL_RECORD = RECORD_LABEL
@@ -201,6 +207,75 @@ def lock_needs(lf: LockFile, target: dict[str, Any] | None = None) -> tuple[list
         reqs += list((data.get("build-system") or {}).get("requires") or [])
         return sorted(set(reqs)), []
     return _requirement_lines(lf.text), []
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _project_pins(lock: LockFile, pyproject: LockFile | None, target: dict[str, Any], uv: Path) -> list[str]:
+    """The exact packages ``uv sync`` installs from ``lock`` on the image's
+    interpreter and platform: ``uv export --frozen`` (the host's copy of the pinned
+    uv, offline), its markers evaluated for the image (a Windows-only colorama is
+    not installed, or `uv sync` would remove it from the read-only environment).
+    Without the project's pyproject.toml, the lock's pins for this interpreter."""
+    if pyproject is None:
+        return lock_needs(lock, target)[1]
+    with tempfile.TemporaryDirectory(prefix="ale-uv-project-") as tmp:
+        Path(tmp, "pyproject.toml").write_text(pyproject.text)
+        Path(tmp, "uv.lock").write_text(lock.text)
+        proc = subprocess.run([str(uv / "uv"), "export", "--frozen", "--no-hashes", "--no-emit-project", "--no-header",
+                               "--no-annotate", "--project", tmp, "--offline", "--no-config"],
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "UV_CACHE_DIR": tmp + "/cache"})
+    if proc.returncode != 0:
+        raise SandboxError(f"uv export of {lock.origin or lock.name} failed: {proc.stderr.strip()[-400:]}")
+    env = _marker_env(target)
+    pins = []
+    for line in proc.stdout.splitlines():
+        req, _, marker = line.partition(";")
+        req = req.strip()
+        if "==" not in req or req.startswith(("#", "-")):
+            continue
+        if marker.strip():
+            try:
+                if not Marker(marker.strip()).evaluate(env):
+                    continue
+            except (InvalidMarker, UndefinedEnvironmentName, UndefinedComparison):
+                pass
+        pins.append(req)
+    return sorted(set(pins))
+
+
+def uv_project(spec: SoftwareSpec, target: dict[str, Any], wheels: Path, say: Say = print) -> dict[str, Any] | None:
+    """The task's one uv project (a ``uv.lock``, with the ``pyproject.toml`` of its
+    folder), as the image's read-only project environment holds it: what ``uv sync``
+    installs on this interpreter, where the store has the wheel. ALE's prompts say
+    ``uv sync [--frozen] --project input/runtime_env``: that folder is read-only in
+    the sandbox and a fresh environment would need the lock's PyPI URLs, so the image
+    carries the environment already synced (``UV_PROJECT_ENVIRONMENT``). None when
+    the spec has no uv.lock, or more than one (which would each need their own)."""
+    locks = [lf for lf in spec.lockfiles if lf.name.rsplit("/", 1)[-1] == "uv.lock"]
+    if len(locks) != 1:
+        return None
+    lock = locks[0]
+
+    def folder(lf: LockFile) -> str:
+        return lf.origin.rsplit("/", 1)[0] if "/" in lf.origin else ""
+
+    pyproject = next((lf for lf in spec.lockfiles
+                      if lf.name.rsplit("/", 1)[-1] == "pyproject.toml" and folder(lf) == folder(lock)), None)
+    pins = _project_pins(lock, pyproject, target, uv_binaries(target, say))
+    have = {_norm(w.name.split("-")[0]) + "==" + w.name.split("-")[1] for w in wheels.glob("*.whl")}
+    installed = [p for p in pins if f"{_norm(p.split('==')[0])}=={p.split('==')[1]}" in have]
+    doc: dict[str, Any] = {"path": UV_PROJECT_ENV, "lock": lock.origin or lock.name, "installed": installed,
+                           "not_in_store": sorted(set(pins) - set(installed))}
+    if pyproject is not None:
+        with suppress(tomllib.TOMLDecodeError):
+            data = tomllib.loads(pyproject.text)
+            if data.get("build-system") is not None and ((data.get("tool") or {}).get("uv") or {}).get("package") is not False:
+                doc["note"] = ("a packaged project: `uv sync` would also install the project itself into the read-only "
+                               "environment; `uv sync --no-install-project`, or a copy of the project, works")
+    return doc
 
 
 def _platform_args(target: dict[str, Any]) -> list[str]:
@@ -567,6 +642,11 @@ def build_env_image(
             say(f"missing: {m['name']}: {m['why']}")
         unmet = {m["name"] for m in missing}
         (ctx / "requirements.txt").write_text("".join(f"{r}\n" for r in spec.python if r not in unmet))
+        project = uv_project(spec, target, wheels, say)
+        (ctx / "uv-project.txt").write_text("".join(f"{p}\n" for p in project["installed"]) if project else "")
+        if project:
+            say(f"uv project environment {UV_PROJECT_ENV}: {len(project['installed'])} locked package(s) "
+                f"from {project['lock']}" + (f"; {project['note']}" if project.get("note") else ""))
         _world_readable(ctx)
         shutil.copy(env_folder() / "Dockerfile.python", ctx / "Dockerfile.python")
         stage = _build(client, ctx, "Dockerfile.python", tag=None, buildargs={"SYSTEM": system},
@@ -581,6 +661,7 @@ def build_env_image(
         platform=target,
         missing=missing,
         recipe=recipe_digest(),
+        uv_project=project,
     )
     body = json.dumps(record, sort_keys=True, indent=1).encode()
     record_sha = hashlib.sha256(body).hexdigest()
@@ -588,7 +669,8 @@ def build_env_image(
         ctx = Path(tmp)
         (ctx / "software-record.json").write_bytes(body)
         (ctx / "Dockerfile").write_text(
-            f"FROM {stage}\nCOPY software-record.json {RECORD_PATH}\n")
+            f"FROM {stage}\nCOPY software-record.json {RECORD_PATH}\n"
+            + (f"ENV {UV_PROJECT_VAR}={UV_PROJECT_ENV}\n" if project else ""))
         (ctx / "software-record.json").chmod(0o644)
         image_id = _build(client, ctx, "Dockerfile", tag=tag, buildargs={},
                           labels={"org.ale.image": "env", LABEL_KEY: key, LABEL_RECORD: record_sha},

@@ -103,7 +103,8 @@ class IsolationPolicy(BaseModel):
     # Writable mounts the engine adds on its own and probes accept (not require):
     # /dev/shm stays writable under --read-only.
     runtime_writable_mounts: tuple[str, ...] = ("/dev/shm",)
-    env_allowlist: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONDONTWRITEBYTECODE")
+    # UV_PROJECT_ENVIRONMENT: a task environment image's synced uv project (ale.sandbox.env_image.uv_project).
+    env_allowlist: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONDONTWRITEBYTECODE", "UV_PROJECT_ENVIRONMENT")
 
     @field_validator("cpus")
     @classmethod
