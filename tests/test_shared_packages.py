@@ -154,3 +154,27 @@ def test_the_example_tasks_share_across_agents(tmp_path, docker_client, cache) -
         assert result.status is RunStatus.SCORED and verify_run_dir(plan.run_dir).valid
         keys.append(json.loads((plan.run_dir / "evidence" / "input-staged.json").read_text())["shared_package"]["key"])
     assert keys[0] == keys[1]
+
+
+def test_the_entry_hash_reuses_the_copy_pass_and_equals_a_fresh_hash(tmp_path) -> None:
+    """The built entry's tree (packages.hash_public) is ev.hash_tree's, whether a file's
+    digest comes from the copy pass or is read again (a stale size is re-read)."""
+    from ale.data.hashing import copy_tree_hashing
+    from ale.record import evidence as ev
+
+    src = tmp_path / "src"
+    (src / "a" / "b").mkdir(parents=True)
+    (src / "a" / "b" / "deep.bin").write_bytes(os.urandom(300_000))
+    (src / "top.txt").write_text("top\n")
+    public = tmp_path / "public"
+    (public / "input").mkdir(parents=True)
+    (public / "software").mkdir()
+    (public / "software" / "tool.sh").write_text("#!/bin/sh\n")  # not hashed by the copy: read here
+    (public / "output").mkdir()  # the workspace's mount point: empty, not recorded
+    copied = copy_tree_hashing(src, public / "input")
+    hashed = {f"input/{rel}": f for rel, f in copied["files"].items()}
+    assert packages.hash_public(public, hashed) == ev.hash_tree(public)
+    wrong = {**hashed, "input/top.txt": {"sha256": "0" * 64, "size": 999}}  # a size that does not match: read again
+    assert packages.hash_public(public, wrong) == ev.hash_tree(public)
+    os.symlink("top.txt", public / "input" / "link")  # a link: the whole tree hashed as ever
+    assert packages.hash_public(public, hashed) == ev.hash_tree(public)

@@ -244,7 +244,9 @@ def _stage_shared(state: RunState) -> dict | None:
         dest.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         tree = source.stage_input(key, dest)
         _make_workspace_mount_point(state, public)
-        return {"tree": tree}
+        prefix = "" if input_rel == "." else f"{input_rel}/"
+        # hashed while copied: the entry's hash reads none of these files again
+        return {"tree": tree, "hashed": {prefix + rel: f for rel, f in tree["files"].items()}}
 
     pkg = packages.acquire(entry, build)
     try:
