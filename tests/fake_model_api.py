@@ -3,7 +3,7 @@ Chat Completions and Responses, Gemini generateContent, each with streaming.
 
 The model is scripted: while the request offers a tool named like the bridge's
 ``shell`` (``mcp__ale__shell``, ``mcp_ale_shell``, ``shell``) and the conversation
-holds no tool result yet, it calls that tool with ``COMMAND``; otherwise it answers
+holds no tool result yet, it calls that tool with ``COMMAND`` (or ``command=``); otherwise it answers
 ``done``. Every request (path, headers, JSON body) is kept in ``requests``.
 
 A native harness's own tools: ``native_command`` has the harness's shell run one
@@ -153,8 +153,9 @@ def _sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
 
 class FakeModelAPI:
     def __init__(self, *, chunk_delay_s: float = 0.0, native_command: str | None = None,
-                 script: dict[str, list[Step]] | None = None):
+                 script: dict[str, list[Step]] | None = None, command: str = COMMAND):
         self.requests: list[dict[str, Any]] = []
+        self.command = command  # what the bridge's shell tool is called with
         self.script = script
         # A native harness's own shell (Claude Code's ``Bash``) is called with this command (Anthropic API).
         self.native_command = native_command
@@ -190,7 +191,7 @@ class FakeModelAPI:
             if tool:
                 return tool, NATIVE_SHELLS[tool](self.native_command)
         tool = _decide(body)
-        return tool, {"command": COMMAND}
+        return tool, {"command": self.command}
 
     async def _keep(self, request: web.Request) -> dict[str, Any]:
         raw = await request.read()
@@ -251,7 +252,7 @@ class FakeModelAPI:
         tool, model = _decide(body), body.get("model", "gpt-fake")
         msg: dict[str, Any] = {"role": "assistant", "content": None if tool else "done"}
         if tool:
-            msg["tool_calls"] = [{"id": "call_1", "type": "function", "function": {"name": tool, "arguments": json.dumps({"command": COMMAND})}}]
+            msg["tool_calls"] = [{"id": "call_1", "type": "function", "function": {"name": tool, "arguments": json.dumps({"command": self.command})}}]
         usage = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
         if not body.get("stream"):
             return web.json_response({"id": "c1", "object": "chat.completion", "created": 0, "model": model, "usage": usage,
