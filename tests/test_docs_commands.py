@@ -218,6 +218,7 @@ COMMANDS: dict[str, Run | Skip] = {
     # docs/software.md
     "ale env build examples/tasks": Run(_contains("fully provisioned", "stderr")),
     "ale env build agents-last-exam/tasks --overlay ops.yaml --json": Skip(CORPUS),
+    "ale env build agents-last-exam/tasks --data gs://bucket/ale": Skip(CORPUS),
     "ale task list agents-last-exam/tasks --json": Skip(CORPUS),
     "ale run TASK --overlay ops.yaml": Skip("TASK and ops.yaml are the reader's; tests/test_software_runs.py runs overlays"),
     "ale task check path/to/ale-task --oracle-script solve-{variant}.json":

@@ -125,3 +125,19 @@ def test_an_environment_recorded_for_another_image_fails_verify(tree, tmp_path, 
     ev.write_manifest_and_sign(plan.run_dir, load_or_create_signing_key(None))  # re-signed: only the claim is wrong
     report = verify_run_dir(plan.run_dir)
     assert not report.valid and any("environment.image" in r for r in report.reasons), report.reasons
+
+
+def test_env_build_reads_the_variants_runtime_env_and_builds_the_runs_image(tree, tmp_path, docker_client) -> None:
+    """`ale env build` reads each variant's input/runtime_env/ from the card's data
+    source (here local), so the image it builds ahead is the one the run uses."""
+    from typer.testing import CliRunner
+
+    from ale.cli import app
+
+    plan, result = _run(tree, tmp_path, "nop", docker_client)
+    run_image = json.loads((plan.run_dir / "evidence" / "environment.json").read_text())["image"]
+    r = CliRunner().invoke(app, ["env", "build", str(tree), "--json"])
+    assert r.exit_code == 0, r.output
+    row = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("{")))
+    assert row["variants"] == [{"variant": 0, "image": run_image, "provisioned": row["provisioned"], "missing": []}]
+    assert "requirements.txt" in row["provisioned"] and "tomli" in row["provisioned"], row

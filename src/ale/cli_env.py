@@ -4,12 +4,16 @@ PATH is a task folder, a tree of them (ALE's ``tasks/``) or an experiment file.
 Each task's needs (its card's ``software``, an ``environment`` block, the overlay)
 are resolved; each distinct set is built once (content-cached, layers shared), with
 progress and sizes. A variant's ``input/runtime_env/`` manifests live in its data:
-runs add them on first use.
+with ``--data`` (or the card's ``data_source``) each variant's are read too, so the
+image its runs need is the one built here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,6 +47,55 @@ def _task_dirs(path: Path) -> tuple[list[Path], str | None, str]:
     return find_task_dirs(path), None, DEFAULT_TOOLS_IMAGE
 
 
+@contextlib.contextmanager
+def _variant_inputs(task_dir: Path, data: str | None, say: Callable[[str], None]) -> Iterator[list[tuple[int | None, Path | None]]]:
+    """(variant index, input folder holding runtime_env/) per variant of the task that stages
+    data, read from ``data`` (or the card's data_source); ``[("", None)]`` when there
+    is no data to read (``[(None, None)]``). A local source is read in place; a remote one fetches only the
+    manifests; an image's input is staged to a temporary folder."""
+    from ale.data.local import LocalSource
+    from ale.data.remote import RemoteSource
+    from ale.data.sources import open_source
+    from ale.provision.sources import MANIFESTS, RUNTIME_ENV
+    from ale.runs.screening import OK, screen_task
+    from ale.sandbox.docker_images import DockerImageStore
+
+    screen = screen_task(task_dir, "docker", build_env=True)
+    spec = data or screen.data_source
+    keyed = list(screen.variants) if screen.status == OK else []
+    if not spec or not keyed:
+        yield [(None, None)]
+        return
+    from ale.data.base import DataError, VariantKey
+
+    store = None
+    if spec.strip().startswith("image:"):
+        from ale.sandbox.docker import connect
+
+        store = DockerImageStore(connect())
+    source = open_source(spec, base_dir=task_dir if data is None else None, image_store=store)
+    with tempfile.TemporaryDirectory(prefix="ale-env-inputs-") as tmp:
+        out: list[tuple[int | None, Path | None]] = []
+        for v in keyed:
+            key = VariantKey.parse(v.data_key)
+            input_dir: Path | None = Path(tmp) / str(v.index)
+            try:
+                if isinstance(source, LocalSource):
+                    input_dir = source.variant_dir(key) / "input"
+                elif isinstance(source, RemoteSource):
+                    source.fetch_input_files(key, [f"{RUNTIME_ENV}/{m}" for m in MANIFESTS], Path(tmp) / str(v.index))
+                else:
+                    say(f"{v.data_key}: staging its input from {spec} to read runtime_env/")
+                    source.stage_input(key, Path(tmp) / str(v.index))
+            except DataError as e:
+                if v.needs_data:
+                    raise
+                say(f"{v.data_key}: no data in {spec} ({e}); built without runtime_env/")
+                input_dir = None
+            out.append((v.index, input_dir))
+        yield out
+
+
 @env_app.command("build")
 def build(
     path: Annotated[Path, typer.Argument(help="A task folder, a tree of them, or an experiment file.")],
@@ -51,8 +104,13 @@ def build(
     image: Annotated[str | None, typer.Option("--image", help="The base image (default: the tools image, "
                                                               "or the experiment's).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object per task on stdout.")] = False,
+    data: Annotated[str | None, typer.Option("--data", envvar="ALE_DATA",
+                                             help="Data source (local:DIR, gs://, s3://, hf://, image:REF): read each "
+                                                  "variant's input/runtime_env/ manifests too (default: the card's "
+                                                  "data_source, when it names one).")] = None,
 ) -> None:
     """Resolve every task's software and build its environment image (cached by content)."""
+    from ale.data.base import DataError
     from ale.runs.software import SoftwareError, build_for, read_overlay, resolve
     from ale.sandbox.image import build_tools_image
     from ale.tasks.card import load_card
@@ -84,19 +142,30 @@ def build(
                 if json_out:
                     print(json.dumps(row), flush=True)
                 continue
-            prov = resolve(d, input_dir=None, overlay=ov)
-            key = f"{prov.spec.key()}:{prov.image}"
-            if key not in built:
-                err.print(f"[bold][{i}/{len(dirs)}][/] {escape(str(d))}: {len(prov.needs)} need(s), "
-                          f"{len(prov.missing)} missing")
-                built[key], doc = build_for(prov, base, say)
-            else:
-                doc = {"image": built[key], "kind": "shared", "missing": [m.model_dump(mode="json") for m in prov.missing]}
-            row.update(image=built[key], kind=doc.get("kind"), size=doc.get("size"), build_s=doc.get("build_s"),
+            with _variant_inputs(d, data, say) as inputs:
+                variants = []
+                for index, input_dir in inputs:
+                    prov = resolve(d, input_dir=input_dir, overlay=ov)
+                    key = f"{prov.spec.key()}:{prov.image}"
+                    if key not in built:
+                        at = "" if index is None else f" (variant {index})"
+                        err.print(f"[bold][{i}/{len(dirs)}][/] {escape(str(d))}{at}: {len(prov.needs)} need(s), "
+                                  f"{len(prov.missing)} missing")
+                        built[key], doc = build_for(prov, base, say)
+                    else:
+                        doc = {"image": built[key], "kind": "shared",
+                               "missing": [m.model_dump(mode="json") for m in prov.missing]}
+                    variants.append((index, prov, built[key], doc))
+            index, prov, image_ref, doc = variants[0]
+            row.update(image=image_ref, kind=doc.get("kind"), size=doc.get("size"), build_s=doc.get("build_s"),
                        cached=doc.get("cached"), declared=prov.declared,
                        provisioned=[n.name for n in prov.needs],
                        missing=[{"name": m.get("name"), "why": m.get("why")} for m in doc.get("missing", [])])
-        except (SoftwareError, TaskError, ValueError, OSError) as e:
+            if index is not None:
+                row["variants"] = [{"variant": ix, "image": im, "provisioned": [n.name for n in pv.needs],
+                                    "missing": [{"name": m.get("name"), "why": m.get("why")} for m in dc.get("missing", [])]}
+                                   for ix, pv, im, dc in variants]
+        except (SoftwareError, TaskError, DataError, ValueError, OSError) as e:
             failed += 1
             row["error"] = str(e)
             err.print(f"[red]✗[/] {escape(str(d))}: {escape(str(e))}")

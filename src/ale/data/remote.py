@@ -674,6 +674,21 @@ class RemoteSource:
             self._materialize(self.fs, software, "software/", sdest, f"{key.relpath} software")
         return tree
 
+    def fetch_input_files(self, key: VariantKey, rels: list[str], dest: Path) -> list[str]:
+        """Copy these files of the variant's input (``runtime_env/uv.lock``, ...), where
+        present, below dest (same relative paths), each checked against manifest.json
+        when it lists it; the rest of the input is not fetched. Returns the ones copied."""
+        self.variant_exists(key)
+        wanted = {f"input/{r}" for r in rels}
+        found = []
+        for f in self.list_part(key, "input"):
+            if f.rel in wanted:
+                target = Path(dest) / f.rel.removeprefix("input/")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self._place(self.fs, f, target)
+                found.append(f.rel.removeprefix("input/"))
+        return found
+
     # ------------------------------------------------------------------ reference
 
     def _archive_file(self, key: VariantKey) -> RemoteFile | None:
