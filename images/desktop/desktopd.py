@@ -396,7 +396,9 @@ GEOM_JS = """(() => ({sx: window.screenX, sy: window.screenY, ow: window.outerWi
 # (Tailwind's browser build styles the page after ``load``). The body of an async function.
 READY_JS = """
 await new Promise(r => { if (document.readyState === 'complete') r(); else addEventListener('load', () => r(), {once: true}); });
-if (document.fonts && document.fonts.ready) await document.fonts.ready;
+// fonts: ready, or their status loaded (WebKitGTK under gVisor never settles fonts.ready)
+if (document.fonts && document.fonts.ready) { const t = performance.now(); await Promise.race([document.fonts.ready,
+  (async () => { while (document.fonts.status !== 'loaded' && performance.now() - t < 15000) await new Promise(r => setTimeout(r, 20)); })()]); }
 const frame = () => new Promise(r => requestAnimationFrame(() => r()));
 const sig = () => { const d = document.documentElement, b = document.body;
   const parts = [d.scrollWidth, d.scrollHeight, document.styleSheets.length, document.querySelectorAll('*').length];

@@ -225,6 +225,9 @@ class Host:
         if not self.window.loaded.wait(timeout):
             raise RuntimeError("the window did not finish loading")
         settled = self.call(settle_js, {}, timeout=timeout)
+        href = self.call("return location.href;", {}, timeout=timeout)
+        if str(href).startswith("about:"):  # (a load that failed: pywebview's "loaded" fires all the same)
+            raise RuntimeError(f"the page did not load (the window shows {href})")
         # The window manager has framed and placed it: the same origin twice, mapped, shown.
         last = None
         while True:
