@@ -33,6 +33,12 @@ TASK = '''
         if kind == "daemon":
             import subprocess
             subprocess.Popen(["sleep", "60"])
+        if kind == "tamper":  # the warm process's memory, through /proc
+            try:
+                open(f"/proc/{os.getppid()}/mem", "r+b").close()
+                return {"tampered": True}
+            except OSError as e:
+                return {"tampered": False, "errno": e.errno}
         return {"evaluated": STATE["evaluated"], "saw_a_file_of_another_run": seen, "loads": len(LOADED)}
 '''
 
@@ -89,6 +95,20 @@ def test_each_run_is_a_fork_that_starts_as_loaded_and_leaves_nothing_behind(tmp_
     assert (logs / "1.log").read_text() == "evaluating ok for variant y\n"
     assert "evaluating crash" in (logs / "2.log").read_text()
     assert all((logs / f"c{i}.log").read_text().count("evaluating") == 1 for i in range(3))
+
+
+def test_a_run_cannot_reach_into_the_warm_process_it_was_forked_from(tmp_path: Path) -> None:
+    d = write(tmp_path / "t" / "main.py", TASK).parent
+
+    async def go() -> Any:
+        pool = TaskProcessPool(d)
+        try:
+            return await _run(pool, "tamper", 0, tmp_path / "log")
+        finally:
+            await pool.close()
+
+    got = asyncio.run(go())
+    assert got["tampered"] is False, got
 
 
 def test_a_timeout_kills_the_warm_process_with_its_run(tmp_path: Path) -> None:

@@ -227,6 +227,18 @@ def _snapshot(roots: list[str]) -> dict[str, tuple[int, int, int]]:
     return seen
 
 
+def _set_dumpable(on: bool) -> None:
+    """``prctl(PR_SET_DUMPABLE)``: a warm process is not dumpable, so a fork it lends
+    (the same uid, in the same jail) cannot ptrace it or write its memory through
+    ``/proc``; the fork makes itself dumpable again, as any process is."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 1 if on else 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _pids() -> set[int]:
     return {int(n) for n in os.listdir("/proc") if n.isdigit()}
 
@@ -245,8 +257,10 @@ def _fork(channel: Channel, msg: dict[str, Any]) -> bool:
     before, pids = _snapshot(roots), (_pids() if jailed else set())
     sys.stdout.flush()
     sys.stderr.flush()
+    _set_dumpable(False)
     pid = os.fork()
     if pid == 0:
+        _set_dumpable(True)
         os.setpgid(0, 0)  # what it starts is its own process group: ended with it
         channel.send({"op": "result", "value": {"pid": os.getpid()}})
         return True
