@@ -83,12 +83,48 @@ def main() -> None:
         from urllib.parse import unquote, urlparse
 
         url = unquote(urlparse(url).path)
+    if url.startswith("/") and under_gvisor():
+        load_files_as_html(url)
     window = webview.create_window(
         str(cfg.get("title") or "Window"), url=url, width=int(cfg.get("width", 600)),
         height=int(cfg.get("height", 400)), x=cfg.get("x"), y=cfg.get("y"), confirm_close=False,
         text_select=True, background_color="#FFFFFF")
     webview.start(control, (window,), gui="gtk", debug=False, http_server=False)
     os._exit(0)
+
+
+GVISOR_VERSION = "#1 SMP Sun Jan 10 15:06:54 PST 2016"  # gVisor's constant /proc/version
+
+
+def under_gvisor() -> bool:
+    try:
+        with open("/proc/version") as f:
+            return GVISOR_VERSION in f.read()
+    except OSError:
+        return False
+
+
+def load_files_as_html(path: str) -> None:
+    """Under gVisor WebKitGTK refuses a ``file://`` page as the main frame ("Frame load
+    interrupted": the view stays on about:blank) but loads the same document given as
+    HTML with that ``file://`` URL as its base (its ``file://`` subresources too): the
+    window's page is loaded that way there (runc keeps ``load_uri``)."""
+    from urllib.parse import unquote, urlparse
+
+    from webview.platforms import gtk as wgtk
+
+    with open(path, encoding="utf-8", errors="replace") as f:
+        content = f.read()
+    view = wgtk.webkit.WebView
+    load_uri = view.load_uri
+
+    def load(self: Any, uri: str) -> None:
+        if uri.startswith("file://") and unquote(urlparse(uri).path) == path:
+            self.load_html(content, "file://" + path)
+        else:
+            load_uri(self, uri)
+
+    view.load_uri = load
 
 
 def on_main(fn: Any, timeout: float = 30) -> Any:
