@@ -50,8 +50,11 @@ def test_a_new_run_folder_has_the_shape_of_an_old_one(docker_client, tmp_path) -
     assert new.pop("plan.json") == sorted([*old.pop("plan.json"), "provider", "judge_env", "provision_software",
                                            "software_overlay"])
     assert new.pop("result.json") == sorted([*old.pop("result.json"), "invalid_attribution"])
-    # The trajectory holds the model side (from the model gateway) where there is one.
-    assert new.pop("trajectory.json") == sorted([*old.pop("trajectory.json"), "model_turns"])
+    # The trajectory holds the model side (from the model gateway) where there is one,
+    # and says where its steps came from (the toolbox, or the gateway for a native
+    # harness) and where the harness's own transcript is.
+    assert new.pop("trajectory.json") == sorted([*old.pop("trajectory.json"), "model_turns", "steps_source",
+                                                 "steps_derivation", "harness_transcript"])
     # harness.json names the run's shape, whose phase table ale verify reads.
     assert new.pop("evidence/harness.json") == sorted([*old.pop("evidence/harness.json"), "run_shape"])
     # ... and, as root, the shared package its overlay sits on (ale.runs.packages).
