@@ -86,6 +86,15 @@ def test_the_agent_refuses_at_preflight_with_the_limit_named():
         agent.fit_policy(IsolationPolicy(pids_limit=32))  # type: ignore[attr-defined]
 
 
+def test_gemini_cli_sizes_its_heap_by_the_sandbox_and_runs_its_sub_agents_on_the_run_model():
+    agent = make_agent(AgentSpec(name="gemini-cli", config={"mode": "native", "model": "gemini-fake-1"}))
+    settings = json.loads(agent._native_files()[".gemini/settings.json"])  # type: ignore[attr-defined]
+    assert settings["advanced"]["autoConfigureMemory"] is False  # no relaunch with half the host's memory as its heap
+    overrides = settings["agents"]["overrides"]
+    assert overrides["codebase_investigator"]["modelConfig"]["model"] == "gemini-fake-1"
+    assert {o["modelConfig"]["model"] for o in overrides.values()} == {"gemini-fake-1"}
+
+
 # -- what the sandbox used, and the outcome naming the limit hit ---------------------------
 def test_usage_record_names_each_limit_hit():
     rec = {"available": True, "pids": {"limit": 64, "peak": 64, "refused_forks": 3},

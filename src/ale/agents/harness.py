@@ -254,7 +254,10 @@ class HarnessAgent:
                 "security": {"auth": {"selectedType": "gemini-api-key"}}, "privacy": {"usageStatisticsEnabled": False},
                 "general": {"disableAutoUpdate": True}, "tools": {"exclude": ["google_web_search", "web_fetch"]},
                 # Its sub-agents name their own models (gemini-2.5-pro, flash): the run's model, or the gateway refuses them.
-                "agents": {"overrides": {a: {"modelConfig": {"model": self.model}} for a in GEMINI_SUBAGENTS}}})}
+                "agents": {"overrides": {a: {"modelConfig": {"model": self.model}} for a in GEMINI_SUBAGENTS}},
+                # Not a heap of half the *host's* memory (its relaunch's --max-old-space-size, 12 GB on a 24 GB
+                # host), above the sandbox's limit: node's own default, sized by the cgroup's memory limit.
+                "advanced": {"autoConfigureMemory": False}})}
         return {}
 
     async def _run_native(self, ctx: AgentContext) -> AgentOutcome:
