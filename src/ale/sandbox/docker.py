@@ -67,6 +67,12 @@ EXEC_TAG_VAR = "ALE_EXEC_ID"
 # Grace on top of a command's own timeout before the host gives up waiting on
 # the exec stream (a daemonised child can hold stdout open after the kill).
 _HOST_GRACE_S = 5.0
+# Once the engine reports a command exited, how long its stream may stay open (a
+# background child holding it) before it is closed: that long after the exit and
+# after the last bytes that came; longer while nothing came at all, since on a loaded
+# host the engine reports the exit before it has passed the output on.
+_AFTER_EXIT_S = 0.2
+_AFTER_EXIT_EMPTY_S = 1.5
 
 
 # PID 1 of every sandbox: it only reaps. Orphans are re-parented to PID 1, and a
@@ -313,7 +319,8 @@ class DockerSandbox:
                 # reads the same as ended, but without an exit code.
                 if not state.get("Running") and state.get("ExitCode") is not None:
                     exited_at = now
-            elif now - exited_at > 0.2:
+            elif now - exited_at > (_AFTER_EXIT_S if collector.last_data is not None else _AFTER_EXIT_EMPTY_S) and (
+                    collector.last_data is None or now - collector.last_data > _AFTER_EXIT_S):
                 collector.close()
         await pump
         info = await self._exec_state(exec_id["Id"])
@@ -491,8 +498,10 @@ class _StreamCollector:
         self.error: Exception | None = None
         self.sock: Any = None
         self.closed = False
+        self.last_data: float | None = None  # time.monotonic() of the last bytes received
 
     def add(self, stream: int, data: bytes) -> None:
+        self.last_data = time.monotonic()
         buf = self.err if stream == 2 else self.out
         room = self.limit - len(buf)
         if room >= len(data):
