@@ -323,6 +323,39 @@ def profile(runs: int, concurrency: int) -> None:
         print(f"  {k:42} {len(v) / n:8.2f} {sum(v) / n:8.3f} {st.median(v):8.3f}")
 
 
+def orch_child(src: Path, runs: int, concurrency: int) -> dict:
+    """``bench_orchestrator`` in a child process importing ale from ``src``."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    out = subprocess.run([sys.executable, __file__, "--orch-child", "--runs", str(runs), "--concurrency", str(concurrency)],
+                         capture_output=True, text=True, check=True, cwd=REPO, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Rounds of: the bare loop, this checkout's orchestrator, another checkout's
+    (both in child processes), in a rotating order; the ratios of each round."""
+    import statistics as st
+
+    loops = {"bare": lambda: bench_bare(args.runs, args.concurrency),
+             "after": lambda: orch_child(REPO / "src", args.runs, args.concurrency),
+             "before": lambda: orch_child(Path(args.compare).resolve(), args.runs, args.concurrency)}
+    names = list(loops)
+    ratios: dict[str, list[float]] = {"before": [], "after": []}
+    for r in range(args.rounds):
+        order = names[r % 3:] + names[:r % 3]
+        got = {name: loops[name]() for name in order}
+        for k in ratios:
+            ratios[k].append(got[k]["runs_per_s"] / got["bare"]["runs_per_s"])
+        print(f"round {r + 1} ({', '.join(order)}): bare {got['bare']['runs_per_s']:.2f} runs/s; before "
+              f"{got['before']['runs_per_s']:.2f} ({ratios['before'][-1]:.2f}x) {got['before']['statuses']}; after "
+              f"{got['after']['runs_per_s']:.2f} ({ratios['after'][-1]:.2f}x) {got['after']['statuses']}", flush=True)
+    for k, v in ratios.items():
+        print(f"{k}: median {st.median(v):.2f}x [{', '.join(f'{x:.2f}' for x in v)}]")
+    after_over_before = [a / b for a, b in zip(ratios["after"], ratios["before"], strict=True)]
+    print(f"after / before, per round: median {st.median(after_over_before):.2f} "
+          f"[{', '.join(f'{x:.2f}' for x in after_over_before)}]")
+
+
 def write_section(text: str) -> Path:
     path = REPO / "docs" / "benchmarks.md"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -348,9 +381,18 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     ap.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="time the calls of N runs and print where they go")
+    ap.add_argument("--compare", metavar="SRC", help="also run the orchestrator of another checkout's src/ (e.g. the commit "
+                    "before a change) in each round, in a child process like this checkout's: before/after, interleaved")
+    ap.add_argument("--orch-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.orch_child:
+        print(json.dumps(bench_orchestrator(args.runs, args.concurrency)))
+        return
     if args.profile:
         profile(args.profile, args.concurrency)
+        return
+    if args.compare:
+        compare(args)
         return
     if args.memory_child:
         memory_child(args.queued, args.seconds)
