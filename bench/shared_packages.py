@@ -282,7 +282,7 @@ def write_subsection(text: str, heading: str) -> None:
         raise SystemExit("docs/benchmarks.md has no '## Shared public packages' section")
     body = m.group(0)
     sub = re.compile(re.escape(heading) + r"\n.*?(?=\n##+ |\Z)", re.S)
-    body = sub.sub(lambda _: text, body) if sub.search(body) else body.rstrip("\n") + "\n\n" + text
+    body = sub.sub(lambda _: text + "\n", body) if sub.search(body) else body.rstrip("\n") + "\n\n" + text + "\n"
     doc.write_text(full[:m.start()] + body + full[m.end():])
 
 
