@@ -95,6 +95,11 @@ SHELL_THEN_WRITE = {
 }
 
 
+# Gemini CLI's own file reader on the public package (outside its workspace folder).
+GEMINI_READ_THEN_WRITE = [[("read_file", {"file_path": "/input/document.txt"})],
+                          [("write_file", {"file_path": "/workspace/answer.json", "content": ANSWER_JSON})]]
+
+
 @pytest.fixture
 def fake_api(request):
     api = FakeModelAPI(native_command=request.param).start()
@@ -358,3 +363,25 @@ def test_a_spent_budget_ends_a_native_turn_as_timeout_with_the_reason(docker_cli
     assert [r.get("refused_for") for r in _requests(plan.run_dir) if r["decision"] == "refused"][:1] == ["budget"]
     report = verify_run_dir(plan.run_dir)
     assert report.valid, report.reasons
+
+
+@pytest.mark.docker
+@needs_npm
+def test_gemini_cli_native_reads_the_public_package_with_its_own_file_tool(docker_client, tmp_path):
+    """Gemini CLI's file tools reach only its workspace folders; the input folder is made one
+    (`--include-directories`), so its read_file returns the document instead of a refusal."""
+    from ale.agents.trajectory import load_trajectory
+
+    api = FakeModelAPI(script={"steps": GEMINI_READ_THEN_WRITE}).start()
+    try:
+        plan = _plan(tmp_path, api, model="gemini-fake-1", ALE_GATEWAY_GEMINI_UPSTREAM=api.url,
+                     prices={"gemini-fake-1": {"input_per_mtok": 1.25, "output_per_mtok": 10.0}})
+        plan = plan.model_copy(update={"agent": AgentSpec(name="gemini-cli", config=plan.agent.config)})
+        result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+    finally:
+        api.stop()
+    assert result.status is RunStatus.SCORED and result.score == 1.0, (result.status, result.error)
+    steps = load_trajectory(plan.run_dir / "trajectory.json").steps
+    assert [s.tool for s in steps] == ["read_file", "write_file"], [(s.tool, s.output[:200]) for s in steps]
+    first_line = _DOC.strip().splitlines()[0][:40]
+    assert first_line in steps[0].output, steps[0].output[:500]

@@ -128,7 +128,7 @@ class HarnessAgent:
             doc["sandbox_needs"] = SANDBOX_NEEDS.to_dict()
             doc.update({"install_dir": self.harness.install_dir, "home": NATIVE_HOME,
                         "channel": {"kind": "exec-stream", "listen_inside": f"127.0.0.1:{self.channel_port}"},
-                        "argv_template": self._native_argv("{prompt}"), "env_names": sorted(self._native_env("", "x"))})
+                        "argv_template": self._native_argv("{prompt}", "{input_dir}"), "env_names": sorted(self._native_env("", "x"))})
         return doc
 
     @property
@@ -228,7 +228,7 @@ class HarnessAgent:
             return {"GEMINI_MODEL": self.model}
         return {}
 
-    def _native_argv(self, prompt: str) -> list[str]:
+    def _native_argv(self, prompt: str, input_dir: str | None = None) -> list[str]:
         exe = self.harness.executable
         if self.name == "claude-code":
             return [exe, "-p", "--output-format", "stream-json", "--verbose", "--model", self.model,
@@ -241,7 +241,10 @@ class HarnessAgent:
             return [self.harness.node, exe, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
                     "-c", provider, "-c", 'model_provider="gw"', "-m", self.model, "-c", 'web_search="disabled"',
                     "--disable", "image_generation", "--disable", "apps", "--disable", "plugins", *self.args, "--", prompt]
-        return [self.harness.node, exe, f"--prompt={prompt}", "--yolo", "--skip-trust", "--model", self.model, *self.args]
+        # Gemini CLI's file tools reach only its workspace folders: the public package is one of them.
+        include = ["--include-directories", input_dir] if input_dir else []
+        return [self.harness.node, exe, f"--prompt={prompt}", "--yolo", "--skip-trust", "--model", self.model, *include,
+                *self.args]
 
     def _native_env(self, url: str, token: str) -> dict[str, str]:
         return {**harness_env(url, token), **_QUIET, **self._model_env(), "HOME": f"{NATIVE_HOME}/{self.name}",
@@ -301,7 +304,7 @@ class HarnessAgent:
     async def _drive(self, ctx: AgentContext, sandbox: Any, gw: ModelGateway, agent_dir: Path, started: float) -> AgentOutcome:
         url = f"http://127.0.0.1:{self.channel_port}"
         env = self._native_env(url, gw.token)
-        argv = self._native_argv(ctx.prompt)
+        argv = self._native_argv(ctx.prompt, ctx.input_dir)
         files = self._native_files()
         setup = 'mkdir -p "$HOME" && chmod 700 "$HOME"'
         for i, rel in enumerate(files):
