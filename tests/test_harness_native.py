@@ -75,6 +75,7 @@ out["remote image"] = call("POST", "/v1/messages", {"model": "claude-fake-1", "m
 out["provider state"] = call("POST", "/v1/messages", {"model": "claude-fake-1", "container": "cntr_1", **msg})
 out["server tool"] = call("POST", "/v1/messages", {"model": "claude-fake-1", **msg,
                                                    "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
+out["stolen token"], out["gateway url"] = token, base  # exfiltrated through the deliverables
 json.dump(out, open("/workspace/hostile.json", "w"), indent=1)
 EOF"""
 
@@ -241,6 +242,32 @@ def test_hostile_command_inside_a_native_sandbox_reaches_only_the_gateway(docker
     assert result.status is RunStatus.SCORED and result.score == 1.0, (result.error, result.violations)
     report = verify_run_dir(run)
     assert report.valid, report.reasons
+    _stolen_token_is_worthless_after_the_run(out["stolen token"], fake_api, tmp_path)
+
+
+def _stolen_token_is_worthless_after_the_run(stolen: str, api: FakeModelAPI, tmp_path: Path) -> None:
+    """The token the harness held (and the candidate exfiltrated) is the run's own: it is not a
+    provider key, and no gateway accepts it once its run has ended, a later run's gateway included."""
+    import httpx2 as httpx
+
+    from ale.agents.gateway.server import ModelGateway, serve_gateway
+    from ale.agents.gateway.tools import ToolPolicy
+
+    assert stolen and stolen not in {"k", ""} and not stolen.startswith(("sk-", "AIza"))
+    msg = {"model": "claude-fake-1", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    before = len(api.requests)
+
+    async def later_run():
+        (tmp_path / "later").mkdir()
+        gw = ModelGateway(tmp_path / "later", ToolPolicy(("shell",), client_tools=True), keys={"anthropic": "k"},
+                          upstreams={"openai": api.url, "anthropic": api.url, "gemini": api.url})
+        async with serve_gateway(gw) as url, httpx.AsyncClient(timeout=30) as c:
+            stolen_r = await c.post(url + "/anthropic/v1/messages", headers={"x-api-key": stolen}, json=msg)
+            own_r = await c.post(url + "/anthropic/v1/messages", headers={"x-api-key": gw.token}, json=msg)
+        return stolen_r.status_code, own_r.status_code
+
+    assert asyncio.run(later_run()) == (401, 200)
+    assert len(api.requests) == before + 1  # only the later run's own request reached the model API
 
 
 def test_gateway_limits_refuse_endpoints_models_and_budgets_and_verify_rederives_them(tmp_path):
