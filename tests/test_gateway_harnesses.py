@@ -121,24 +121,63 @@ CODEX_OFF = ["--disable", "shell_tool", "--disable", "unified_exec", "--disable"
              "--disable", "goals"]
 
 
-def _codex(api: FakeModelAPI, *, builtins_off: bool = True) -> dict:
+def _codex(api: FakeModelAPI, *, builtins_off: bool = True, model: str = "gpt-fake-1") -> dict:
     provider = ('model_providers.gw={name="gw", base_url="{gateway_url}/openai/v1", wire_api="responses", '
                 'env_key="CODEX_API_KEY", supports_websockets=false}')
     return {
         "command": [str(CODEX), "exec", "--skip-git-repo-check", "--ephemeral", "--ignore-user-config", "--sandbox", "read-only",
-                    "-c", provider, "-c", 'model_provider="gw"', "-m", "gpt-fake-1",
+                    "-c", provider, "-c", 'model_provider="gw"', "-m", model,
                     "-c", 'mcp_servers.ale.url="{mcp_url}"', "-c", 'mcp_servers.ale.bearer_token_env_var="ALE_MCP_TOKEN"',
                     "-c", 'mcp_servers.ale.default_tools_approval_mode="approve"', "-c", 'web_search="disabled"',
                     *(CODEX_OFF if builtins_off else []), "--disable", "apps", "--disable", "plugins",
                     "--", "{prompt}"],
         "harness_profile": "codex-0.171",
         "confine": {"install": [str(PREFIX / "codex")]},
-        "prices": {"gpt-fake-1": {"input_per_mtok": 1.25, "output_per_mtok": 10.0}},
+        "prices": {model: {"input_per_mtok": 1.25, "output_per_mtok": 10.0}},
         **_upstreams(api),
     }
 
 
 needs_codex = pytest.mark.requires(CODEX.exists(), f"Codex CLI is not installed under {PREFIX} (scripts/setup.sh, npm)")
+
+
+@needs_codex
+def test_codex_bridge_with_a_model_it_knows_offers_tool_search_and_passes(box, tmp_path, fake_api):  # noqa: F811
+    """With a model Codex knows it also offers `tool_search` (executed by Codex itself) and
+    `apply_patch` (its own editor, refused by its read-only sandbox on the host): the codex
+    profile allows both, so the bridge run is not refused."""
+    ctx, writer = make_ctx(box, tmp_path)
+    out = asyncio.run(CommandAgent(_codex(fake_api, model="gpt-5.5")).run(ctx))
+    writer.close(usage=out.usage, end=out.end.value)
+    assert out.end == AgentEnd.FINISHED, (out.detail, (tmp_path / "agent" / "stderr.log").read_text()[-3000:])
+    summary = summarize(tmp_path)
+    assert summary is not None and not summary["problems"] and not summary["refusals"], summary
+    offered = [set(r["tools"]) for r in summary["requests"] if r["tools"]]
+    assert any("tool_search" in t for t in offered), offered
+
+
+@needs_codex
+def test_codex_bridge_apply_patch_writes_nothing_on_the_host(box, tmp_path):  # noqa: F811
+    """The profile's reason for allowing apply_patch in bridge mode holds: Codex's own editor,
+    under `--sandbox read-only` in bubblewrap, writes nothing, neither in the sandbox's
+    workspace (seen from the host) nor in the host's /tmp."""
+    host_tmp = Path("/tmp") / f"ale-bridge-patch-{os.getpid()}.txt"
+    patch = (f"*** Begin Patch\n*** Add File: {host_tmp}\n+x\n"
+             f"*** Add File: {box.workspace / 'patched.txt'}\n+x\n*** End Patch")
+    api = FakeModelAPI(script={"steps": [[("apply_patch", {"input": patch})]]}).start()
+    try:
+        ctx, writer = make_ctx(box, tmp_path)
+        out = asyncio.run(CommandAgent(_codex(api, model="gpt-5.5")).run(ctx))
+        writer.close(usage=out.usage, end=out.end.value)
+    finally:
+        api.stop()
+    assert out.end == AgentEnd.FINISHED, out.detail
+    outputs = [i for r in api.requests if r["body"] for i in r["body"].get("input") or []
+               if isinstance(i, dict) and i.get("type") in ("custom_tool_call_output", "function_call_output")]
+    assert outputs and "rejected" in str(outputs[0].get("output")), outputs  # made, and refused by Codex's sandbox
+    assert not host_tmp.exists() and not (box.workspace / "patched.txt").exists()
+    summary = summarize(tmp_path)
+    assert summary is not None and not summary["refusals"], summary
 
 
 @needs_codex
@@ -154,7 +193,9 @@ def test_codex_through_the_gateway_passes_and_its_tools_are_recorded(box, tmp_pa
     offered = [set(r["tools"]) for r in summary["requests"] if r["tools"]]
     profile = set(BUILTIN_PROFILES["codex-0.171"]["allow"])
     # Exactly the bridge's four tools (namespace mcp__ale) and the profile's tools, each with its reason.
-    assert offered and all(t == {"shell", "read_file", "write_file", "list_dir"} | profile for t in offered), offered
+    # (tool_search and apply_patch only with a model Codex knows: this one it does not.)
+    four = {"shell", "read_file", "write_file", "list_dir"}
+    assert offered and all(four | (profile - {"tool_search", "apply_patch"}) <= t <= four | profile for t in offered), offered
     model_calls = [r for r in fake_api.requests if r["path"] == "/v1/responses"]
     assert model_calls and all(r["headers"].get("authorization") == "Bearer sk-proj-operator-secret-0123456789" for r in model_calls)
     for f in tmp_path.rglob("*"):

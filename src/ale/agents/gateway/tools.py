@@ -265,5 +265,10 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
         "list_mcp_resource_templates": "lists resource templates of the configured MCP servers (only the run's bridge, "
                                        "as above)",
         "read_mcp_resource": "reads a resource of the configured MCP servers (only the run's bridge, as above)",
+        "apply_patch": "Codex's own file editor (offered with any model Codex knows; it cannot be switched off in "
+                       "0.171): in bridge mode Codex runs on the host under `--sandbox read-only` inside bubblewrap, so "
+                       "its writes are refused there, and it never reaches the sandbox (the MCP tools do)",
+        "tool_search": "searches Codex's own deferred tool list (offered with any model Codex knows; Codex answers the "
+                       "model's tool_search_call itself with a tool_search_output): no file or network access",
     }},
 }
