@@ -655,3 +655,24 @@ def test_a_replay_script_stands_in_for_a_missing_solve(docker_client, tmp_path):
     p = ale("task", "check", str(EXAMPLES / "secrets" / "echo_secret"), "--runs-dir", str(tmp_path / "runs"),
             "--oracle-script", str(tmp_path / "nowhere.json"))
     assert p.returncode == 2 and "nowhere.json (variant 0) is not a file" in p.stderr, p.stderr
+
+
+def test_cleanup_prunes_only_stale_probe_folders(tmp_path):
+    """`ale cleanup --runs-dir` removes probe folders a killed check left (older than an
+    hour), never a fresh one (a check running now), never a run folder."""
+    import os
+    import time
+
+    from ale.runs.grading_only import PROBES_DIR, prune_stale_probes
+
+    probes = tmp_path / PROBES_DIR
+    stale, fresh = probes / "p-old", probes / "p-new"
+    for d in (stale / "reference", fresh / "reference", tmp_path / "a-run"):
+        d.mkdir(parents=True)
+    (stale / "reference" / "answer.json").write_text("{}")
+    old = time.time() - 7200
+    os.utime(stale, (old, old))
+    os.utime(tmp_path / "a-run", (old, old))
+    assert prune_stale_probes(tmp_path) == [stale]
+    assert not stale.exists() and fresh.is_dir() and (tmp_path / "a-run").is_dir()
+    assert prune_stale_probes(tmp_path / "nowhere") == []

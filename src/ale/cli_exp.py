@@ -281,9 +281,13 @@ def _require_runtime(provider: str, runtime: str) -> None:
         _fail(f"environment.runtime {runtime!r}: {e}")
 
 
-def cleanup_command() -> None:
-    """Remove every container ale left behind (label ale.managed=1; nothing else) and
-    the shared public packages no run is using."""
+def cleanup_command(
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", envvar="ALE_RUNS_DIR",
+                                           help="Also remove the grading-probe folders a killed `ale task check` "
+                                                "left under this runs folder (older than an hour).")] = Path("runs"),
+) -> None:
+    """Remove every container ale left behind (label ale.managed=1; nothing else), the
+    shared public packages no run is using, and stale grading-probe folders."""
     from ale.sandbox.base import SandboxError
     from ale.sandbox.providers import make_provider
 
@@ -296,8 +300,11 @@ def cleanup_command() -> None:
     from ale.runs.packages import cache_root, clear_unused
 
     packages, left = clear_unused()
-    err.print(f"removed {len(removed)} container(s) and {len(packages)} shared package(s) no run uses "
-              f"({cache_root()}; {left} in use)")
+    from ale.runs.grading_only import prune_stale_probes
+
+    probes = prune_stale_probes(runs_dir)
+    err.print(f"removed {len(removed)} container(s), {len(packages)} shared package(s) no run uses "
+              f"({cache_root()}; {left} in use) and {len(probes)} stale probe folder(s) under {runs_dir}")
 
 
 exp_app.command("report")(report_command)

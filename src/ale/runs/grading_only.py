@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ from ale.tasks.process import TaskProcessPool, judge_env
 
 KIND = "grading-probe"
 PROBES_DIR = ".probes"  # under the runs folder; never a run folder
+STALE_PROBE_S = 3600.0  # a probe folder untouched this long belongs to no running check
 PROBE_RECORD = "probe.json"
 NOT_A_RUN = ("a grading probe, not a run: the output was written on the host by the harness and graded as a run "
              "grades it; no candidate sandbox ran and no seal was proven, so nothing here is signed evidence")
@@ -290,6 +292,25 @@ async def _cleanup(state: RunState) -> None:
 
 
 def _remove(path: Path) -> None:
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)
+
+
+def prune_stale_probes(runs_dir: Path, *, older_than_s: float = STALE_PROBE_S) -> list[Path]:
+    """Remove the probe folders under ``runs_dir/.probes`` a killed check left behind
+    (their staged input and reference included): those not modified for ``older_than_s``,
+    so that a check running now keeps its own. Returns the folders removed."""
+    root = Path(runs_dir) / PROBES_DIR
+    if not root.is_dir() or root.is_symlink():
+        return []
+    cutoff = time.time() - older_than_s
+    removed = []
+    for entry in sorted(root.iterdir()):
+        try:
+            if entry.is_symlink() or not entry.is_dir() or entry.stat().st_mtime > cutoff:
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        if not entry.exists():
+            removed.append(entry)
+    return removed
