@@ -157,7 +157,7 @@ def test_the_example_tasks_share_across_agents(tmp_path, docker_client, cache) -
 
 
 def test_the_entry_hash_reuses_the_copy_pass_and_equals_a_fresh_hash(tmp_path) -> None:
-    """The built entry's tree (packages.hash_public) is ev.hash_tree's, whether a file's
+    """The built entry's tree (ev.hash_tree with the copy's digests) is a fresh hash's, whether a file's
     digest comes from the copy pass or is read again (a stale size is re-read)."""
     from ale.data.hashing import copy_tree_hashing
     from ale.record import evidence as ev
@@ -173,8 +173,8 @@ def test_the_entry_hash_reuses_the_copy_pass_and_equals_a_fresh_hash(tmp_path) -
     (public / "output").mkdir()  # the workspace's mount point: empty, not recorded
     copied = copy_tree_hashing(src, public / "input")
     hashed = {f"input/{rel}": f for rel, f in copied["files"].items()}
-    assert packages.hash_public(public, hashed) == ev.hash_tree(public)
+    assert ev.hash_tree(public, known=hashed) == ev.hash_tree(public)
     wrong = {**hashed, "input/top.txt": {"sha256": "0" * 64, "size": 999}}  # a size that does not match: read again
-    assert packages.hash_public(public, wrong) == ev.hash_tree(public)
-    os.symlink("top.txt", public / "input" / "link")  # a link: the whole tree hashed as ever
-    assert packages.hash_public(public, hashed) == ev.hash_tree(public)
+    assert ev.hash_tree(public, known=wrong) == ev.hash_tree(public)
+    os.symlink("top.txt", public / "input" / "link")  # a link: recorded as ever
+    assert ev.hash_tree(public, known=hashed) == ev.hash_tree(public)

@@ -59,8 +59,12 @@ def sha256_file(path: Path) -> str:
 
 
 # -- tree hashes ------------------------------------------------------------------
-def hash_tree(root: Path) -> dict:
+def hash_tree(root: Path, *, known: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
     """Hash every entry under ``root`` without following links.
+
+    ``known`` (path under ``root`` → ``sha256`` and ``size``) are digests taken in the
+    same pass that wrote those files (a package's copy): a regular file listed there
+    with the same size is not read again; any other is.
 
     Returns ``{"files": {relpath: {"sha256", "size"}}, "others": {relpath: {"type",
     ...}}, "digest", "count"}``. ``files`` and, when ``others`` is empty, ``digest``
@@ -83,8 +87,12 @@ def hash_tree(root: Path) -> dict:
             if stat.S_ISDIR(mode):
                 stack.append(rel)
             elif stat.S_ISREG(mode):
-                digest, size = _sha256_and_size(root / rel)
-                files[rel] = {"sha256": digest, "size": size}
+                seen = known.get(rel) if known else None
+                if seen is not None and int(seen["size"]) == st.st_size:
+                    files[rel] = {"sha256": seen["sha256"], "size": st.st_size}
+                else:
+                    digest, size = _sha256_and_size(root / rel)
+                    files[rel] = {"sha256": digest, "size": size}
             elif stat.S_ISLNK(mode):
                 others[rel] = {"type": "symlink", "target": os.readlink(root / rel)}
             else:

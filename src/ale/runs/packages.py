@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ale.data.hashing import make_tree_hash, sha256_file, stat_fingerprint
+from ale.data.hashing import stat_fingerprint
 from ale.paths import cache_dir
 from ale.record import evidence as ev
 from ale.sandbox.scratch import remove_tree
@@ -136,7 +136,8 @@ def acquire(key: str, build: Callable[[Path], dict[str, Any]], *, root: Path | N
             try:
                 (tmp / PUBLIC).mkdir(parents=True, mode=0o755)
                 kept = build(tmp / PUBLIC)
-                public_tree = hash_public(tmp / PUBLIC, kept.pop("hashed", {}))
+                # One read of the package: the digests the copy took are reused.
+                public_tree = ev.hash_tree(tmp / PUBLIC, known=kept.pop("hashed", {}))
                 _make_read_only(tmp / PUBLIC)
                 meta = {**kept, "key": key, "public_tree": public_tree, "bytes": sum(f["size"] for f in public_tree["files"].values()),
                         "public_fingerprint": stat_fingerprint(tmp / PUBLIC), "created_at": ev.utc_now_iso()}
@@ -152,38 +153,6 @@ def acquire(key: str, build: Callable[[Path], dict[str, Any]], *, root: Path | N
     pkg = SharedPackage(key, entry, meta, use_fd)
     evict(root, keep=key)
     return pkg
-
-
-def hash_public(public: Path, hashed: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """``ev.hash_tree(public)``, without reading again the files the build hashed in
-    the same pass that copied them (``hashed``: path under ``public`` → its
-    ``sha256`` and ``size``; a file whose size differs is hashed anew). Nothing but
-    the build writes in the entry's temporary folder, so the digest is the one a
-    second read would give, at the cost of one read of the package instead of two."""
-    files: dict[str, dict[str, Any]] = {}
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
-        with os.scandir(public / rel_dir if rel_dir else public) as it:
-            entries = sorted(it, key=lambda e: e.name)
-        for e in entries:
-            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
-            st = e.stat(follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                stack.append(rel)
-            elif stat.S_ISREG(st.st_mode):
-                known = hashed.get(rel)
-                if known is not None and int(known["size"]) == st.st_size:
-                    files[rel] = {"sha256": known["sha256"], "size": st.st_size}
-                else:
-                    digest, size = sha256_file(public / rel)
-                    files[rel] = {"sha256": digest, "size": size}
-            else:  # a link or a special file (a local source stages none): hashed as ever, all of it
-                return ev.hash_tree(public)
-    tree: dict[str, Any] = dict(make_tree_hash(files))
-    tree["others"] = {}
-    tree["digest"] = ev.tree_hash_digest(tree)
-    return tree
 
 
 def _valid_meta(entry: Path) -> dict[str, Any] | None:
