@@ -147,11 +147,19 @@ def _assert_native_trajectory(run: Path, shell: str, write: str) -> None:
         assert f["written_by"] == "candidate" and (run / f["path"]).stat().st_size == f["bytes"]
 
 
-def _plan(tmp_path: Path, api: FakeModelAPI, **config) -> RunPlan:
-    cfg = {"mode": "native", "model": "claude-fake-1", "ALE_GATEWAY_ANTHROPIC_UPSTREAM": api.url,
-           "prices": {"claude-fake-1": {"input_per_mtok": 3.0, "output_per_mtok": 15.0}}, **config}
+# Per harness: the model the fake API answers as, its gateway upstream variable and path, its prices.
+# Codex's model is one it knows, so that it edits files with apply_patch (a free-form tool).
+NATIVE = {"claude-code": ("claude-fake-1", "ALE_GATEWAY_ANTHROPIC_UPSTREAM", "", (3.0, 15.0)),
+          "codex": ("gpt-5.5", "ALE_GATEWAY_OPENAI_UPSTREAM", "/v1", (1.25, 10.0)),
+          "gemini-cli": ("gemini-fake-1", "ALE_GATEWAY_GEMINI_UPSTREAM", "", (1.25, 10.0))}
+
+
+def _plan(tmp_path: Path, api: FakeModelAPI, harness: str = "claude-code", **config) -> RunPlan:
+    model, upstream, path, (p_in, p_out) = NATIVE[harness]
+    cfg = {"mode": "native", "model": model, upstream: api.url + path,
+           "prices": {model: {"input_per_mtok": p_in, "output_per_mtok": p_out}}, **config}
     return RunPlan(
-        run_id=f"n-{uuid.uuid4().hex[:12]}", task_dir=str(TASK), variant=0, agent=AgentSpec(name="claude-code", config=cfg),
+        run_id=f"n-{uuid.uuid4().hex[:12]}", task_dir=str(TASK), variant=0, agent=AgentSpec(name=harness, config=cfg),
         image=TOOLS_IMAGE, policy=IsolationPolicy(memory_bytes=2 * 1024**3), runs_dir=str(tmp_path / "runs"),
         signing_key=str(tmp_path / "key.pem"),
     )
@@ -340,43 +348,33 @@ def test_claude_code_bridge_mode_is_the_command_design_with_the_gateway_limits(b
 @needs_npm
 @pytest.mark.parametrize("scripted_api", ["codex"], indirect=True)
 def test_codex_native_solves_word_count_inside_the_seal(docker_client, tmp_path, scripted_api):
-    # A model Codex knows to edit files with apply_patch (a free-form tool): it offers apply_patch only then.
-    fake_api = scripted_api
-    plan = _plan(tmp_path, fake_api, model="gpt-5.5", ALE_GATEWAY_OPENAI_UPSTREAM=fake_api.url + "/v1",
-                 prices={"gpt-5.5": {"input_per_mtok": 1.25, "output_per_mtok": 10.0}})
-    plan = plan.model_copy(update={"agent": AgentSpec(name="codex", config=plan.agent.config)})
-    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
-    run = plan.run_dir
-    reqs = _requests(run)
-    offered = {t for r in reqs for t in r["tools"]}
-    assert result.status is RunStatus.SCORED and result.score == 1.0, (result.error, result.violations, offered)
-    # For such a model Codex also offers tool_search, executed by Codex itself ("execution": "client"): a client tool.
-    assert result.extra["agent_mode"] == "native" and {"exec_command", "apply_patch", "tool_search"} <= offered, offered
-    assert all(r["decision"] == "forwarded" for r in reqs if r["model_call"]), reqs
-    report = verify_run_dir(run)
-    assert report.valid, report.reasons
-    _assert_native_trajectory(run, "exec_command", "apply_patch")
+    # At a model it knows (NATIVE) Codex also offers tool_search, executed by Codex itself ("execution": "client"): a client tool.
+    _solves_natively(docker_client, tmp_path, scripted_api, "codex", "exec_command", "apply_patch", also={"tool_search"})
 
 
 @pytest.mark.docker
 @needs_npm
 @pytest.mark.parametrize("scripted_api", ["gemini-cli"], indirect=True)
 def test_gemini_cli_native_solves_word_count_inside_the_seal(docker_client, tmp_path, scripted_api):
-    fake_api = scripted_api
-    plan = _plan(tmp_path, fake_api, model="gemini-fake-1", ALE_GATEWAY_GEMINI_UPSTREAM=fake_api.url,
-                 prices={"gemini-fake-1": {"input_per_mtok": 1.25, "output_per_mtok": 10.0}})
-    plan = plan.model_copy(update={"agent": AgentSpec(name="gemini-cli", config=plan.agent.config)})
+    _solves_natively(docker_client, tmp_path, scripted_api, "gemini-cli", "run_shell_command", "write_file")
+
+
+def _solves_natively(docker_client, tmp_path: Path, api: FakeModelAPI, harness: str, shell: str, write: str,
+                     also: frozenset[str] | set[str] = frozenset()) -> None:
+    """The harness solves word_count inside the seal with its own shell then its own writer: scored 1.0,
+    its tools offered and every model call forwarded, the run verifies, the trajectory shows both."""
+    plan = _plan(tmp_path, api, harness)
     result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
     run = plan.run_dir
     reqs = _requests(run)
     offered = {t for r in reqs for t in r["tools"]}
     assert result.status is RunStatus.SCORED and result.score == 1.0, (result.error, result.violations, offered,
                                                                        [(r["path"], r["decision"], r.get("refused_for")) for r in reqs])
-    assert result.extra["agent_mode"] == "native" and {"run_shell_command", "write_file"} <= offered, offered
+    assert result.extra["agent_mode"] == "native" and {shell, write, *also} <= offered, offered
     assert all(r["decision"] == "forwarded" for r in reqs if r["model_call"]), reqs
     report = verify_run_dir(run)
     assert report.valid, report.reasons
-    _assert_native_trajectory(run, "run_shell_command", "write_file")
+    _assert_native_trajectory(run, shell, write)
 
 
 @pytest.mark.docker
@@ -401,9 +399,7 @@ def test_gemini_cli_native_reads_the_public_package_with_its_own_file_tool(docke
 
     api = FakeModelAPI(script={"steps": GEMINI_READ_THEN_WRITE}).start()
     try:
-        plan = _plan(tmp_path, api, model="gemini-fake-1", ALE_GATEWAY_GEMINI_UPSTREAM=api.url,
-                     prices={"gemini-fake-1": {"input_per_mtok": 1.25, "output_per_mtok": 10.0}})
-        plan = plan.model_copy(update={"agent": AgentSpec(name="gemini-cli", config=plan.agent.config)})
+        plan = _plan(tmp_path, api, "gemini-cli")
         result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
     finally:
         api.stop()
