@@ -44,8 +44,8 @@ def host_memory_bytes() -> int:
     return 8 * GIB
 
 
-# The most of the host's memory a sandbox is given when a limit is raised for it
-# (as a task card's memory is capped: ale.tasks.card).
+# The most of the host's memory a sandbox is given when a limit is raised for it,
+# or a task card asks for more (ale.tasks.card).
 HOST_MEMORY_SHARE = 0.75
 
 

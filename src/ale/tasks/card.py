@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ale.sandbox.policy import IsolationPolicy
+from ale.sandbox.policy import HOST_MEMORY_SHARE, IsolationPolicy, host_memory_bytes
 from ale.tasks.errors import TaskError
 
 CARD_FILE = "task_card.json"
@@ -265,7 +265,7 @@ def _fit(card: TaskCard, host_cpus: int, host_memory: int) -> tuple[dict[str, An
     if mem is not None:
         # Whole MiB: the kernel keeps a memory limit in pages, and the seal checks
         # compare the limit the container got with the one asked for.
-        cap = int(host_memory * 0.75) // MIB * MIB
+        cap = int(host_memory * HOST_MEMORY_SHARE) // MIB * MIB
         out["memory_bytes"] = max(MIB, min(int(mem), cap) // MIB * MIB)
         if out["memory_bytes"] < int(mem) // MIB * MIB:
             notes["memory_bytes"] = (f"{what} asks for {mem / 1024**3:.1f} GiB of memory; "
@@ -277,19 +277,8 @@ def policy_for_card(policy: IsolationPolicy, card: TaskCard) -> tuple[IsolationP
     """The card's cpus and memory as the run's limits where the operator's policy
     does not set them itself, capped to the host (see ``fit_resources``); a note
     for each cap applied (none for what the policy sets itself)."""
-    fitted, notes = _fit(card, os.cpu_count() or 1, _host_memory())
+    fitted, notes = _fit(card, os.cpu_count() or 1, host_memory_bytes())
     update = {k: v for k, v in fitted.items() if k not in policy.model_fields_set}
     if not update:
         return policy, []
     return policy.model_copy(update=update).fit_tmpfs(), [n for k, n in notes.items() if k in update]
-
-
-def _host_memory() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 * 1024**3
