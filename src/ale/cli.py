@@ -138,14 +138,11 @@ def _ready(plans: list, *, data_flag: str = "--data") -> None:
 def _require_runtimes(plans: list) -> None:
     """Refuse, before any sandbox, a runtime the engine lacks (saying how to add it)."""
     from ale.sandbox.base import SandboxError
-    from ale.sandbox.providers import make_provider
-    from ale.sandbox.runtimes import DEFAULT_RUNTIME
+    from ale.sandbox.providers import require_runtime
 
-    for provider, runtime in sorted({(p.provider, p.policy.runtime) for p in plans if p.policy.runtime != DEFAULT_RUNTIME}):
+    for provider, runtime in sorted({(p.provider, p.policy.runtime) for p in plans}):
         try:
-            require = getattr(make_provider(provider), "require_runtime", None)
-            if require is not None:
-                require(runtime)
+            require_runtime(provider, runtime)
         except SandboxError as e:
             _fail(str(e))
 

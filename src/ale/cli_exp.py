@@ -67,8 +67,14 @@ def run_command(
         where = resolve_cluster(cluster, exp.environment.cluster)
     except (ExperimentError, ValueError) as e:
         _fail(str(e))
-    if where.kind == "local" and not dry_run:
-        _require_runtime(exp.environment.provider, exp.isolation_policy().runtime)
+    if where.kind == "local" and not dry_run:  # a cluster's nodes answer for their own engines
+        from ale.sandbox.providers import require_runtime
+
+        runtime = exp.isolation_policy().runtime
+        try:
+            require_runtime(exp.environment.provider, runtime)
+        except SandboxError as e:
+            _fail(f"environment.runtime {runtime!r}: {e}")
     out_dir = exp.output_dir
     if skipped:
         err.print(f"[yellow]{len(skipped)} task(s) or variant(s) not planned[/] (they cannot run here; the rest runs):")
@@ -262,23 +268,6 @@ def report_command(
         print_not_scored(console, report.runs)
         print_skipped_tasks(console, exp_dir)
         console.print(report.counting_policy, markup=False, highlight=False)
-
-
-def _require_runtime(provider: str, runtime: str) -> None:
-    """Refuse, before any run, a sandbox runtime this machine's engine lacks (a cluster's
-    nodes answer for their own engines when a run lands on them)."""
-    from ale.sandbox.base import SandboxError
-    from ale.sandbox.providers import make_provider
-    from ale.sandbox.runtimes import DEFAULT_RUNTIME
-
-    if runtime == DEFAULT_RUNTIME:
-        return
-    try:
-        require = getattr(make_provider(provider), "require_runtime", None)
-        if require is not None:
-            require(runtime)
-    except SandboxError as e:
-        _fail(f"environment.runtime {runtime!r}: {e}")
 
 
 def cleanup_command(

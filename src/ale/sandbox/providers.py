@@ -15,3 +15,15 @@ def make_provider(name: str = "docker", *, docker_host: str | None = None) -> Sa
     if name == "docker":
         return DockerProvider(base_url=docker_host)
     raise SandboxError(f"unknown sandbox provider {name!r}: choose one of {', '.join(PROVIDERS)}")
+
+
+def require_runtime(name: str, runtime: str) -> None:
+    """Refuse (``SandboxError``, saying how to add it) an OCI runtime the provider
+    ``name``'s engine lacks; the default runtime, or a provider without runtimes, passes."""
+    from ale.sandbox.runtimes import DEFAULT_RUNTIME
+
+    if runtime == DEFAULT_RUNTIME:
+        return
+    require = getattr(make_provider(name), "require_runtime", None)
+    if require is not None:
+        require(runtime)
