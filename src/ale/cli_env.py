@@ -49,10 +49,10 @@ def _task_dirs(path: Path) -> tuple[list[Path], str | None, str]:
 
 @contextlib.contextmanager
 def _variant_inputs(task_dir: Path, data: str | None, say: Callable[[str], None]) -> Iterator[list[tuple[int | None, Path | None]]]:
-    """(variant index, input folder holding runtime_env/) per variant of the task that stages
-    data, read from ``data`` (or the card's data_source); ``[("", None)]`` when there
-    is no data to read (``[(None, None)]``). A local source is read in place; a remote one fetches only the
-    manifests; an image's input is staged to a temporary folder."""
+    """(variant index, input folder holding runtime_env/) per variant of the task, read
+    from ``data`` (or the card's data_source); ``[(None, None)]`` when there is no data to
+    read. A local source is read in place; a remote one fetches only the manifests; an
+    image's input is staged to a temporary folder."""
     from ale.data.local import LocalSource
     from ale.data.remote import RemoteSource
     from ale.data.sources import open_source
@@ -78,15 +78,16 @@ def _variant_inputs(task_dir: Path, data: str | None, say: Callable[[str], None]
         out: list[tuple[int | None, Path | None]] = []
         for v in keyed:
             key = VariantKey.parse(v.data_key)
-            input_dir: Path | None = Path(tmp) / str(v.index)
+            staged = Path(tmp) / str(v.index)
+            input_dir: Path | None = staged
             try:
                 if isinstance(source, LocalSource):
                     input_dir = source.variant_dir(key) / "input"
                 elif isinstance(source, RemoteSource):
-                    source.fetch_input_files(key, [f"{RUNTIME_ENV}/{m}" for m in MANIFESTS], Path(tmp) / str(v.index))
+                    source.fetch_input_files(key, [f"{RUNTIME_ENV}/{m}" for m in MANIFESTS], staged)
                 else:
                     say(f"{v.data_key}: staging its input from {spec} to read runtime_env/")
-                    source.stage_input(key, Path(tmp) / str(v.index))
+                    source.stage_input(key, staged)
             except DataError as e:
                 if v.needs_data:
                     raise
