@@ -50,6 +50,8 @@ from typing import Any
 import docker
 import docker.errors
 from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, Field
 
 from ale.paths import cache_dir
@@ -209,10 +211,6 @@ def lock_needs(lf: LockFile, target: dict[str, Any] | None = None) -> tuple[list
     return _requirement_lines(lf.text), []
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
 def _project_pins(lock: LockFile, pyproject: LockFile | None, target: dict[str, Any], uv: Path) -> list[str]:
     """The exact packages ``uv sync`` installs from ``lock`` on the image's
     interpreter and platform: ``uv export --frozen`` (the host's copy of the pinned
@@ -265,8 +263,17 @@ def uv_project(spec: SoftwareSpec, target: dict[str, Any], wheels: Path, say: Sa
     pyproject = next((lf for lf in spec.lockfiles
                       if lf.name.rsplit("/", 1)[-1] == "pyproject.toml" and folder(lf) == folder(lock)), None)
     pins = _project_pins(lock, pyproject, target, uv_binaries(target, say))
-    have = {_norm(w.name.split("-")[0]) + "==" + w.name.split("-")[1] for w in wheels.glob("*.whl")}
-    installed = [p for p in pins if f"{_norm(p.split('==')[0])}=={p.split('==')[1]}" in have]
+    have = set()
+    for w in wheels.glob("*.whl"):
+        with suppress(InvalidWheelFilename, InvalidVersion):
+            wheel_name, wheel_version, _, _ = parse_wheel_filename(w.name)
+            have.add((wheel_name, wheel_version))
+    installed = []
+    for pin in pins:
+        name, _, version = pin.partition("==")
+        with suppress(InvalidVersion):
+            if (canonicalize_name(name), Version(version)) in have:
+                installed.append(pin)
     doc: dict[str, Any] = {"path": UV_PROJECT_ENV, "lock": lock.origin or lock.name, "installed": installed,
                            "not_in_store": sorted(set(pins) - set(installed))}
     if pyproject is not None:
