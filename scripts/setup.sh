@@ -54,8 +54,8 @@ if conf.get("runtimes", {}).get("runsc") != want:
 PY
 }
 if [ "${ALE_SKIP_GVISOR:-0}" != 1 ] && command -v apt-get >/dev/null; then
-  if ! command -v runsc >/dev/null && apt-cache policy runsc 2>/dev/null | grep -q 'Candidate: [0-9]'; then
-    apt_install runsc || say "could not install runsc (not root?); the runsc tests are skipped"
+  if ! command -v runsc >/dev/null && apt-cache policy runsc 2>/dev/null | grep 'Candidate: [0-9]' >/dev/null; then
+    apt_install runsc || say "could not install runsc (not root?)"
   fi
   register_runsc
 fi
@@ -111,3 +111,33 @@ fi
 
 # 4. The sandbox image (content-cached: quick when nothing changed).
 .venv/bin/ale image build
+
+# 5. Every component promised above is there, or setup fails naming it and its fix.
+#    (A pipe into `grep -q` is avoided on purpose: under pipefail grep's early exit
+#    fails the pipe, which is how runsc was once skipped without a word.)
+missing=()
+need() { missing+=("$1 -- fix: $2"); }
+has_runtime() { docker info --format '{{json .Runtimes}}' 2>/dev/null | grep "\"$1\"" >/dev/null; }
+docker info >/dev/null 2>&1 || need "a running Docker engine" "start dockerd as root, then: bash scripts/setup.sh"
+command -v bwrap >/dev/null || need "bubblewrap (bwrap)" "apt-get install bubblewrap"
+if [ "${ALE_SKIP_GVISOR:-0}" = 1 ]; then say "gVisor skipped on purpose (ALE_SKIP_GVISOR=1)"
+else
+  command -v runsc >/dev/null || need "gVisor (runsc)" "apt-get install runsc, or ALE_SKIP_GVISOR=1 to go without it"
+  command -v runsc >/dev/null && ! has_runtime runsc \
+    && need "runsc registered in the Docker engine" "add it to /etc/docker/daemon.json 'runtimes' (as scripts/setup.sh does as root) and reload dockerd (kill -HUP)"
+fi
+if [ "${ALE_SKIP_CHROMIUM:-0}" = 1 ]; then say "chromium skipped on purpose (ALE_SKIP_CHROMIUM=1)"
+else command -v chromium >/dev/null || need "chromium" "apt-get install chromium, or ALE_SKIP_CHROMIUM=1"; fi
+if [ "${ALE_SKIP_HARNESSES:-0}" = 1 ]; then say "harness CLIs skipped on purpose (ALE_SKIP_HARNESSES=1)"
+else
+  command -v npm >/dev/null || need "npm" "apt-get install npm"
+  for name in claude codex gemini; do
+    [ -x "$HARNESSES/$name/node_modules/.bin/$name" ] || need "the $name CLI in $HARNESSES/$name" "npm install --prefix $HARNESSES/$name (versions: scripts/setup.sh), or ALE_SKIP_HARNESSES=1"
+  done
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  say "set-up is incomplete; missing:"
+  for m in "${missing[@]}"; do printf '  - %s\n' "$m" >&2; done
+  exit 1
+fi
+say "ready: engine runtimes $(docker info --format '{{json .Runtimes}}' | python3 -c 'import json,sys; print(",".join(sorted(json.load(sys.stdin))))')"

@@ -54,6 +54,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "committed(*paths): files the repository commits; missing, the test fails")
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The suite does not depend on how its parent set the signals: started in the
+    background (`.ci/run &`, `nohup`), SIGINT and SIGHUP arrive ignored, and every
+    child (``ale run`` under test) would inherit that. The tests that want an ignored
+    signal set it themselves."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for mark in item.iter_markers("committed"):

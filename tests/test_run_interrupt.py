@@ -16,10 +16,20 @@ from tests.conftest import EXAMPLES, REPO, our_containers
 pytestmark = pytest.mark.docker
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["INT", "TERM", "HUP"])
-def test_a_signal_mid_agent_leaves_no_container(docker_client, tmp_path, sig):
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    "sig,sigint_ignored",
+    [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGTERM, True), (signal.SIGHUP, True)],
+    ids=["INT", "TERM", "HUP", "TERM-background", "HUP-background"],
+)
+def test_a_signal_mid_agent_leaves_no_container(docker_client, tmp_path, sig, sigint_ignored):
     """SIGTERM is what `timeout`, systemd, CI cancellation and `docker stop` send; it
-    once killed `ale run` on the spot with the run's container still running."""
+    once killed `ale run` on the spot with the run's container still running. Started
+    as background work is (`cmd &` in a script leaves SIGINT ignored), SIGTERM and
+    SIGHUP once did nothing at all: the run went on."""
     script = tmp_path / "sleepy.json"
     script.write_text(json.dumps([{"tool": "shell", "args": {"command": "sleep 120"}}]))
     before = {c.id for c in our_containers(docker_client)}
@@ -27,6 +37,7 @@ def test_a_signal_mid_agent_leaves_no_container(docker_client, tmp_path, sig):
         [sys.executable, "-m", "ale.cli", "run", str(EXAMPLES / "secrets" / "echo_secret"), "--agent", "replay",
          "--script", str(script), "--runs-dir", str(tmp_path / "runs")],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy(),
+        preexec_fn=_ignore_sigint if sigint_ignored else None,
     )
     try:
         deadline = time.monotonic() + 60

@@ -85,6 +85,10 @@ def terminate_as_interrupt() -> Iterator[None]:
     them still running."""
 
     def handler(signum: int, frame: object) -> None:
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            # Started with SIGINT ignored (`cmd &` in a script, `nohup ... &`): raising
+            # SIGINT would do nothing, so interrupt as the default Ctrl-C handler does.
+            signal.default_int_handler(signum, frame)
         signal.raise_signal(signal.SIGINT)
 
     # A signal the process was started ignoring (`nohup` ignores SIGHUP) stays ignored.
