@@ -777,7 +777,7 @@ async def check_mounts(provider: SandboxProvider, env: ConformanceEnv) -> None:
         assert (env.input_dir / INPUT_FILE).read_bytes() == INPUT_TEXT
 
         r = await sb.exec(["ls", "-A", "/workspace"], timeout=30)
-        assert r.exit_code == 0 and r.stdout == b"", f"workspace not empty: {r.stdout!r}"
+        assert r.exit_code == 0 and r.stdout == b"", f"workspace not listed empty: {r!r}"
         r = await sb.exec(["sh", "-c", "mkdir -p /workspace/sub && echo out > /workspace/sub/f && cat /workspace/sub/f"], timeout=30)
         assert r.stdout == b"out\n", r
         if sb.shares_host_filesystem:

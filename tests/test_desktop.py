@@ -153,22 +153,74 @@ def _probe_text(sockets: list[str], procs: list[str], me: int = 50) -> dict:
     return split_sections(raw)
 
 
-def test_the_windows_get_no_inspector_or_bus_from_the_environment(monkeypatch):
+class _HostileEnv:
+    """A sandbox whose every exec carries an inspector server and a session bus, as an
+    environment where the harness runs might: the desktop must not pass them on."""
+
+    HOSTILE = {"WEBKIT_INSPECTOR_SERVER": "127.0.0.1:2999", "WEBKIT_INSPECTOR_HTTP_SERVER": "127.0.0.1:2998",
+               "DBUS_SESSION_BUS_ADDRESS": "unix:path=/run/user/0/bus"}
+
+    def __init__(self, sandbox):
+        self.sandbox = sandbox
+
+    async def exec(self, argv, **kw):
+        return await self.sandbox.exec(argv, **{**kw, "env": {**(kw.get("env") or {}), **self.HOSTILE}})
+
+
+def _window_environ(raw: bytes) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+@pytest.mark.docker
+def test_the_windows_get_no_inspector_or_bus_from_the_environment(docker_client, tmp_path):
     """The window's environment is built from nothing: an inspector server (WebKit's
-    WEBKIT_INSPECTOR_SERVER / _HTTP_SERVER: a TCP port) or a session bus set where
-    the harness runs never reaches the desktop."""
-    sys.path.insert(0, str(ROOT / "images" / "desktop"))
+    WEBKIT_INSPECTOR_SERVER / _HTTP_SERVER: a TCP port) or a session bus in the
+    environment the desktop is started and driven from never reaches a window. Read
+    from the real window processes (/proc/<pid>/environ, as the desktop user)."""
+    from ale.defaults import DESKTOP_UID
+    from ale.sandbox.base import Mount, SandboxSpec
+    from ale.sandbox.docker import DockerSandbox
+
+    image = _desktop_image(docker_client)
+    ws, inp = tmp_path / "ws", tmp_path / "in"
+    ws.mkdir()
+    inp.mkdir()
+    os.chmod(ws, 0o777)
+    sandbox = DockerSandbox.create(docker_client, SandboxSpec(
+        name=f"ale-test-desktop-env-{uuid.uuid4().hex[:8]}", image=image, policy=IsolationPolicy(cpus=1.0),
+        mounts=(Mount(str(inp), "/input", True), Mount(str(ws), "/workspace", False)),
+        labels={"ale.test": "1"}, workdir="/workspace"))
+
+    async def scenario() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+        await sandbox.start()
+        desktop = Desktop(_HostileEnv(sandbox))  # type: ignore[arg-type]
+        await desktop.start()
+        computer = Computer(desktop)
+        pids = {engine: await computer.task_call("launch_window", {
+            "html": "<p>env</p>", "title": engine, "x": 0, "y": 0, "width": 300, "height": 200, "engine": engine})
+            for engine in ("webview", "chromium")}
+        environs = {}
+        for engine, pid in pids.items():
+            r = await sandbox.exec(["cat", f"/proc/{pid}/environ"], user=f"{DESKTOP_UID}:{DESKTOP_UID}")
+            assert r.exit_code == 0, r.stderr
+            environs[engine] = _window_environ(r.stdout)
+        # The hostile environment really reached the helper's own process (so the windows could have inherited it).
+        r = await sandbox.exec(["sh", "-c", "for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null "
+                                "| grep -q '^WEBKIT_INSPECTOR_SERVER=' && echo ${p#/proc/}; done"],
+                               user=f"{DESKTOP_UID}:{DESKTOP_UID}")
+        carriers = set(r.stdout.decode().split())
+        return environs["webview"], environs["chromium"], {"carriers": " ".join(sorted(carriers))}
+
     try:
-        import desktopd
+        webview, chromium, seen = asyncio.run(scenario())
     finally:
-        sys.path.pop(0)
-    monkeypatch.setenv("WEBKIT_INSPECTOR_SERVER", "127.0.0.1:2999")
-    monkeypatch.setenv("WEBKIT_INSPECTOR_HTTP_SERVER", "127.0.0.1:2998")
-    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", "unix:path=/run/user/0/bus")
-    window_env = {**desktopd.env(), **desktopd.WEBKIT_ENV}
-    assert not [k for k in window_env if k.startswith("WEBKIT_INSPECTOR")]
-    assert window_env["DBUS_SESSION_BUS_ADDRESS"] == "unix:path=/nonexistent/bus"
-    assert window_env["NO_AT_BRIDGE"] == "1"
+        asyncio.run(sandbox.remove())
+    assert seen["carriers"], "the hostile environment never reached the desktop's processes: the test proves nothing"
+    for window_env in (webview, chromium):
+        assert not [k for k in window_env if k.startswith("WEBKIT_INSPECTOR")], window_env
+        assert window_env.get("DBUS_SESSION_BUS_ADDRESS") != "unix:path=/run/user/0/bus"
+    assert webview["DBUS_SESSION_BUS_ADDRESS"] == "unix:path=/nonexistent/bus"
+    assert webview["NO_AT_BRIDGE"] == "1"
     src = (ROOT / "images" / "desktop" / "webview_window.py").read_text()
     assert "debug=False" in src and "enable_developer_extras" not in src
 

@@ -136,6 +136,19 @@ def _contains(text: str, stream: str = "stdout") -> Check:
     return check
 
 
+def _one_atif_per_run(experiment: str) -> Check:
+    """As docs/viewer.md says: one file per run, <experiment>/atif/<run>.atif.json, each printed."""
+    def check(p, ctx):
+        root = ctx.root / experiment
+        runs = {d.name for d in (root / "runs").iterdir() if (d / "result.json").is_file()}
+        printed = {Path(line.strip()).resolve() for line in p.stdout.splitlines() if line.strip()}
+        expected = {(root / "atif" / f"{run}.atif.json").resolve() for run in runs}
+        assert runs and printed == expected, (sorted(runs), p.stdout[-2000:])
+        assert all(isinstance(json.loads(path.read_text()).get("steps"), list) for path in expected)
+
+    return check
+
+
 CORPUS = "needs ALE's task corpus (agents-last-exam) and its data store (network)"
 CLEANUP = ("removes every ale-managed container on the engine, including those of tests running beside this one; "
            "tests/test_exp_docker.py checks cleanup on containers of its own")
@@ -229,7 +242,7 @@ COMMANDS: dict[str, Run | Skip] = {
     "ale view runs/demo --serve": Skip("serves until Ctrl-C; tests/test_viewer.py serves and fetches the page"),
     "ale view runs/<run-id> --out /tmp/run.html --no-verify": Run(_file("/tmp/run.html"), ("run",)),
     "ale export runs/<run-id> --format atif": Run(_file("{run}.atif.json"), ("run",)),
-    "ale export runs/demo --format atif": Run(_contains("", "stdout"), ("demo",)),
+    "ale export runs/demo --format atif": Run(_one_atif_per_run("runs/demo"), ("demo",)),
     "ale export runs/<run-id> --format atif --out /tmp/t.json": Run(_file("/tmp/t.json"), ("run",)),
 }
 

@@ -197,7 +197,9 @@ MUTATIONS: list[tuple[str, Callable[[dict], None], set[str]]] = [
     ("image volume", add_volume_mount,
      {"mounts.exactly_two", "mounts.only_binds", "image.no_volumes"}),
     ("tmpfs extra", hc("Tmpfs", {"/tmp": "rw,nosuid,nodev,size=1g", "/run": "rw"}), {"fs.tmpfs"}),
-    ("tmpfs options", hc("Tmpfs", {"/tmp": "rw,size=1g"}), {"fs.tmpfs"}),
+    # Docker mounts "rw,size=1g" nosuid,nodev,noexec, as planned: loosening takes a word (suid).
+    ("tmpfs options", hc("Tmpfs", {"/tmp": "rw,suid,size=1g"}), {"fs.tmpfs"}),
+    ("tmpfs uncapped", hc("Tmpfs", {"/tmp": "rw,nosuid,nodev"}), {"fs.tmpfs"}),
     ("network bridge", hc("NetworkMode", "bridge"), {"net.mode_none"}),
     ("networks bridge", set_path("NetworkSettings.Networks", {"bridge": {}}), {"net.networks_none"}),
     ("ports", hc("PortBindings", {"80/tcp": [{"HostIp": "", "HostPort": "8080"}]}), {"net.no_ports"}),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,9 +86,19 @@ def test_means_pass_rates_and_pass_at_k_by_hand(report) -> None:
 
 
 def test_interval_uses_only_valid_item_scores(report) -> None:
+    """A's items are 0.75, 0.0, 1.0 and 0.1 (t3's invalid 0.0 not counted). Their bootstrap
+    distribution of the mean, by hand: of the 4**4 = 256 equally likely resamples, 5 have a
+    mean below 0.05 (all 0.0: 1; three 0.0 and one 0.1: 4) and 6 more exactly 0.05 (two 0.0,
+    two 0.1), so 1.95% lie below 0.05 and 4.3% at or below it: the 2.5% point is 0.05 by any
+    quantile definition. At the top, 5 lie above 0.875 (all 1.0: 1; three 1.0 and a 0.75: 4)
+    and 6 at it (two 1.0, two 0.75): the 97.5% point is 0.875. 2000 resamples land there.
+    With t3's invalid run counted (0.5 for t3) the top would be 0.625."""
     a = report.agents[0]
+    means = sorted(sum(pick) / 4 for pick in itertools.product([0.75, 0.0, 1.0, 0.1], repeat=4))
+    assert sum(m < 0.05 - 1e-12 for m in means) == 5 and sum(m <= 0.05 + 1e-12 for m in means) == 11
+    assert sum(m > 0.875 + 1e-12 for m in means) == 5 and sum(m >= 0.875 - 1e-12 for m in means) == 11
+    assert (a.ci_low, a.ci_high) == pytest.approx((0.05, 0.875))
     lo, hi = bootstrap_ci([0.75, 0.0, 1.0, 0.1], samples=2000, seed=0)
-    assert (a.ci_low, a.ci_high) == (lo, hi)
     assert 0.0 <= lo <= a.mean <= hi <= 1.0
     # Reproducible, and degenerate when every item agrees.
     assert bootstrap_ci([0.75, 0.0, 1.0, 0.1], samples=2000, seed=0) == (lo, hi)

@@ -156,9 +156,10 @@ def test_the_example_tasks_share_across_agents(tmp_path, docker_client, cache) -
     assert keys[0] == keys[1]
 
 
-def test_the_entry_hash_reuses_the_copy_pass_and_equals_a_fresh_hash(tmp_path) -> None:
+def test_the_entry_hash_reuses_the_copy_pass_and_equals_a_fresh_hash(tmp_path, monkeypatch) -> None:
     """The built entry's tree (ev.hash_tree with the copy's digests) is a fresh hash's, whether a file's
-    digest comes from the copy pass or is read again (a stale size is re-read)."""
+    digest comes from the copy pass or is read again (a stale size is re-read); and the copy's
+    digests are really used: the files they cover are not read again."""
     from ale.data.hashing import copy_tree_hashing
     from ale.record import evidence as ev
 
@@ -173,8 +174,23 @@ def test_the_entry_hash_reuses_the_copy_pass_and_equals_a_fresh_hash(tmp_path) -
     (public / "output").mkdir()  # the workspace's mount point: empty, not recorded
     copied = copy_tree_hashing(src, public / "input")
     hashed = {f"input/{rel}": f for rel, f in copied["files"].items()}
-    assert ev.hash_tree(public, known=hashed) == ev.hash_tree(public)
+    fresh = ev.hash_tree(public)
+    read: list[str] = []
+    real_read = ev._sha256_and_size
+
+    def counting(path: Path) -> tuple[str, int]:
+        read.append(Path(path).relative_to(public).as_posix())
+        return real_read(path)
+
+    monkeypatch.setattr(ev, "_sha256_and_size", counting)
+    assert ev.hash_tree(public, known=hashed) == fresh
+    assert read == ["software/tool.sh"]  # the copied input is not read again: its digests come from the copy
+    # A cached digest of the right size is taken as it is (it was taken in the same pass that wrote the file).
+    planted = {**hashed, "input/top.txt": {"sha256": "f" * 64, "size": 4}}
+    assert ev.hash_tree(public, known=planted)["files"]["input/top.txt"]["sha256"] == "f" * 64
+    read.clear()
     wrong = {**hashed, "input/top.txt": {"sha256": "0" * 64, "size": 999}}  # a size that does not match: read again
-    assert ev.hash_tree(public, known=wrong) == ev.hash_tree(public)
+    assert ev.hash_tree(public, known=wrong) == fresh
+    assert sorted(read) == ["input/top.txt", "software/tool.sh"]
     os.symlink("top.txt", public / "input" / "link")  # a link: recorded as ever
     assert ev.hash_tree(public, known=hashed) == ev.hash_tree(public)

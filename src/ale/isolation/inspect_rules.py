@@ -15,7 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ale.isolation.registry import CAPTURES, INSPECT, Missing, Moment, Verdict, rule
+from ale.isolation.registry import (
+    CAPTURES,
+    INSPECT,
+    Fit,
+    Missing,
+    Moment,
+    Stricter,
+    Verdict,
+    limit_fits,
+    rule,
+)
 from ale.redaction import is_secret_name
 from ale.sandbox.base import Mount
 from ale.sandbox.policy import IsolationPolicy
@@ -45,6 +55,7 @@ class InspectSubject:
     mounts: tuple[Mount, ...] = ()  # the planned binds: public package ro, workspace rw
     image_inspect: dict | None = None  # the image's inspect, when it was read
     mount_inodes: dict[str, int] | None = None  # the bind sources' inodes, on the run's host
+    fit: Fit = "exact"  # as planned, or at least as strict (`registry.Fit`)
 
 
 @dataclass(frozen=True)
@@ -96,10 +107,6 @@ def _caps(v: Any) -> list[str]:
 
 def _realpath(p: str) -> str:
     return os.path.realpath(p)
-
-
-def _opts(s: str) -> frozenset[str]:
-    return frozenset(o.strip() for o in s.split(",") if o.strip())
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
@@ -472,17 +479,102 @@ def _planned_tmpfs(s: InspectSubject) -> dict[str, str]:
     return {t.path: t.options for t in s.policy.tmpfs}
 
 
+# What the engine mounts every `--tmpfs` with unless its options say otherwise
+# (measured, Docker 20.10 and Podman: `rw,size=1g` mounts rw,nosuid,nodev,noexec).
+TMPFS_ENGINE_DEFAULTS = {"rw": "rw", "exec": "noexec", "suid": "nosuid", "dev": "nodev"}
+# Each flag: (the looser word, the stricter word).
+_TMPFS_FLAGS = {"rw": ("rw", "ro"), "exec": ("exec", "noexec"), "suid": ("suid", "nosuid"), "dev": ("dev", "nodev")}
+_TMPFS_SIZES = ("size", "nr_inodes")  # caps: lower is stricter, none is the kernel's (half the RAM)
+
+
+def tmpfs_effective(options: str) -> dict[str, str]:
+    """The options a tmpfs is mounted with: the engine's defaults, then the given
+    options in order (a later one wins, as with mount(8)), by what each sets."""
+    eff = dict(TMPFS_ENGINE_DEFAULTS)
+    for opt in (o.strip() for o in str(options).split(",")):
+        if not opt:
+            continue
+        key, eq, value = opt.partition("=")
+        flag = next((f for f, words in _TMPFS_FLAGS.items() if opt in words), None)
+        if flag is not None:
+            eff[flag] = opt
+        else:
+            eff[key] = value if eq else opt
+    return eff
+
+
+def _tmpfs_cap(value: str) -> int | None:
+    """A size= or nr_inodes= value (k, m, g suffixes); None: relative (%) or unreadable."""
+    m = re.fullmatch(r"(\d+)([kmg]?)", value.strip().lower())
+    return int(m.group(1)) * _SIZE_UNITS[m.group(2)] if m else None
+
+
+def _tmpfs_entry(fit: Fit, path: str, got: dict[str, str], want: dict[str, str]) -> tuple[list[str], list[str]]:
+    """How one tmpfs differs from the planned one: (looser or unordered, stricter)."""
+    bad: list[str] = []
+    tighter: list[str] = []
+    for key in sorted(set(got) | set(want)):
+        g, w = got.get(key), want.get(key)
+        if g == w:
+            continue
+        if key == "rw":
+            # Read-only where rw is planned is no seal gained: the planned writable /tmp
+            # is what the probes' write test and the candidate's tools need.
+            bad.append(f"{path} is {g}, planned {w}")
+        elif key in _TMPFS_FLAGS:
+            if g == _TMPFS_FLAGS[key][1]:
+                tighter.append(f"{path} {g} where {w} is planned")
+            else:
+                bad.append(f"{path} {g} where {w} is planned")
+        elif key in _TMPFS_SIZES:
+            gc = _tmpfs_cap(g) if g is not None else None
+            wc = _tmpfs_cap(w) if w is not None else None
+            if g is None:
+                bad.append(f"{path} has no {key}= (the kernel's default, half the RAM), planned {key}={w}")
+            elif gc is None or (w is not None and wc is None):
+                bad.append(f"{path} {key}={g}, planned {key}={w}: not comparable")
+            elif wc is None or gc < wc:  # any cap is tighter than none (the pages count against memory too)
+                tighter.append(f"{path} {key}={g} where {key}={w} is planned")
+            else:
+                bad.append(f"{path} {key}={g} above the planned {w}")
+        else:  # mode, uid, gid, atime ...: no order, as planned
+            bad.append(f"{path} {key}={g}, planned {w}")
+    if fit == "exact" and tighter:
+        bad += [f"{t} (a run's own sandbox is the one planned)" for t in tighter]
+        tighter = []
+    return bad, tighter
+
+
 @_inspect_rule("fs.tmpfs", area="filesystem", expected=_planned_tmpfs)
 def tmpfs_planned(s: InspectSubject) -> Verdict:
-    """`HostConfig.Tmpfs` is exactly the policy's tmpfs entries, with the same options.
+    """`HostConfig.Tmpfs` has exactly the policy's tmpfs paths, each mounted with the
+    planned options (read with the engine's defaults: `noexec`, `nosuid`, `nodev`
+    unless an option says otherwise). At least as strict (`ale verify-container`):
+    `noexec`, `nosuid`, `nodev` where the plan allows more, and a smaller `size=` or
+    `nr_inodes=`, pass and are reported; read-only, no size cap, another `mode`, or a
+    path more or less, fail.
 
     A tmpfs is writable memory: an unplanned one (or one without its size cap or
-    `nosuid`) is storage the policy did not grant.
+    `nosuid`) is storage the policy did not grant; a planned one missing or read-only
+    takes the candidate's /tmp away, which is no seal gained.
     """
     obs = _hc(s, "Tmpfs") or {}
+    if not isinstance(obs, dict):
+        raise TypeError(f"Tmpfs is {type(obs).__name__}, not a map")
     want = _planned_tmpfs(s)
-    ok = set(obs) == set(want) and all(_opts(obs[k]) == _opts(want[k]) for k in want)
-    return ok, obs, "" if ok else f"Tmpfs differs from the planned {want}"
+    bad: list[str] = []
+    tighter: list[str] = []
+    for path in sorted(set(obs) - set(want)):
+        bad.append(f"{path}: an unplanned tmpfs")
+    for path in sorted(set(want) - set(obs)):
+        bad.append(f"{path}: the planned tmpfs is missing")
+    for path in sorted(set(want) & set(obs)):
+        b, t = _tmpfs_entry(s.fit, path, tmpfs_effective(obs[path]), tmpfs_effective(want[path]))
+        bad += b
+        tighter += t
+    if bad:
+        return False, obs, f"Tmpfs differs from the planned {want}: " + "; ".join(bad)
+    return True, obs, Stricter("; ".join(tighter)) if tighter else ""
 
 
 # -- image -----------------------------------------------------------------------
@@ -576,14 +668,22 @@ _namespace_rule("ns.uts", "UTSMode", "UTS")
 _namespace_rule("ns.userns", "UsernsMode", "user")
 
 
-@_inspect_rule("ns.ipc", area="namespaces", expected="private or none")
+@_inspect_rule("ns.ipc", area="namespaces", expected=lambda s: s.policy.ipc_mode)
 def ns_ipc(s: InspectSubject) -> Verdict:
-    """`HostConfig.IpcMode` is `private` (or `none`).
+    """`HostConfig.IpcMode` is the policy's (`private`, or `none`). At least as strict:
+    `none` (no /dev/shm at all) where `private` is planned passes and is reported.
 
     `shareable` lets another container join it; `host` shares the host's shared memory.
     """
     mode = _hc(s, "IpcMode")
-    return mode in ("private", "none"), mode, ""
+    planned = s.policy.ipc_mode
+    if mode == planned:
+        return True, mode, ""
+    if mode == "none" and planned == "private":
+        if s.fit == "at_least":
+            return True, mode, Stricter("IpcMode none (no /dev/shm) where private is planned")
+        return False, mode, "IpcMode none, planned private (a run's own sandbox is the one planned)"
+    return False, mode, f"IpcMode {mode!r}, planned {planned!r}"
 
 
 @_inspect_rule("ns.cgroupns", area="namespaces", expected=lambda s: s.policy.cgroupns_mode)
@@ -607,22 +707,39 @@ def ns_cgroup_parent(s: InspectSubject) -> Verdict:
 # -- resources -------------------------------------------------------------------
 @_inspect_rule("mem.limit", area="resources", expected=lambda s: s.policy.memory_bytes)
 def mem_limit(s: InspectSubject) -> Verdict:
-    """`HostConfig.Memory` is the policy's memory limit.
+    """`HostConfig.Memory` is the policy's memory limit (0 is unlimited: a failure). At
+    least as strict: a lower limit passes and is reported.
 
     Runs are compared under the same resources, and the host must survive a candidate.
     """
-    return _flag(s, "Memory", s.policy.memory_bytes)
+    value = _hc(s, "Memory")
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        return False, value, "no memory limit"
+    ok, detail = limit_fits(s.fit, value, s.policy.memory_bytes, what="memory", show=_bytes)
+    return ok, value, detail
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size and n % size == 0:
+            return f"{int(n // size)} {unit}"
+    return f"{int(n)} bytes"
 
 
 @_inspect_rule("mem.swap_eq_mem", area="resources", expected=lambda s: s.policy.memory_swap_bytes)
 def mem_swap(s: InspectSubject) -> Verdict:
     """`HostConfig.MemorySwap` equals `Memory` and the policy's value (no swap on top).
+    At least as strict: equal to a lower `Memory` passes and is reported; swap on top
+    of `Memory` always fails.
 
     Docker defaults MemorySwap to twice Memory; -1 is unlimited swap.
     """
     mem, sw = _hc(s, "Memory"), _hc(s, "MemorySwap")
-    ok = sw == mem == s.policy.memory_swap_bytes and isinstance(sw, int) and sw > 0
-    return ok, {"Memory": mem, "MemorySwap": sw}, "" if ok else "MemorySwap must equal Memory"
+    obs = {"Memory": mem, "MemorySwap": sw}
+    if not (isinstance(sw, int) and sw > 0 and sw == mem):
+        return False, obs, "MemorySwap must equal Memory"
+    ok, detail = limit_fits(s.fit, sw, s.policy.memory_swap_bytes, what="MemorySwap", show=_bytes)
+    return ok, obs, detail
 
 
 @_inspect_rule("mem.oom_kill_enabled", area="resources", expected=False)
@@ -638,7 +755,8 @@ def mem_oom_kill(s: InspectSubject) -> Verdict:
 
 @_inspect_rule("cpu.limit", area="resources", expected=lambda s: s.policy.cpus)
 def cpu_limit(s: InspectSubject) -> Verdict:
-    """The CPU limit (`NanoCpus/1e9`, or `CpuQuota/CpuPeriod`) is the policy's; none is a failure.
+    """The CPU limit (`NanoCpus/1e9`, or `CpuQuota/CpuPeriod`) is the policy's; none is a
+    failure. At least as strict: fewer CPUs pass and are reported.
 
     Runs are compared under the same resources.
     """
@@ -653,20 +771,22 @@ def cpu_limit(s: InspectSubject) -> Verdict:
         value = quota / (period or 100_000)
     else:
         return False, obs, "no CPU limit (NanoCpus and CpuQuota unset)"
-    ok = abs(value - s.policy.cpus) < 1e-6
-    return ok, obs, f"cpus={value:g}" + ("" if ok else f", planned {s.policy.cpus:g}")
+    ok, detail = limit_fits(s.fit, value, s.policy.cpus, what="cpus", tolerance=1e-6)
+    return ok, obs, detail or f"cpus={value:g}"
 
 
 @_inspect_rule("pids.limit", area="resources", expected=lambda s: s.policy.pids_limit)
 def pids_limit(s: InspectSubject) -> Verdict:
     """`HostConfig.PidsLimit` is the policy's (0, -1 and null are unlimited: a failure).
+    At least as strict: a lower limit passes and is reported.
 
     A fork bomb must stop at the sandbox's edge.
     """
     v = _hc(s, "PidsLimit")
     if v is None or v <= 0:
         return False, v, "pids unlimited"
-    return v == s.policy.pids_limit, v, ""
+    ok, detail = limit_fits(s.fit, v, s.policy.pids_limit, what="pids")
+    return ok, v, detail
 
 
 @_inspect_rule("dev.none", area="resources", expected="empty")
@@ -757,7 +877,8 @@ def autoremove_false(s: InspectSubject) -> Verdict:
 
 @_inspect_rule("log.capped", area="identity", expected=lambda s: s.policy.log_max_size)
 def log_capped(s: InspectSubject) -> Verdict:
-    """The log driver is `none`, or its `max-size` is at most the policy's.
+    """The log driver is `none`, or its `max-size` is at most the policy's (a smaller one
+    is reported).
 
     An uncapped log lets a candidate fill the host's disk.
     """
@@ -768,8 +889,11 @@ def log_capped(s: InspectSubject) -> Verdict:
     size = (lc.get("Config") or {}).get("max-size")
     if size is None:
         return False, lc, f"log driver {kind!r} has no max-size"
-    ok = parse_size(size) <= parse_size(s.policy.log_max_size)
-    return ok, lc, "" if ok else f"max-size {size} above the planned {s.policy.log_max_size}"
+    got, planned = parse_size(size), parse_size(s.policy.log_max_size)
+    if got > planned:
+        return False, lc, f"max-size {size} above the planned {s.policy.log_max_size}"
+    # A smaller log has always passed, in a run's own sandbox too: the cap is a ceiling.
+    return True, lc, Stricter(f"max-size {size}, below the planned {s.policy.log_max_size}") if got < planned else ""
 
 
 # -- state -----------------------------------------------------------------------

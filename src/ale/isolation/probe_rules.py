@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ale.defaults import DESKTOP_UID
-from ale.isolation.registry import PROBES, Moment, Verdict, rule
+from ale.isolation.registry import PROBES, Fit, Moment, Stricter, Verdict, limit_fits, rule
 from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.runtimes import is_gvisor
 
@@ -131,6 +131,7 @@ class ProbeSubject:
     input_dir: str  # where the public package is mounted inside
     workspace_dir: str  # where the workspace is mounted inside
     tmpfs: tuple[str, ...] = ("/tmp",)
+    fit: Fit = "exact"  # as planned, or at least as strict (`registry.Fit`)
 
     def section(self, name: str) -> list[str]:
         """A section's lines; a missing one raises KeyError (unknown)."""
@@ -510,47 +511,66 @@ _LIMITS_WHEN = ("under runsc, before and running only: the limits are then the h
              when=_limits_readable, when_doc=_LIMITS_WHEN)
 def cgroup_pids(s: ProbeSubject) -> Verdict:
     """The cgroup's `pids.max` is the policy's limit (under gVisor, the host's cgroup of
-    the sandbox, which also counts gVisor's own threads).
+    the sandbox, which also counts gVisor's own threads). At least as strict: a lower
+    limit passes and is reported; `max` fails.
 
     The limit the kernel enforces, not the one the engine recorded.
     """
     v = s.limits()["pids.max"]
-    return v == str(s.policy.pids_limit), v, ""
+    if not v.isdigit():
+        return False, v, "pids unlimited" if v == "max" else f"unreadable pids.max {v!r}"
+    ok, detail = limit_fits(s.fit, int(v), s.policy.pids_limit, what="pids.max")
+    return ok, v, detail
+
+
+def _memory_fits(s: ProbeSubject, name: str, observed: Any, asked: int) -> tuple[bool, str]:
+    """A cgroup memory value is the asked one (page-rounded), or at least as strict: lower."""
+    if page_rounded(observed, asked):
+        return True, ""
+    try:
+        got = int(str(observed).strip())
+    except (TypeError, ValueError):
+        return False, f"{name} is {observed!r}, planned {asked}"
+    return limit_fits(s.fit, got, asked, what=name)
 
 
 @_probe_rule("probe.cgroup_memory", area="resources", expected=lambda s: s.policy.memory_bytes,
              when=_limits_readable, when_doc=_LIMITS_WHEN)
 def cgroup_memory(s: ProbeSubject) -> Verdict:
     """The cgroup's memory limit is the policy's (page-rounded), and so is its swap limit
-    (v1: memory plus swap; v2: swap alone) when the kernel accounts swap.
+    (v1: memory plus swap; v2: swap alone) when the kernel accounts swap. At least as
+    strict: lower limits pass and are reported.
 
     Swap on top of the memory limit is memory the policy did not grant.
     """
     lim = s.limits()
     policy = s.policy
     if "memory.limit_in_bytes" in lim:  # cgroup v1
-        obs = {k: lim.get(k) for k in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")}
-        ok = page_rounded(obs["memory.limit_in_bytes"], policy.memory_bytes)
-        if obs["memory.memsw.limit_in_bytes"] is None:
-            return ok, obs, "swap accounting is off in this kernel: the swap limit is unseen"
-        ok = ok and page_rounded(obs["memory.memsw.limit_in_bytes"], policy.memory_swap_bytes)
-        return ok, obs, ""
-    obs = {k: lim.get(k) for k in ("memory.max", "memory.swap.max")}
-    if obs["memory.max"] is None:
-        raise KeyError("memory.max")
-    ok = page_rounded(obs["memory.max"], policy.memory_bytes)
-    if obs["memory.swap.max"] is None:
-        return ok, obs, "swap accounting is off in this kernel: the swap limit is unseen"
-    # cgroup v2 limits swap alone, v1 and Docker memory plus swap.
-    swap_room = policy.memory_swap_bytes - policy.memory_bytes
-    return ok and page_rounded(obs["memory.swap.max"], swap_room), obs, ""
+        mem_key, swap_key = "memory.limit_in_bytes", "memory.memsw.limit_in_bytes"
+        swap_asked = policy.memory_swap_bytes
+    else:  # cgroup v2 limits swap alone, v1 and Docker memory plus swap
+        mem_key, swap_key = "memory.max", "memory.swap.max"
+        swap_asked = policy.memory_swap_bytes - policy.memory_bytes
+        if lim.get(mem_key) is None:
+            raise KeyError(mem_key)
+    obs = {k: lim.get(k) for k in (mem_key, swap_key)}
+    ok, detail = _memory_fits(s, mem_key, obs[mem_key], policy.memory_bytes)
+    if obs[swap_key] is None:
+        return ok, obs, detail or "swap accounting is off in this kernel: the swap limit is unseen"
+    swap_ok, swap_detail = _memory_fits(s, swap_key, obs[swap_key], swap_asked)
+    details = [d for d in (detail, swap_detail) if d]
+    joined = "; ".join(details)
+    if ok and swap_ok:
+        return True, obs, Stricter(joined) if joined else ""
+    return False, obs, joined
 
 
 @_probe_rule("probe.cgroup_cpu", area="resources", expected=lambda s: s.policy.cpus,
              when=_limits_readable, when_doc=_LIMITS_WHEN)
 def cgroup_cpu(s: ProbeSubject) -> Verdict:
     """The cgroup's CPU quota over its period (v1 `cpu.cfs_*`, v2 `cpu.max`) is the
-    policy's CPUs; no quota is a failure.
+    policy's CPUs; no quota is a failure. At least as strict: fewer CPUs pass and are
+    reported.
 
     The limit the kernel enforces, not the one the engine recorded.
     """
@@ -565,8 +585,8 @@ def cgroup_cpu(s: ProbeSubject) -> Verdict:
     if quota <= 0:
         return False, {"quota": quota, "period": period}, "no CPU quota"
     value = quota / period
-    ok = abs(value - s.policy.cpus) < 1e-3
-    return ok, {"quota": quota, "period": period, "cpus": value}, ""
+    ok, detail = limit_fits(s.fit, value, s.policy.cpus, what="cpus", tolerance=1e-3)
+    return ok, {"quota": quota, "period": period, "cpus": value}, detail
 
 
 # -- write tests -----------------------------------------------------------------

@@ -38,7 +38,7 @@ from ale.isolation.probe_rules import (
     split_sections,
 )
 from ale.isolation.probe_rules import page_rounded as _page_rounded
-from ale.isolation.registry import PROBES, Check, as_moment, rules_of
+from ale.isolation.registry import PROBES, Check, Fit, as_moment, rules_of
 from ale.isolation.rules import judge
 from ale.sandbox.base import ExecResult, SandboxError
 from ale.sandbox.policy import IsolationPolicy
@@ -190,6 +190,7 @@ def parse_probes(
     workspace_dir: str,
     tmpfs_paths: tuple[str, ...] | None = None,
     phase: str = "before",
+    fit: Fit = "exact",
 ) -> list[Check]:
     """Judge the probe output against the policy at moment `phase`; a missing section
     is unknown (`rules.judge` with ``probes=``).
@@ -202,7 +203,7 @@ def parse_probes(
     them pass wrongly or fail.
     """
     return judge(phase, policy=policy, probes=raw, input_dir=input_dir, workspace_dir=workspace_dir,
-                 tmpfs_paths=tmpfs_paths)
+                 tmpfs_paths=tmpfs_paths, fit=fit)
 
 
 def socket_and_process_checks(s: dict[str, list[str]], policy: IsolationPolicy, phase: str) -> list[Check]:
@@ -221,7 +222,7 @@ def probe_command(policy: IsolationPolicy, *, input_dir: str, workspace_dir: str
 
 def judge_probes(
     res: ExecResult | None, policy: IsolationPolicy, *, input_dir: str, workspace_dir: str, phase: str,
-    extra: str | None = None,
+    extra: str | None = None, fit: Fit = "exact",
 ) -> tuple[str, list[Check]]:
     """The evidence text and the checks of one probe exec (None: it did not run).
 
@@ -239,14 +240,15 @@ def judge_probes(
     raw += f"{MARK}host_ns ===\n" + "".join(f"{k} {v}\n" for k, v in host_namespaces().items())
     raw += f"{MARK}host_kernel ===\n{host_kernel()}"
     raw += extra or ""  # what the harness read on the host (gVisor's cgroup limits)
-    return raw, parse_probes(raw, policy, input_dir=input_dir, workspace_dir=workspace_dir, phase=phase)
+    return raw, parse_probes(raw, policy, input_dir=input_dir, workspace_dir=workspace_dir, phase=phase, fit=fit)
 
 
 async def run_probes(
-    sandbox: Any, policy: IsolationPolicy, *, input_dir: str, workspace_dir: str, phase: str = "running"
+    sandbox: Any, policy: IsolationPolicy, *, input_dir: str, workspace_dir: str, phase: str = "running",
+    fit: Fit = "exact",
 ) -> tuple[str, list[Check]]:
     """Run the probe script as the candidate user (the harness's own exec, never the
-    agent's tools); return the evidence text and the checks."""
+    agent's tools); return the evidence text and the checks (`fit`: `registry.Fit`)."""
     try:
         res = await sandbox.exec(probe_command(policy, input_dir=input_dir, workspace_dir=workspace_dir),
                                  user=policy.user, timeout=30)
@@ -256,7 +258,8 @@ async def run_probes(
     if is_gvisor(policy.runtime) and isinstance(getattr(sandbox, "id", None), str):
         # gVisor's kernel shows no cgroup: its limits are the host's cgroup on the whole sandbox.
         host_cgroup = f"{MARK}host_cgroup_limits ===\n" + "".join(f"{k} {v}\n" for k, v in host_cgroup_limits(sandbox.id))
-    return judge_probes(res, policy, input_dir=input_dir, workspace_dir=workspace_dir, phase=phase, extra=host_cgroup)
+    return judge_probes(res, policy, input_dir=input_dir, workspace_dir=workspace_dir, phase=phase, extra=host_cgroup,
+                        fit=fit)
 
 
 def host_kernel() -> str:

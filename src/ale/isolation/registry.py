@@ -29,6 +29,14 @@ from typing import Any, Literal, TypeVar, cast
 Moment = Literal["before", "running", "after"]
 MOMENTS: tuple[Moment, ...] = ("before", "running", "after")
 
+# How a planned value is compared. "exact": the sandbox is the one planned (a run's
+# own verification: the harness created the container itself, so any difference is
+# the engine doing something else). "at_least": the sandbox is at least as strict as
+# planned (`ale verify-container`, a container someone else created): a rule that
+# orders its field passes a stricter value and says how it differs (`Stricter`).
+Fit = Literal["exact", "at_least"]
+FITS: tuple[Fit, ...] = ("exact", "at_least")
+
 
 def as_moment(value: str) -> Moment:
     """A moment from its name; anything else is a programming error."""
@@ -47,11 +55,16 @@ class Check:
     expected: Any
     observed: Any
     detail: str = ""
+    # How a passing sandbox is stricter than planned (empty: as planned).
+    stricter: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         # Shallow on purpose: the values are JSON data read from inspect or probes,
         # and dataclasses.asdict's deep copy is the costliest step of a run's checks.
-        return {"id": self.id, "ok": self.ok, "expected": self.expected, "observed": self.observed, "detail": self.detail}
+        doc = {"id": self.id, "ok": self.ok, "expected": self.expected, "observed": self.observed, "detail": self.detail}
+        if self.stricter:  # only then: a check as planned keeps the shape old evidence has
+            doc["stricter"] = self.stricter
+        return doc
 
     @property
     def passed(self) -> bool:
@@ -65,6 +78,29 @@ def failures(checks: Iterable[Check]) -> list[Check]:
 
 # A rule's verdict: passed (None: unknown), what it observed, and a human detail.
 Verdict = tuple[bool | None, Any, str]
+
+
+class Stricter(str):
+    """A verdict's detail saying how a passing sandbox is stricter than planned: the
+    check records it (`Check.stricter`) and `ale verify-container` reports it."""
+
+
+def stricter_notes(checks: Iterable[Check]) -> list[str]:
+    """One line per passing check whose sandbox is stricter than planned."""
+    return [f"{c.id}: {c.stricter}" for c in checks if c.ok is True and c.stricter]
+
+
+def limit_fits(fit: Fit, observed: float, planned: float, *, what: str,
+               show: Callable[[float], str] = lambda v: f"{v:g}", tolerance: float = 0.0) -> tuple[bool, str]:
+    """A limit where lower is stricter: as planned, or (`fit` "at_least") below it,
+    which passes and says so (the detail is then a `Stricter`)."""
+    if abs(observed - planned) <= tolerance:
+        return True, ""
+    if fit == "at_least" and observed < planned:
+        return True, Stricter(f"{what} {show(observed)}, below the planned {show(planned)}")
+    if observed > planned:
+        return False, f"{what} {show(observed)}, above the planned {show(planned)}"
+    return False, f"{what} {show(observed)}, below the planned {show(planned)} (a run's own sandbox is the one planned)"
 
 
 class Missing(Exception):
@@ -167,7 +203,8 @@ class Rule:
             if why is None:
                 raise
             return Check(cid, None, expected, None, why)
-        return Check(cid, None if ok is None else bool(ok), expected, observed, detail)
+        note = str(detail) if ok and isinstance(detail, Stricter) else ""
+        return Check(cid, None if ok is None else bool(ok), expected, observed, str(detail), note)
 
 
 REGISTRY: dict[str, Rule] = {}

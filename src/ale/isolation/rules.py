@@ -22,6 +22,7 @@ from ale.isolation.registry import (
     SOURCES,
     WORKSPACE,
     Check,
+    Fit,
     Moment,
     Rule,
     as_moment,
@@ -66,6 +67,7 @@ def judge(
     tmpfs_paths: tuple[str, ...] | None = None,
     workspace: Any = _NOT_GIVEN,
     workspace_inode: int | None = None,
+    fit: Fit = "exact",
 ) -> list[Check]:
     """Judge the sandbox at one moment on the evidence given: every rule that applies.
 
@@ -83,6 +85,10 @@ def judge(
     - ``workspace``: the host's listing of the workspace (`probes.workspace_listing`),
       and ``workspace_inode`` the inode it had at creation.
 
+    ``fit`` is how planned values are compared (`registry.Fit`): "exact" for a run's
+    own sandbox (the harness created it as planned), "at_least" for a container
+    someone else created (`ale verify-container`): stricter passes, and says so.
+
     The checks come in the order the rules are registered: inspect, captures,
     probes, workspace.
     """
@@ -94,7 +100,7 @@ def judge(
     if inspect is not _NOT_GIVEN:
         assert policy is not None
         checks += judge_subject(INSPECT, inspect_rules.InspectSubject(
-            m, inspect, policy, planned, image_inspect=image_inspect, mount_inodes=mount_inodes))
+            m, inspect, policy, planned, image_inspect=image_inspect, mount_inodes=mount_inodes, fit=fit))
     if captures is not None:
         checks += judge_subject(CAPTURES, inspect_rules.CaptureSubject(m, *captures))
     if probes is not _NOT_GIVEN:
@@ -105,7 +111,7 @@ def judge(
         if in_dir is None or ws_dir is None:
             raise ValueError("judging probes needs input_dir and workspace_dir (or a read-only and a read-write mount)")
         tmpfs = tuple(t.path for t in policy.tmpfs) if tmpfs_paths is None else tmpfs_paths
-        checks += judge_subject(PROBES, probe_rules.ProbeSubject(m, sections, policy, in_dir, ws_dir, tmpfs))
+        checks += judge_subject(PROBES, probe_rules.ProbeSubject(m, sections, policy, in_dir, ws_dir, tmpfs, fit))
     if workspace is not _NOT_GIVEN:
         checks += judge_subject(WORKSPACE, workspace_rules.WorkspaceSubject(m, workspace, workspace_inode))
     return checks
@@ -136,6 +142,15 @@ def markdown() -> str:
         "run `invalid_evaluation_environment`. The policy (`ale.sandbox.policy.IsolationPolicy`)",
         "states the planned values; this file lists how each is checked. The lifecycle,",
         "`ale verify-container` and `ale verify` judge through `ale.isolation.rules.judge`.",
+        "",
+        "A run's own sandbox (the lifecycle, `ale verify`) must be the one planned: the harness",
+        "created it, so any difference is the engine doing something else. `ale verify-container`",
+        "judges a container someone else created *at least as strict* as planned: where a rule",
+        "orders its field (a lower memory, pids or CPU limit, `noexec`/`nosuid`/`nodev` or a",
+        "smaller size on a tmpfs, `--ipc none`), a stricter value passes and the check says how",
+        "it differs (`stricter` in the JSON, `stricter than planned` in the report); a looser one",
+        "fails. Fields with no such order (the runtime, the user, the binds and their",
+        "propagation, a writable place the plan grants) stay equality.",
         "",
         f"{len(all_rules())} rules, {len(all_check_ids())} check ids.",
     ]

@@ -3,6 +3,11 @@
 `ale verify-container` calls `verify_container`: it reads the container's
 effective state (inspect, and probes when it runs) against the policy and the two
 host folders the operator names, and keeps the raw inspect JSON when asked.
+
+The container need not be the plan to the letter: it must be at least as strict
+(`registry.Fit` "at_least"). A stricter field (a `noexec` /tmp where the policy
+allows exec, a lower memory or pids limit, fewer CPUs) passes, and the report says
+how it differs (`stricter`); a looser one fails.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pydantic import BaseModel, Field
 from ale.defaults import DEFAULT_INPUT_DIR, DEFAULT_OUTPUT_DIR
 from ale.isolation.checks import Check, Moment, failures, image_record, violation_line
 from ale.isolation.probes import run_probes, workspace_listing
+from ale.isolation.registry import stricter_notes
 from ale.isolation.rules import judge
 from ale.sandbox.base import ImageMissing, Mount, SandboxError, SandboxGone, SandboxProvider
 from ale.sandbox.policy import IsolationPolicy
@@ -29,6 +35,8 @@ class VerifyReport(BaseModel):
     phase: Moment | None = None  # the moment the container was judged at (named "phase" in the JSON since v0.1)
     checks: list[dict[str, Any]] = Field(default_factory=list)
     violations: list[str] = Field(default_factory=list)
+    # How the container is stricter than the policy, one line per check (it passes).
+    stricter: list[str] = Field(default_factory=list)
     image: dict[str, Any] | None = None
     probe_output: str | None = None
     inspect_path: str | None = None
@@ -42,6 +50,7 @@ def _report(name: str, groups: list[tuple[str, list[Check]]], **extra: Any) -> V
         container=name,
         checks=[c.to_dict() for c in checks],
         violations=[violation_line(group, c) for group, cs in groups for c in failures(cs)],
+        stricter=[f"[{group}] {line}" for group, cs in groups for line in stricter_notes(cs)],
         **extra,
     )
 
@@ -69,7 +78,9 @@ def verify_container(
     The container must carry exactly two binds: `input_dir` read-only at
     `input_target` and `workspace_dir` read-write at `workspace_target`. A created
     container is checked as "before" (plus the workspace must be empty), a running
-    one as "running" with probes, an exited one as "after".
+    one as "running" with probes, an exited one as "after". Every planned value is
+    compared as at least as strict (`registry.Fit`): stricter passes and is listed
+    in the report's `stricter`.
     """
     for label, path in (("input", input_dir), ("workspace", workspace_dir)):
         if not os.path.isdir(path):
@@ -105,13 +116,15 @@ def verify_container(
     inodes = {os.path.realpath(m.source): os.stat(m.source).st_ino for m in mounts}
     judged = moment or "before"  # an unknown state is judged as before (and fails state.before)
     groups = [("host", host), (f"inspect-{judged}", judge(
-        judged, policy=policy, mounts=mounts, inspect=inspect, image_inspect=image_inspect, mount_inodes=inodes))]
+        judged, policy=policy, mounts=mounts, inspect=inspect, image_inspect=image_inspect, mount_inodes=inodes,
+        fit="at_least"))]
     if moment == "before":
         groups.append(("workspace-before", judge(moment, workspace=workspace_listing(workspace_dir))))
     probe_output = None
     if moment == "running":
         probe_output, probe_checks = asyncio.run(
-            run_probes(sandbox, policy, input_dir=input_target, workspace_dir=workspace_target, phase=moment)
+            run_probes(sandbox, policy, input_dir=input_target, workspace_dir=workspace_target, phase=moment,
+                       fit="at_least")
         )
         groups.append((f"probes-{moment}", probe_checks))
     return _report(inspect.get("Name", name_or_id).lstrip("/"), groups, phase=moment,
@@ -138,6 +151,8 @@ def render_report(report: VerifyReport) -> str:
         if c["ok"] is not True:
             why = c["detail"] or f"expected {c['expected']!r}, observed {c['observed']!r}"
             line += f": {why}"
+        elif c.get("stricter"):
+            line += f": stricter than planned: {c['stricter']}"
         lines.append(line)
     if report.image:
         lines.append(f"image {report.image.get('id')} store={report.image.get('store')} "
@@ -145,6 +160,10 @@ def render_report(report: VerifyReport) -> str:
     if report.inspect_path:
         lines.append(f"raw inspect saved to {report.inspect_path}")
     n_bad = len(report.violations)
-    lines.append("SEALED: every check passed" if report.ok
-                 else f"NOT SEALED: {n_bad} check(s) failed or unknown")
+    if report.ok:
+        n_strict = len(report.stricter)
+        lines.append("SEALED: every check passed" + (
+            f"; {n_strict} at least as strict as planned but not as planned (listed above)" if n_strict else ""))
+    else:
+        lines.append(f"NOT SEALED: {n_bad} check(s) failed or unknown")
     return "\n".join(lines)
