@@ -29,6 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
+from publish import publish  # noqa: E402
 from throughput import write_experiment  # noqa: E402
 
 
@@ -84,20 +85,6 @@ def memory_child(queued: int, seconds: float, cluster: str) -> None:
     print(json.dumps({"queued": len(orch.units), "rss_start_mb": base / 2**20, "rss_peak_mb": peak[0] / 2**20}))
 
 
-def write_section(text: str) -> Path:
-    path = REPO / "docs" / "benchmarks.md"
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    marker = "## Cluster"
-    if marker in doc:
-        start = doc.index(marker)
-        nxt = doc.find("\n## ", start + len(marker))
-        doc = doc[:start] + text + (doc[nxt + 1 :] if nxt != -1 else "")
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    path.write_text(doc.rstrip("\n") + "\n")
-    return path
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=40)
@@ -105,7 +92,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--queued", type=int, default=10_000)
     ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--write", action="store_true", help="update the ## Cluster section of docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="write bench/results/cluster.{json,md}")
     ap.add_argument("--memory-child", metavar="CLUSTER", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory_child:
@@ -163,7 +150,9 @@ def main() -> None:
             {mem['rss_start_mb']:.0f} MB; target at most 300 MB). Ray's daemons and workers are
             separate processes and not counted.
         """)
-        print(f"wrote {write_section(text)}")
+        figures = {"ratio": ratio, "rounds": [x[0] for x in rounds], "local": loc, "cluster": cl, "memory": mem,
+                   "ray": ray.__version__, "runs": args.runs, "concurrency": args.concurrency}
+        print("wrote", *publish("cluster", figures, text.split("\n", 2)[2]))
 
 
 if __name__ == "__main__":

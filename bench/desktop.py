@@ -3,7 +3,7 @@
 inside the container (one exec, a loop in the helper's own code), at 1024x768;
 and the desktop's start per run (fresh sealed container each time).
 
-Writes the numbers into docs/benchmarks.md under "## Desktop".
+Writes the numbers to bench/results/desktop.{json,md} (docs/benchmarks.md cites them).
 
     .venv/bin/python bench/desktop.py [--repeats 50] [--starts 5]
 """
@@ -23,6 +23,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
+
+from publish import publish  # noqa: E402
 
 from ale.sandbox.base import Mount, SandboxSpec  # noqa: E402
 from ale.sandbox.computer import Computer, ComputerError  # noqa: E402
@@ -157,8 +159,6 @@ async def main(repeats: int, starts: int) -> dict:
 
 
 def write_doc(res: dict) -> None:
-    doc = HERE.parent / "docs" / "benchmarks.md"
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
     h, d, s = res["harness"], res["direct"], res["desktop_start"]
 
     def row(name: str, x: dict | None) -> str:
@@ -167,8 +167,6 @@ def write_doc(res: dict) -> None:
         return f"| {name} | {x['median_ms']} | {x['p95_ms']} | {x['n']} |"
 
     section = "\n".join([
-        "## Desktop",
-        "",
         f"`bench/desktop.py` on this machine, {res['resolution']}, the desktop image, the default sealed policy; "
         f"{res['repeats']} calls each. *Harness* = the `computer` tool as an agent calls it (one `docker exec` "
         "as the desktop user per call, the helper's socket, xdotool or XGetImage + PNG); *direct* = the same "
@@ -193,14 +191,7 @@ def write_doc(res: dict) -> None:
         row("first window launched and ready (pywebview on WebKitGTK)", s["first_window"]),
         "",
     ])
-    if "## Desktop" in text:
-        head, _, rest = text.partition("## Desktop")
-        nxt = min((i for i in (rest.find("\n## "), rest.find("\n### ")) if i >= 0), default=-1)  # keep subsections
-        text = head + section + (rest[nxt + 1:] if nxt >= 0 else "")
-    else:
-        text = text.rstrip() + "\n\n" + section
-    doc.write_text(text)
-
+    print("wrote", *publish("desktop", res, section))
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
@@ -209,7 +200,7 @@ if __name__ == "__main__":
     ap.add_argument("--image", action="append", default=None,
                     help="the desktop image (repeated: each measured in turn, interleaved; the doc gets the last one); "
                          "IMAGE@helper: every call through `desktopd.py call`, the client before desktopctl.py")
-    ap.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    ap.add_argument("--no-doc", action="store_true", help="print only; write no bench/results/desktop.{json,md}")
     a = ap.parse_args()
     IMAGE[:] = a.image or [DEFAULT_DESKTOP_IMAGE]
     res = asyncio.run(main(a.repeats, a.starts))

@@ -7,7 +7,7 @@ request with ``stream: true``; the fake sends its first SSE event at once, the
 rest 20 ms apart): median and p95 of the time to the first streamed byte. The
 gateway, the fake API and the client each run in their own thread and event loop
 (the harness is another process in a real run; here the three share one GIL).
-Writes the numbers into docs/benchmarks.md under "## Model gateway".
+Writes the numbers to bench/results/gateway.{json,md} (docs/benchmarks.md cites them).
 
     .venv/bin/python bench/gateway.py [--requests 400]
 """
@@ -28,6 +28,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE.parent))
 
 import httpx2 as httpx  # noqa: E402
+from publish import publish  # noqa: E402
 from tests.fake_model_api import FakeModelAPI  # noqa: E402
 
 from ale.agents.gateway.server import ModelGateway, serve_gateway  # noqa: E402
@@ -87,20 +88,6 @@ async def measure(n: int, direct: str, via: str, token: str) -> dict[str, list[f
     return res
 
 
-def write_section(lines: list[str]) -> None:
-    doc = HERE.parent / "docs" / "benchmarks.md"
-    text = doc.read_text()
-    head = "## Model gateway"
-    body = head + "\n\n" + "\n".join(lines) + "\n\n"
-    if head in text:
-        start = text.index(head)
-        nxt = text.find("\n## ", start + len(head))
-        text = text[:start] + body + (text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip() + "\n\n" + body
-    doc.write_text(text)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=400)
@@ -132,7 +119,7 @@ def main() -> None:
     ]
     print("\n".join(lines))
     if not a.no_write:
-        write_section(lines)
+        print("wrote", *publish("gateway", {"requests": a.requests, "ms": res}, "\n".join(lines)))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 - sandbox start: create + start of a sealed sandbox (tools image);
 - a desktop screenshot through the computer tool (1024x768), when the desktop image is there.
 
-Writes the numbers into docs/benchmarks.md under "## gVisor (runsc) against runc".
+Writes the numbers to bench/results/gvisor.{json,md} (docs/benchmarks.md cites them).
 The engine (DOCKER_HOST or the local socket) must have runsc registered.
 
     .venv/bin/python bench/gvisor.py [--runs 3] [--calls 30] [--shots 10]
@@ -29,6 +29,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "src"))
+
+from publish import publish  # noqa: E402
 
 from ale.sandbox.base import Mount, SandboxSpec  # noqa: E402
 from ale.sandbox.computer import Computer  # noqa: E402
@@ -144,27 +146,16 @@ def main() -> None:
 
 
 def write(summary: dict, errors: dict, load: float) -> None:
-    doc = REPO / "docs" / "benchmarks.md"
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    head = "## gVisor (runsc) against runc"
     rows = ["| what | runc (median) | runsc (median) | runsc / runc | n (runc, runsc) |", "| --- | --- | --- | --- | --- |"]
     for s in summary.values():
         ratio = f"{s['ratio']:.2f}x" if s["ratio"] is not None else "not measured"
         rows.append(f"| {s['what']} | {s['runc_ms']} ms | {s['runsc_ms']} ms | {ratio} | {s['n'][0]}, {s['n'][1]} |")
-    body = [head, "", "`bench/gvisor.py`: the same work under both runtimes in one run, interleaved, on one engine",
+    body = ["`bench/gvisor.py`: the same work under both runtimes in one run, interleaved, on one engine",
             f"(Debian's runsc 0.0~20221219, ptrace platform; 2 cores, 1-minute load {load:.1f} while measured:",
             "other engineers' tests ran on the machine, so read the ratios, not the times).", "", *rows]
     if errors:
         body += ["", f"Errors: {json.dumps(errors)}"]
-    section = "\n".join(body) + "\n"
-    if head in text:
-        start = text.index(head)
-        nxt = text.find("\n## ", start + len(head))
-        text = text[:start] + section + (text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    doc.write_text(text)
-
+    print("wrote", *publish("gvisor", {"summary": summary, "errors": errors, "load_1m": load}, "\n".join(body)))
 
 if __name__ == "__main__":
     main()

@@ -3,7 +3,7 @@
 Both sides use the same image and the same flags (the policy's), in one process,
 interleaved, repeated. Reports the median of each, their ratio, and the share
 of a run spent on verification and evidence (probes, inspect checks, hashing,
-signing). Writes the numbers into docs/benchmarks.md under "## Overhead".
+signing). Writes the numbers to bench/results/overhead.{json,md} (docs/benchmarks.md cites them).
 
     .venv/bin/python bench/overhead.py [--repeats 10]
 """
@@ -22,6 +22,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
+
+from publish import publish  # noqa: E402
 
 from ale.defaults import DEFAULT_TOOLS_IMAGE  # noqa: E402
 from ale.plan import AgentSpec, RunPlan  # noqa: E402
@@ -80,21 +82,6 @@ async def full(client, policy: IsolationPolicy, runs_dir: Path) -> tuple[float, 
     return elapsed, costs
 
 
-def write_section(lines: list[str]) -> None:
-    doc = HERE.parent / "docs" / "benchmarks.md"
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n\nMeasured on the project's 2-core CI machine; ratios against a baseline in the same run.\n"
-    head = "## Overhead"
-    body = head + "\n\n" + "\n".join(lines) + "\n\n"
-    if head in text:
-        start = text.index(head)
-        nxt = text.find("\n## ", start + len(head))
-        text = text[:start] + body + (text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip() + "\n\n" + body
-    doc.parent.mkdir(exist_ok=True)
-    doc.write_text(text)
-
-
 async def main(repeats: int) -> None:
     client = connect()
     policy = IsolationPolicy(memory_bytes=512 * 1024**2)
@@ -129,8 +116,9 @@ async def main(repeats: int) -> None:
         f"**{(verify + evidence) * 1000:.0f} ms** per run (target at most 300 ms).",
     ]
     print("\n".join(lines))
-    print(json.dumps({"bare_s": mb, "full_s": mf, "ratio": mf / mb, "verify_s": verify, "evidence_s": evidence}))
-    write_section(lines)
+    figures = {"repeats": repeats, "bare_s": mb, "full_s": mf, "ratio": mf / mb, "verify_s": verify, "evidence_s": evidence}
+    print(json.dumps(figures))
+    print("wrote", *publish("overhead", figures, "\n".join(lines)))
 
 
 if __name__ == "__main__":

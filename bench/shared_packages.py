@@ -5,7 +5,7 @@ and the nop agent; runs interleaved with sharing off (every run copies and hashe
 its input) and on (the first run stages the shared entry; the others mount it).
 Reports the medians of the phases that stage and hash the input (stage_input,
 verify_before, deliverables: the input is hashed after start() and after the run)
-and writes them into docs/benchmarks.md under "## Shared public packages".
+and writes them to bench/results/shared_packages.{json,md} (docs/benchmarks.md cites them).
 
 ``--scale``: N = 1, 4 and 8 runs of one variant (default 2 GiB) as an experiment
 through the orchestrator at concurrency 4, each N with a cold package cache, with
@@ -14,7 +14,7 @@ process run. Measures the experiment's wall time, the span during which any run
 was staging (the union of the runs' stage_input phases), the per-run sums of the
 phases that stage and hash, and the disk used under the runs folder and the
 package cache (sampled every 0.2 s: peak; du -x, so an overlay is not counted
-twice), and writes the ratios N=8 / N=1 under "### N runs of one variant".
+twice), and writes the ratios N=8 / N=1 to bench/results/shared_packages_scale.{json,md}.
 
     .venv/bin/python bench/shared_packages.py [--mib 1024] [--repeats 4]
     .venv/bin/python bench/shared_packages.py --scale [--mib 2048] [--ns 1,4,8]
@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -39,6 +38,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
+
+from publish import publish  # noqa: E402
 
 from ale.defaults import DEFAULT_TOOLS_IMAGE  # noqa: E402
 from ale.plan import AgentSpec, RunPlan  # noqa: E402
@@ -268,22 +269,8 @@ def scale(args: argparse.Namespace) -> None:
     ]
     print("\n".join(lines))
     if not args.no_write:
-        write_subsection("\n".join(lines).rstrip("\n"), "### N runs of one variant")
-
-
-def write_subsection(text: str, heading: str) -> None:
-    """Put ``text`` (starting with ``heading``) inside "## Shared public packages",
-    replacing the subsection of that heading (up to the next heading)."""
-    doc = HERE.parent / "docs" / "benchmarks.md"
-    full = doc.read_text()
-    sec = re.compile(r"## Shared public packages\n.*?(?=\n## |\Z)", re.S)
-    m = sec.search(full)
-    if m is None:
-        raise SystemExit("docs/benchmarks.md has no '## Shared public packages' section")
-    body = m.group(0)
-    sub = re.compile(re.escape(heading) + r"\n.*?(?=\n##+ |\Z)", re.S)
-    body = sub.sub(lambda _: text + "\n", body) if sub.search(body) else body.rstrip("\n") + "\n\n" + text + "\n"
-    doc.write_text(full[:m.start()] + body + full[m.end():])
+        print("wrote", *publish("shared_packages_scale", {"rows": {f"{m} {n}": r for (m, n), r in rows.items()}},
+                                "\n".join(lines[1:] if lines[0].startswith("#") else lines)))
 
 
 def main() -> None:
@@ -335,12 +322,8 @@ def main() -> None:
                   f"({staging_off / max(staging_on, 1e-6):.0f}x less), and no per-run copy on disk.", ""]
     print("\n".join(lines))
     if not args.no_write:
-        doc = HERE.parent / "docs" / "benchmarks.md"
-        text = doc.read_text()
-        section = "\n".join(lines).rstrip("\n")
-        pattern = re.compile(r"## Shared public packages\n.*?(?=\n### |\n## |\Z)", re.S)  # --scale's subsection stays
-        text = pattern.sub(section, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section + "\n"
-        doc.write_text(text)
+        figures = {"mib": args.mib, "repeats": args.repeats, "first": first, "copied": off, "shared": on}
+        print("wrote", *publish("shared_packages", figures, "\n".join(lines[2:])))
 
 
 if __name__ == "__main__":

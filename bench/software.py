@@ -4,7 +4,7 @@ The same no-op task (its evaluate() returns 0 at once; the nop agent) declares
 software on its card (pandas, jq: an environment image, built once before timing),
 and is run interleaved with provisioning on (its cached environment image) and off
 (the tools image), in one process. Reports the medians and their ratio (target: at
-most 1.05) and writes them into docs/benchmarks.md under "## Task environments".
+most 1.05) and writes them to bench/results/software.{json,md} (docs/benchmarks.md cites them).
 
     .venv/bin/python bench/software.py [--repeats 10]
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import statistics
 import sys
 import tempfile
@@ -24,6 +23,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
+
+from publish import publish  # noqa: E402
 
 from ale.defaults import DEFAULT_TOOLS_IMAGE  # noqa: E402
 from ale.plan import AgentSpec, RunPlan  # noqa: E402
@@ -110,12 +111,9 @@ def main() -> None:
     ]
     print("\n".join(lines))
     if not args.no_write:
-        doc_path = HERE.parent / "docs" / "benchmarks.md"
-        text = doc_path.read_text()
-        section = "\n".join(lines)
-        pattern = re.compile(r"## Task environments\n.*?(?=\n## |\Z)", re.S)
-        text = pattern.sub(section.rstrip("\n"), text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
-        doc_path.write_text(text)
+        figures = {"repeats": args.repeats, "tools_image_s": m_off, "env_image_s": m_on, "ratio": ratio,
+                   "lookup_s": lookup, "first_build_s": first, "image": image, "size_mb": size_mb}
+        print("wrote", *publish("software", figures, "\n".join(lines[2:])))
 
 
 if __name__ == "__main__":

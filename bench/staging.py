@@ -7,7 +7,7 @@ Builds a 1 GiB input (many small files and one large one) in a temporary folder,
 then, interleaved and repeated, (a) stages it with ale (one pass: copy + sha256 of
 every file + tree digest) and (b) runs `cp -r` followed by `sha256sum` over the
 copy. Page cache is warmed first so both read from memory. Medians are reported,
-and written to docs/benchmarks.md under "## Staging" (only that section).
+and written to bench/results/staging.{json,md} (docs/benchmarks.md cites them).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+from publish import publish
 
 from ale.data.base import VariantKey
 from ale.data.sealing import seal_variant
@@ -95,24 +97,6 @@ def bench_decrypt(tmp: Path, mib: int) -> tuple[float, float, int]:
     return seal_s, stage_s, r.size
 
 
-def write_section(text: str) -> Path:
-    from ale.paths import repo_root
-
-    root = repo_root() or Path.cwd()
-    doc = root / "docs" / "benchmarks.md"
-    doc.parent.mkdir(exist_ok=True)
-    old = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    lines = old.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.strip() == "## Staging"), None)
-    if start is None:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        new = "".join(lines[:start]) + text + ("\n" + "".join(lines[end:]) if end < len(lines) else "")
-    doc.write_text(new)
-    return doc
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small-files", type=int, default=8000)
@@ -120,7 +104,7 @@ def main() -> int:
     ap.add_argument("--total-mib", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--decrypt-mib", type=int, default=100)
-    ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    ap.add_argument("--no-write", action="store_true", help="print only; write no bench/results/staging.{json,md}")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ale-bench-staging-", dir=os.environ.get("ALE_BENCH_TMP")) as tmp_s:
         tmp = Path(tmp_s)
@@ -147,7 +131,6 @@ def main() -> int:
         seal_s, stage_s, size = bench_decrypt(tmp, args.decrypt_mib)
         print(f"reference.7z of {size / MIB:.0f} MiB: sealing {seal_s:.2f}s, check + decrypt + stage {stage_s:.2f}s")
     section = (
-        "## Staging\n\n"
         f"`bench/staging.py` ({datetime.now(UTC):%Y-%m-%d}; {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}, {sys.platform}). Input of {total / MIB:.0f} MiB: {nfiles - 1} small files "
         f"and one of {args.large_mib} MiB; page cache warm; {args.repeats} interleaved repeats, medians.\n\n"
@@ -160,7 +143,9 @@ def main() -> int:
         f"stage **{stage_s:.2f} s**.\n"
     )
     if not args.no_write:
-        print(f"wrote {write_section(section)}")
+        figures = {"total_mib": total / MIB, "files": nfiles, "ale_s": ale_t, "cp_sha256sum_s": cp_t, "ratio": ratio,
+                   "reference_mib": size / MIB, "seal_s": seal_s, "stage_reference_s": stage_s}
+        print("wrote", *publish("staging", figures, section))
     return 0
 
 

@@ -12,7 +12,7 @@
 
 The ratio is orchestrator runs/s ÷ bare runs/s (target ≥ 0.6); the memory
 target is ≤ 300 MB RSS. Results are printed and, with ``--write``, put under
-``## Throughput`` in docs/benchmarks.md (that section only).
+bench/results/throughput.{json,md} (docs/benchmarks.md cites them).
 
 4. ``--profile N``: N runs at ``--concurrency`` through the orchestrator with every
    call that talks to the engine, the task process, the hashing and the signing
@@ -38,6 +38,9 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from publish import publish  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -356,21 +359,6 @@ def compare(args: argparse.Namespace) -> None:
           f"[{', '.join(f'{x:.2f}' for x in after_over_before)}]")
 
 
-def write_section(text: str) -> Path:
-    path = REPO / "docs" / "benchmarks.md"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    marker = "## Throughput"
-    if marker in doc:
-        start = doc.index(marker)
-        nxt = doc.find("\n## ", start + len(marker))
-        doc = doc[:start] + text + (doc[nxt + 1 :] if nxt != -1 else "")
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    path.write_text(doc.rstrip("\n") + "\n")
-    return path
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=100)
@@ -378,7 +366,7 @@ def main() -> None:
     ap.add_argument("--queued", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=8.0, help="memory sampling time")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (this machine is noisy): the median ratio counts")
-    ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help="write bench/results/throughput.{json,md}")
     ap.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="time the calls of N runs and print where they go")
     ap.add_argument("--compare", metavar="SRC", help="also run the orchestrator of another checkout's src/ (e.g. the commit "
@@ -423,8 +411,6 @@ def main() -> None:
 
         info = docker.from_env().version()
         text = textwrap.dedent(f"""\
-            ## Throughput
-
             `bench/throughput.py` ({time.strftime('%Y-%m-%d')}; Docker {info.get('Version')},
             {os.cpu_count()} CPUs, Python {platform.python_version()}). A no-op task (its
             `evaluate` returns 0 at once) with the `nop` agent, {args.runs} runs at concurrency
@@ -446,7 +432,8 @@ def main() -> None:
             (the interpreter before importing ale: {mem['rss_start_mb']:.0f} MB; target ≤ 300 MB),
             sampled every 0.25 s for {args.seconds:.0f} s while the first runs execute.
             """)
-        print(f"wrote {write_section(text)}")
+        figures = {"ratio": ratio, "rounds": [x[0] for x in rounds], "bare": bare, "orchestrator": orch, "memory": mem}
+        print("wrote", *publish("throughput", figures, text))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 """The desktop inside a sandbox: a second identity, reached only by the harness.
 
 The desktop image (``images/desktop``) runs a virtual display, a window manager,
-Chromium windows and ale's helper (``/opt/ale-desktop/desktopd.py``) as the
+the task's windows (pywebview on WebKitGTK as cua-bench renders them, Chromium for
+``engine="chromium"``) and ale's helper (``/opt/ale-desktop/desktopd.py``) as the
 desktop user (``DESKTOP_USER``, uid 1001), never as the candidate (uid 1000).
 The harness starts it and sends it every request by its own exec *as the desktop
 user* (``docker exec --user``: no capability, no setuid, nothing the candidate
 can do); the helper's socket, the X socket and the X cookie are in folders only
 uid 1001 can enter, the display listens on no TCP port and no abstract socket,
-and Chromium is driven over a pipe the helper holds, never a port.
+and every window is driven over a pipe the helper holds, never a port.
 
 A task asks for a desktop with ``desktop: true`` (or ``desktop: {width, height}``)
 in its card, or a variant's ``computer`` spec: cua-bench's ``simulated`` provider,
