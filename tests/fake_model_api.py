@@ -12,6 +12,12 @@ each step is the tool calls of one answer (called in parallel), the step taken i
 the number of answers with tool calls the conversation holds; a conversation whose
 user messages hold ``SUBAGENT_MARK`` is a sub-agent's and follows
 ``script["subagent"]``.
+
+Failures of the provider's: ``faults`` is a queue of ``(status, body, headers)``
+answers; each model request takes the next one instead of an answer while any is
+left. ``varied_usage`` makes each answer report different token counts (request n:
+``100 + n`` input, of which ``n`` cached, ``20 + n`` output); ``served`` sums what
+the answers reported, the upstream's own count.
 """
 
 from __future__ import annotations
@@ -153,8 +159,12 @@ def _sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
 
 class FakeModelAPI:
     def __init__(self, *, chunk_delay_s: float = 0.0, native_command: str | None = None,
-                 script: dict[str, list[Step]] | None = None, command: str = COMMAND):
+                 script: dict[str, list[Step]] | None = None, command: str = COMMAND,
+                 faults: list[tuple[int, Any, dict[str, str]]] | None = None, varied_usage: bool = False):
         self.requests: list[dict[str, Any]] = []
+        self.faults = list(faults or [])
+        self.varied_usage = varied_usage
+        self.served = {"input_tokens": 0, "output_tokens": 0, "cached_input_tokens": 0, "answers": 0}
         self.command = command  # what the bridge's shell tool is called with
         self.script = script
         # A native harness's own shell (Claude Code's ``Bash``) is called with this command (Anthropic API).
@@ -193,6 +203,22 @@ class FakeModelAPI:
         tool = _decide(body)
         return tool, {"command": self.command}
 
+    def _fault(self) -> web.Response | None:
+        if not self.faults:
+            return None
+        status, body, headers = self.faults.pop(0)
+        return web.json_response(body, status=status, headers=headers)
+
+    def _usage(self) -> tuple[int, int, int]:
+        """(input, output, cached) of this answer, counted in ``served``."""
+        n = len(self.requests)
+        u = (100 + n, 20 + n, n) if self.varied_usage else (100, 20, 0)
+        self.served["input_tokens"] += u[0]
+        self.served["output_tokens"] += u[1]
+        self.served["cached_input_tokens"] += u[2]
+        self.served["answers"] += 1
+        return u
+
     async def _keep(self, request: web.Request) -> dict[str, Any]:
         raw = await request.read()
         body = json.loads(raw) if raw else {}
@@ -221,8 +247,11 @@ class FakeModelAPI:
 
     async def anthropic(self, request: web.Request) -> web.StreamResponse:
         body = await self._keep(request)
+        if (fault := self._fault()) is not None:
+            return fault
         calls, model = self._calls(body), body.get("model", "claude-fake")
-        usage_in = {"input_tokens": 100, "output_tokens": 1}
+        n_in, n_out, n_cached = self._usage()
+        usage_in = {"input_tokens": n_in - n_cached, "output_tokens": 1, **({"cache_read_input_tokens": n_cached} if n_cached else {})}
         step = _answers_with_calls(body)
         ids = [f"toolu_s{step}_{i:02d}" if self.script is not None else "toolu_01" for i in range(len(calls))]
         blocks: list[tuple[dict[str, Any], dict[str, Any] | None]]
@@ -235,7 +264,8 @@ class FakeModelAPI:
             content, stop = [{"type": "text", "text": "done"}], "end_turn"
         if not body.get("stream"):
             return web.json_response({"id": "msg_01", "type": "message", "role": "assistant", "model": model, "content": content,
-                                      "stop_reason": stop, "stop_sequence": None, "usage": {"input_tokens": 100, "output_tokens": 20}})
+                                      "stop_reason": stop, "stop_sequence": None,
+                                      "usage": {**usage_in, "output_tokens": n_out}})
         events: list[tuple[str | None, dict[str, Any]]] = [
             ("message_start", {"type": "message_start", "message": {"id": "msg_01", "type": "message", "role": "assistant", "model": model,
                                 "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage_in}})]
@@ -243,17 +273,22 @@ class FakeModelAPI:
             events += [("content_block_start", {"type": "content_block_start", "index": n, "content_block": block}),
                        ("content_block_delta", {"type": "content_block_delta", "index": n, "delta": delta}),
                        ("content_block_stop", {"type": "content_block_stop", "index": n})]
-        events += [("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": 20}}),
+        events += [("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": n_out}}),
                    ("message_stop", {"type": "message_stop"})]
         return await self._stream(request, _sse(events))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._keep(request)
+        if (fault := self._fault()) is not None:
+            return fault
         tool, model = _decide(body), body.get("model", "gpt-fake")
+        n_in, n_out, n_cached = self._usage()
         msg: dict[str, Any] = {"role": "assistant", "content": None if tool else "done"}
         if tool:
             msg["tool_calls"] = [{"id": "call_1", "type": "function", "function": {"name": tool, "arguments": json.dumps({"command": self.command})}}]
-        usage = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
+        usage: dict[str, Any] = {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+        if n_cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": n_cached}
         if not body.get("stream"):
             return web.json_response({"id": "c1", "object": "chat.completion", "created": 0, "model": model, "usage": usage,
                                       "choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls" if tool else "stop"}]})
@@ -269,6 +304,8 @@ class FakeModelAPI:
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = await self._keep(request)
+        if (fault := self._fault()) is not None:
+            return fault
         model, calls = body.get("model", "gpt-fake"), self._calls(body)
         step = _answers_with_calls(body)
         items: list[dict[str, Any]] = []
@@ -304,6 +341,8 @@ class FakeModelAPI:
 
     async def gemini(self, request: web.Request) -> web.StreamResponse:
         body = await self._keep(request)
+        if (fault := self._fault()) is not None:
+            return fault
         step = _answers_with_calls(body)
         parts: list[dict[str, Any]] = [{"functionCall": {"name": t, "args": a, **({"id": f"call_s{step}_{i}"} if self.script else {})}}
                                        for i, (t, a) in enumerate(self._calls(body))] or [{"text": "done"}]

@@ -44,12 +44,14 @@ def test_a_new_run_folder_has_the_shape_of_an_old_one(docker_client, tmp_path) -
     # evaluate() gets (by name), and the evidence records
     # how the task code ran (its own process). Everything else is as it was.
     # The staged-input record names the data layout it found; result.json says
-    # who an invalid run is charged to.
+    # who an invalid run is charged to, the model failure that ended a run and the limit
+    # that stopped the agent (ale.status.ModelFailure, AgentLimit).
     added = "evidence/task-process.json"
     # plan.json also says whether the task's software is provided, and the overlay.
     assert new.pop("plan.json") == sorted([*old.pop("plan.json"), "provider", "judge_env", "provision_software",
                                            "software_overlay"])
-    assert new.pop("result.json") == sorted([*old.pop("result.json"), "invalid_attribution"])
+    assert new.pop("result.json") == sorted([*old.pop("result.json"), "invalid_attribution", "model_failure",
+                                                                 "agent_limit"])
     # The trajectory holds the model side (from the model gateway) where there is one,
     # and says where its steps came from (the toolbox, or the gateway for a native
     # harness) and where the harness's own transcript is.

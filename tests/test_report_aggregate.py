@@ -195,3 +195,36 @@ def test_runs_with_warnings_are_listed_beside_the_numbers() -> None:
     assert json.loads(to_json(rep))["warned_runs"][0]["warnings"][0].startswith("deliverables: 16 entries")
     html = to_html(rep)
     assert "Runs with warnings (1)" in html and "&lt;cap&gt;" in html
+
+
+def test_cost_sums_per_agent_and_task_and_provider_failures_are_counted_apart():
+    from ale.status import ModelFailure
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def run(rid, task, agent, status, score, attempt=1, failure=None, usage=None):
+        extra = {"billing": {"total": usage, "by_model": {}, "price_table": {"version": "v1", "sha256": "0" * 64}}} if usage else {}
+        return RunResult(run_id=rid, task_id=task, task_dir=f"/tasks/{task}", variant=0, agent=agent, status=status, score=score,
+                         scores=None if score is None else [score], started_at=now, ended_at=now, harness_version=ale.__version__,
+                         attempt=attempt, model_failure=failure, extra=extra)
+
+    u = lambda n, c: {"requests": n, "input_tokens": 100 * n, "output_tokens": 10 * n, "cached_input_tokens": n, "cost_usd": c}  # noqa: E731
+    results = [
+        run("a1", "t1", "A", S, 1.0, usage=u(2, 0.25)),
+        run("a2", "t2", "A", INF, None, failure=ModelFailure.RATE_LIMITED, usage=u(1, 0.125)),  # retried below
+        run("a2b", "t2", "A", S, 0.0, attempt=2, usage=u(3, 0.5)),
+        run("b1", "t1", "B", INF, None, failure=ModelFailure.AUTHENTICATION),
+        run("b2", "t2", "B", AF, None, failure=ModelFailure.CONTEXT_LENGTH, usage=u(4, 1.0)),
+    ]
+    units = {r.run_id: UnitInfo(r.run_id, r.task_id, 0, r.agent, 0) for r in results}
+    units["a2b"] = units["a2"] = UnitInfo("a2", "t2", 0, "A", 0)
+    rep = aggregate(results, units=units)
+    a, b = rep.agents
+    assert a.usage == {"requests": 5, "input_tokens": 500, "output_tokens": 50, "cached_input_tokens": 5, "cost_usd": 0.75}
+    assert rep.usage_all_attempts["cost_usd"] == 1.875 and rep.usage_all_attempts["requests"] == 10  # the retried attempt spent too
+    assert rep.usage_by_task["t2"]["A"]["requests"] == 3 and rep.usage_by_task["t2"]["B"]["cost_usd"] == 1.0 and "B" not in rep.usage_by_task["t1"]
+    # The provider's failure is excluded from B's headline and counted apart; the context overflow is named as the agent's.
+    assert b.model_failures == {"authentication": 1, "context_length": 1} and rep.counts_by_kind["infrastructure_error/authentication"] == 1
+    assert b.counted == 0 and b.mean is None
+    html = to_html(rep)
+    assert "Cost and model failures" in html and "authentication 1" in html

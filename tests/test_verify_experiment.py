@@ -114,3 +114,17 @@ def test_a_report_from_before_regrades_still_verifies(finished_experiment: Finis
     path.write_text(json.dumps(doc))
     result = verify_experiment(exp)
     assert not result.valid and "another ale version" in result.problems[0], result.problems
+
+
+def test_an_edited_cost_sum_is_caught(finished_experiment: Finished, tmp_path: Path) -> None:
+    exp = finished_experiment.copy(tmp_path)
+    path = exp / layout.REPORT_JSON
+    doc = json.loads(path.read_text())
+    nop = next(a for a in doc["agents"] if a["agent"] == "nop")
+    nop["usage"] = {"requests": 3, "cost_usd": 1.5}  # the runs' records bill nothing
+    doc["usage_all_attempts"] = {"cost_usd": 0.25}
+    path.write_text(json.dumps(doc))
+    result = verify_experiment(exp)
+    assert not result.valid
+    assert any(p.startswith("agents[nop].usage") for p in result.problems), result.problems
+    assert any(p.startswith("usage_all_attempts") for p in result.problems), result.problems

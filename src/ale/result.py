@@ -9,7 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ale.phases import Phase  # noqa: F401  (re-exported: result.json names phases)
 from ale.status import (
+    AgentLimit,
     InvalidAttribution,
+    ModelFailure,
     RunStatus,
     counts_toward_score,
     headline_score,
@@ -47,6 +49,11 @@ class RunResult(BaseModel):
     harness_version: str
     experiment: str | None = None
     attempt: int = 1
+    # The model call that ended the run, named (status.ModelFailure): the provider's or the
+    # operator's make it infrastructure_error; the agent's (context length, refusal) say so.
+    model_failure: ModelFailure | None = None
+    # The limit that stopped the agent (status timeout): a gateway budget, the step limit, the wall time.
+    agent_limit: AgentLimit | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
 
     @property

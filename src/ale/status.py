@@ -90,3 +90,73 @@ def is_retryable(status: RunStatus | str, attribution: InvalidAttribution | str 
     if st is RunStatus.GRADING_FAILED:
         return attribution == InvalidAttribution.GRADING_ENVIRONMENT
     return st is RunStatus.INVALID_EVALUATION_ENVIRONMENT and attribution == InvalidAttribution.BEFORE_AGENT
+
+
+class ModelFailure(StrEnum):
+    """A model request that failed, or an answer the provider flagged, as the run's
+    gateway saw it (``result.json``'s ``model_failure``: the one that ended the run, or
+    the last one when the agent did not finish). ``FAILURE_OWNER`` says whose it is.
+
+    - the provider's, transient (retried by the gateway with backoff, up to its
+      budget; then the run ends as ``infrastructure_error``, excluded and counted):
+      ``rate_limited`` (429, ``rate_limit_error``, ``rate_limit_exceeded``, Gemini
+      ``RESOURCE_EXHAUSTED``), ``overloaded`` (529 ``overloaded_error``, 503,
+      ``UNAVAILABLE``), ``server_error`` (other 5xx), ``provider_timeout`` (408, 504,
+      ``DEADLINE_EXCEEDED``, no answer in time), ``unreachable`` (no connection);
+    - the operator's account or configuration (never retried: a retry cannot change
+      it; ``infrastructure_error``, excluded, not retried as a new attempt):
+      ``authentication`` (401/403, an invalid key), ``quota_exhausted``
+      (``insufficient_quota``, ``billing_error``, a spend limit, a daily quota),
+      ``unknown_model`` (404 naming the model, ``model_not_found``);
+    - the agent's (its own turn, its own result): ``context_length`` (``prompt is
+      too long``, ``context_length_exceeded``, Gemini's input token count over the
+      maximum) and ``refusal`` (Anthropic ``stop_reason: refusal``, OpenAI
+      ``finish_reason: content_filter`` or a ``refusal`` message part, Gemini
+      ``finishReason`` ``SAFETY``/``PROHIBITED_CONTENT``/``BLOCKLIST``/``SPII`` or a
+      prompt ``blockReason``).
+    """
+
+    RATE_LIMITED = "rate_limited"
+    OVERLOADED = "overloaded"
+    SERVER_ERROR = "server_error"
+    PROVIDER_TIMEOUT = "provider_timeout"
+    UNREACHABLE = "unreachable"
+    AUTHENTICATION = "authentication"
+    QUOTA_EXHAUSTED = "quota_exhausted"
+    UNKNOWN_MODEL = "unknown_model"
+    CONTEXT_LENGTH = "context_length"
+    REFUSAL = "refusal"
+
+
+class FailureOwner(StrEnum):
+    PROVIDER = "provider"  # transient: retried with backoff, then infrastructure
+    OPERATOR = "operator"  # the account or configuration: infrastructure, never retried
+    AGENT = "agent"  # the agent's own: its run, its result
+
+
+FAILURE_OWNER: dict[ModelFailure, FailureOwner] = {
+    **{f: FailureOwner.PROVIDER for f in (ModelFailure.RATE_LIMITED, ModelFailure.OVERLOADED, ModelFailure.SERVER_ERROR,
+                                          ModelFailure.PROVIDER_TIMEOUT, ModelFailure.UNREACHABLE)},
+    **{f: FailureOwner.OPERATOR for f in (ModelFailure.AUTHENTICATION, ModelFailure.QUOTA_EXHAUSTED, ModelFailure.UNKNOWN_MODEL)},
+    ModelFailure.CONTEXT_LENGTH: FailureOwner.AGENT,
+    ModelFailure.REFUSAL: FailureOwner.AGENT,
+}
+
+
+def not_the_agents(failure: ModelFailure | str | None) -> bool:
+    """A failure that ends a run as infrastructure, never as the agent's zero."""
+    return failure is not None and FAILURE_OWNER[ModelFailure(failure)] is not FailureOwner.AGENT
+
+
+class AgentLimit(StrEnum):
+    """The limit that stopped the agent (``result.json``'s ``agent_limit``; status
+    ``timeout``, the agent's own): the gateway's budgets (model requests, input or
+    output tokens, cost), the tool-call step limit, or the run's wall time."""
+
+    MODEL_REQUESTS = "model_requests"
+    INPUT_TOKENS = "input_tokens"
+    OUTPUT_TOKENS = "output_tokens"
+    TOTAL_TOKENS = "total_tokens"
+    COST = "cost"
+    TOOL_CALLS = "tool_calls"
+    WALL_TIME = "wall_time"

@@ -9,12 +9,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ale.sandbox.tools import ToolBox
+from ale.status import AgentLimit, ModelFailure
 
 
 class AgentEnd(StrEnum):
     FINISHED = "finished"
     FAILED = "failed"  # the agent crashed -> run status agent_failed
     TIMEOUT = "timeout"  # wall time or step limit -> run status timeout
+    # the model's provider failed past the gateway's retries -> infrastructure_error, never the agent's
+    PROVIDER_FAILED = "provider_failed"
 
 
 @dataclass
@@ -37,6 +40,17 @@ class AgentOutcome:
     end: AgentEnd
     detail: str | None = None
     usage: dict[str, Any] = field(default_factory=dict)
+    limit: AgentLimit | None = None  # which limit stopped it (TIMEOUT)
+    model_failure: ModelFailure | None = None  # the named failure of the model call that ended it
+
+
+def provider_outcome(gw: Any, usage: dict[str, Any]) -> AgentOutcome:
+    """The turn ended because the gateway's provider failed (``gw.provider_failure``)."""
+    f = gw.provider_failure or {}
+    failure = ModelFailure(f["failure"]) if f.get("failure") else None
+    return AgentOutcome(AgentEnd.PROVIDER_FAILED, usage=usage, model_failure=failure,
+                        detail=f"the model's provider failed: {f.get('failure')} (HTTP {f.get('status')}) on request "
+                               f"{f.get('request')} after {f.get('retries', 0)} retries; harness stopped")
 
 
 class Agent(Protocol):

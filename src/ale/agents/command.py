@@ -26,7 +26,8 @@ Configuration (``AgentSpec.config``):
   ``ALE_GATEWAY_OPENAI_UPSTREAM`` / ``_ANTHROPIC_`` / ``_GEMINI_`` (config keys or
   the controller's environment) say where it forwards; ``harness_profile`` names
   harness-internal tools allowed besides the bridge's, each with its reason;
-  ``prices`` is the price table for the run's cost.
+  ``prices`` is the price table for the run's cost (flat, or ``{"version", "models"}``);
+  ``budgets`` the gateway's budgets and provider retries (``GatewayLimits.from_config``).
 - ``confine`` (default: true with the gateway): run the harness in bubblewrap
   (``ale.agents.gateway.confine``): ``true``, ``false`` or ``{"install": [folders of
   the harness's installation], "python": "/usr/bin/python3", "infer": true}``. The
@@ -55,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from ale import layout
-from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
+from ale.agents.base import AgentContext, AgentEnd, AgentOutcome, provider_outcome
 from ale.agents.errors import AgentConfigError
 from ale.agents.gateway.confine import (
     UnixRelay,
@@ -76,8 +77,9 @@ from ale.agents.gateway.server import (
 from ale.agents.gateway.tools import HarnessProfile, ToolPolicy
 from ale.agents.mcp_bridge import ToolBridge, mcp_config, serve_http
 from ale.agents.secrets import BASE_ENV, REDACTED, build_agent_env
+from ale.status import AgentLimit
 
-_GATEWAY_KEYS = {"gateway", "harness_profile", "prices", "confine", *UPSTREAM_VARS.values()}
+_GATEWAY_KEYS = {"gateway", "harness_profile", "prices", "budgets", "confine", *UPSTREAM_VARS.values()}
 _KNOWN_KEYS = {"command", "env_pass", "env", "mcp_config_format", "cwd", "max_steps", "kill_grace_s", *_GATEWAY_KEYS}
 _OPERATOR_KEYS = frozenset(n for names in KEY_VARS.values() for n in names)
 
@@ -117,6 +119,8 @@ class CommandAgent:
         self.gateway = bool(self.config.get("gateway", True))
         self.profile = HarnessProfile.load(self.config.get("harness_profile"))
         self.prices = dict(self.config.get("prices") or {})
+        if self.config.get("budgets") is not None:  # the gateway's budgets and retries (a named harness sets its own)
+            self.limits = GatewayLimits.from_config(self.config["budgets"], models=(), model_calls_only=False, max_body_bytes=None)
         if self.gateway:  # the operator's keys stay in the gateway: the harness gets the run's token
             self.env_pass = [n for n in self.env_pass if n not in _OPERATOR_KEYS]
         # Validate the environment now, so a forbidden name fails before any run starts.
@@ -286,12 +290,15 @@ class CommandAgent:
         limited = asyncio.ensure_future(bridge.limit_reached.wait())
         refused = asyncio.ensure_future(gw.refused.wait() if gw is not None else asyncio.Event().wait())
         budget = asyncio.ensure_future(gw.budget_reached.wait() if gw is not None else asyncio.Event().wait())
+        failed = asyncio.ensure_future(gw.provider_failed.wait() if gw is not None else asyncio.Event().wait())
         try:
-            done, _ = await asyncio.wait({exited, limited, refused, budget}, timeout=ctx.wall_time_s, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({exited, limited, refused, budget, failed}, timeout=ctx.wall_time_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
         finally:
             limited.cancel()
             refused.cancel()
             budget.cancel()
+            failed.cancel()
             if not exited.done():
                 exited.cancel()
         usage: dict[str, Any] = {"tool_calls": bridge.executed, "rejected_http_requests": bridge.rejected_requests, "seconds": round(time.monotonic() - started, 3)}
@@ -303,7 +310,9 @@ class CommandAgent:
             return AgentOutcome(AgentEnd.FAILED, detail=f"the model gateway refused request {r.get('seq')}: it offered the model "
                                 f"{', '.join(r.get('forbidden', []))}, outside the allowlist; harness stopped", usage=usage)
         if budget in done and gw is not None:
-            return AgentOutcome(AgentEnd.TIMEOUT, detail=f"{gw.budget_reason}; harness stopped", usage=usage)
+            return AgentOutcome(AgentEnd.TIMEOUT, detail=f"{gw.budget_reason}; harness stopped", usage=usage, limit=gw.budget_kind)
+        if gw is not None and gw.provider_failure is not None and (failed in done or proc.returncode != 0):
+            return provider_outcome(gw, usage)
         if exited in done:
             rc = proc.returncode
             usage["exit_code"] = -1 if rc is None else rc
@@ -314,8 +323,10 @@ class CommandAgent:
                 return AgentOutcome(AgentEnd.FAILED, detail=f"harness exited with code {rc}" + (f"; stderr ends:\n{tail}" if tail else ""), usage=usage)
             return AgentOutcome(AgentEnd.FINISHED, detail="harness exited with code 0", usage=usage)
         if limited in done:
-            return AgentOutcome(AgentEnd.TIMEOUT, detail=f"step limit of {bridge.max_steps} tool calls reached; harness stopped", usage=usage)
-        return AgentOutcome(AgentEnd.TIMEOUT, detail=f"wall time of {ctx.wall_time_s:.0f}s reached; harness stopped", usage=usage)
+            return AgentOutcome(AgentEnd.TIMEOUT, detail=f"step limit of {bridge.max_steps} tool calls reached; harness stopped", usage=usage,
+                                limit=AgentLimit.TOOL_CALLS)
+        return AgentOutcome(AgentEnd.TIMEOUT, detail=f"wall time of {ctx.wall_time_s:.0f}s reached; harness stopped", usage=usage,
+                            limit=AgentLimit.WALL_TIME)
 
 
 async def _kill_group(proc: asyncio.subprocess.Process, grace_s: float) -> None:

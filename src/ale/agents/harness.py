@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ale import layout
-from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
+from ale.agents.base import AgentContext, AgentEnd, AgentOutcome, provider_outcome
 from ale.agents.command import CommandAgent
 from ale.agents.errors import AgentConfigError
 from ale.agents.gateway.limits import GatewayLimits
@@ -55,6 +55,7 @@ from ale.agents.secrets import build_agent_env
 from ale.sandbox.harness_image import HARNESSES, HarnessPackage
 from ale.sandbox.policy import GIB, MIB, IsolationPolicy, LimitNeeds, LimitRefused, raise_to_needs
 from ale.sandbox.usage import UsageMonitor, limit_reached
+from ale.status import AgentLimit
 
 MODES = ("native", "bridge")
 NATIVE_HOME = "/tmp/ale-harness-home"  # on the sandbox's size-capped /tmp tmpfs
@@ -318,18 +319,22 @@ class HarnessAgent:
                                                  env=env, timeout=remaining, output_limit=16 * 1024 * 1024))
         refused = asyncio.ensure_future(gw.refused.wait())
         budget = asyncio.ensure_future(gw.budget_reached.wait())
+        failed = asyncio.ensure_future(gw.provider_failed.wait())
         try:
-            done, _ = await asyncio.wait({run, refused, budget}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({run, refused, budget, failed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             refused.cancel()
             budget.cancel()
+            failed.cancel()
         base = {"seconds": round(time.monotonic() - started, 3)}
         if run not in done:
             run.cancel()
             with contextlib.suppress(BaseException):
                 await sandbox.kill_user_processes()  # the harness and whatever it started; the lifecycle sweeps again
             if budget in done:
-                return AgentOutcome(AgentEnd.TIMEOUT, detail=f"{gw.budget_reason}; harness stopped", usage=base)
+                return AgentOutcome(AgentEnd.TIMEOUT, detail=f"{gw.budget_reason}; harness stopped", usage=base, limit=gw.budget_kind)
+            if failed in done:
+                return provider_outcome(gw, base)
             r = gw.refusals[0] if gw.refusals else {}
             return AgentOutcome(AgentEnd.FAILED, detail=f"the model gateway refused request {r.get('seq')}: it offered the model "
                                 f"{', '.join(r.get('forbidden', []))}, which reach outside the seal; harness stopped", usage=base)
@@ -338,7 +343,10 @@ class HarnessAgent:
         (agent_dir / layout.Agent.STDERR).write_bytes(res.stderr)
         base["exit_code"] = res.exit_code
         if res.timed_out:
-            return AgentOutcome(AgentEnd.TIMEOUT, detail=f"wall time of {ctx.wall_time_s:.0f}s reached; harness stopped", usage=base)
+            return AgentOutcome(AgentEnd.TIMEOUT, detail=f"wall time of {ctx.wall_time_s:.0f}s reached; harness stopped", usage=base,
+                                limit=AgentLimit.WALL_TIME)
+        if res.exit_code != 0 and gw.provider_failure is not None:
+            return provider_outcome(gw, base)
         if res.exit_code != 0:
             tail = res.stderr[-2000:].decode(errors="replace").strip() or res.stdout[-2000:].decode(errors="replace").strip()
             return AgentOutcome(AgentEnd.FAILED, detail=f"harness exited with code {res.exit_code}" + (f"; output ends:\n{tail}" if tail else ""),

@@ -37,13 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from ale import layout
-from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
+from ale.agents.base import AgentContext, AgentEnd, AgentOutcome, provider_outcome
 from ale.agents.computer import image_message  # desktop
 from ale.agents.errors import AgentConfigError
 from ale.agents.gateway.server import DEFAULT_UPSTREAMS, ModelGateway, serve_gateway
 from ale.agents.gateway.tools import OPENAI, ToolPolicy
 from ale.agents.mcp_bridge import allowed_specs, record_refusal
 from ale.agents.secrets import is_forbidden_env
+from ale.status import AgentLimit
 
 _KNOWN_KEYS = {
     "base_url", "model", "api_key", "api_key_env", "max_steps", "max_tokens_total", "wall_time_s",
@@ -140,7 +141,7 @@ class LLMAgent:
                 async with asyncio.timeout_at(None if wall is None else loop.time() + wall):
                     return await self._loop(ctx, client, state)
             except TimeoutError:
-                return state.outcome(AgentEnd.TIMEOUT, f"wall time of {wall:.1f}s reached")
+                return state.outcome(AgentEnd.TIMEOUT, f"wall time of {wall:.1f}s reached", AgentLimit.WALL_TIME)
             finally:
                 await client.close()
         raise AssertionError("unreachable")
@@ -159,7 +160,8 @@ class LLMAgent:
         usage = state.usage
         while True:
             if self._tokens_spent(usage):
-                return state.outcome(AgentEnd.TIMEOUT, f"token limit of {self.max_tokens_total} reached ({usage['total_tokens']} used)")
+                return state.outcome(AgentEnd.TIMEOUT, f"token limit of {self.max_tokens_total} reached ({usage['total_tokens']} used)",
+                                     AgentLimit.TOTAL_TOKENS)
             kwargs: dict[str, Any] = {"model": state.model, "messages": messages}
             if tools:
                 kwargs["tools"] = tools
@@ -193,9 +195,10 @@ class LLMAgent:
             images: list[dict[str, Any]] = []  # desktop
             for c in calls:
                 if usage["tool_calls"] >= state.max_steps:
-                    return state.outcome(AgentEnd.TIMEOUT, f"step limit of {state.max_steps} tool calls reached")
+                    return state.outcome(AgentEnd.TIMEOUT, f"step limit of {state.max_steps} tool calls reached", AgentLimit.TOOL_CALLS)
                 if self._tokens_spent(usage):
-                    return state.outcome(AgentEnd.TIMEOUT, f"token limit of {self.max_tokens_total} reached ({usage['total_tokens']} used)")
+                    return state.outcome(AgentEnd.TIMEOUT, f"token limit of {self.max_tokens_total} reached ({usage['total_tokens']} used)",
+                                     AgentLimit.TOTAL_TOKENS)
                 usage["tool_calls"] += 1
                 messages.append({"role": "tool", "tool_call_id": c.id, "content": await self._call_tool(ctx, c.function.name, c.function.arguments)})
                 if self._image is not None:  # desktop: screenshots follow the turn's tool messages
@@ -234,11 +237,13 @@ class _LoopState:
     def __post_init__(self) -> None:
         self.usage = {"model": self.model, "requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "tool_calls": 0}
 
-    def outcome(self, end: AgentEnd, detail: str) -> AgentOutcome:
+    def outcome(self, end: AgentEnd, detail: str, limit: AgentLimit | None = None) -> AgentOutcome:
         usage = dict(self.usage)
         if self.gateway is not None:  # the gateway's count, the same for every agent
             usage.update({k: v for k, v in self.gateway.usage.items() if k != "requests"})
-        return AgentOutcome(end, detail=detail, usage=usage)
+            if end is AgentEnd.FAILED and self.gateway.provider_failure is not None:
+                return provider_outcome(self.gateway, usage)
+        return AgentOutcome(end, detail=detail, usage=usage, limit=limit)
 
 
 def _append_jsonl(path: Path, obj: dict[str, Any]) -> None:

@@ -56,7 +56,7 @@ from ale.result import RunResult
 from ale.sandbox.base import Mount
 from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.software import RECORD_LABEL, record_digest
-from ale.status import InvalidAttribution, RunStatus
+from ale.status import InvalidAttribution, RunStatus, not_the_agents
 
 # What each phase writes is declared once, in ale.phases; the verifier derives from
 # it what a folder must hold. The JSON type each record must hold: anything else is
@@ -840,7 +840,9 @@ class _Verifier:
         self.check("gateway.tools_rederived", not problems, "each request's tools as its recorded body offers them", problems[:5],
                    "; ".join(problems[:3]), area=area)
         claimed = _as_dict(_as_dict(stored).get("gateway"))
-        keys = ("head", "records", "requests", "tools_offered", "refusals", "limits", "blocked")  # the last two: absent before them
+        # limits and blocked, billing and failures: absent from records older than them
+        keys = ("head", "records", "requests", "tools_offered", "refusals", "limits", "blocked", "billing", "failures", "retries",
+                "provider_failure", "last_failure")
         diff = [k for k in keys if claimed.get(k) != derived.get(k)]
         self.check("gateway.evidence_matches", not diff, "evidence/controller.json as the records derive it", diff,
                    f"evidence/controller.json differs from the gateway's records in {diff}" if diff else "", area=area)
@@ -852,6 +854,7 @@ class _Verifier:
         refusals = derived.get("refusals") or []
         if result is None:
             return
+        self._verify_billing_and_failure(derived, result)
         want = None
         if refusals:
             want = InvalidAttribution.CONTROLLER_CONFIGURATION if refusals[0].get("before_any_answer") else InvalidAttribution.AFTER_AGENT_START
@@ -860,6 +863,29 @@ class _Verifier:
         self.check("gateway.status", ok, {"status": RunStatus.INVALID_EVALUATION_ENVIRONMENT.value if refusals else "any", "attribution": want},
                    {"status": result.status.value, "attribution": result.invalid_attribution},
                    "" if ok else "the run's status or attribution does not follow from the gateway's refusals", area=area)
+
+    def _verify_billing_and_failure(self, derived: dict[str, Any], result: Any) -> None:
+        """The run's cost in result.json is what the recorded responses' own usage fields
+        sum to, priced with the recorded table; a provider's failure that ended the run
+        is named in the result and makes it infrastructure's, never the agent's."""
+        if "billing" not in derived:
+            return
+        extra = result.extra if isinstance(result.extra, dict) else {}
+        claimed = extra.get("billing")
+        self.check("gateway.billing", claimed == derived["billing"], derived["billing"].get("total"),
+                   (claimed or {}).get("total") if isinstance(claimed, dict) else claimed,
+                   "" if claimed == derived["billing"] else "result.json's cost differs from the gateway record's responses", area="gateway")
+        final, last = derived.get("provider_failure"), derived.get("last_failure")
+        named = result.model_failure.value if result.model_failure is not None else None
+        known = {f["failure"] for f in (final, last) if isinstance(f, dict)}
+        ok = named is None or named in known
+        if result.status is RunStatus.AGENT_FAILED:  # never the agent's zero for the provider's failure
+            ok = ok and final is None and not (isinstance(last, dict) and not_the_agents(last["failure"]))
+        if result.status is RunStatus.INFRASTRUCTURE_ERROR and known and named is None:
+            ok = False
+        self.check("gateway.failure_named", ok, (final or last or {}).get("failure"),
+                   {"status": result.status.value, "model_failure": named},
+                   "" if ok else "the run's status or named model failure does not follow from the gateway's record", area="gateway")
 
     def _verify_native_channel(self, stored: Any, result: Any) -> None:
         """A named harness's mode (ale.agents.harness): the agent evidence, the result

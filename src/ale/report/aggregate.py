@@ -31,6 +31,17 @@ Definitions (docs/experiments.md repeats them for readers of a report):
   ``n`` admitted runs of which ``c`` pass, the unbiased estimator
   ``1 - C(n-c, k) / C(n, k)`` (Chen et al., 2021), averaged over the items with
   ``n >= k``; reported for k = 1 .. the largest n.
+- **Cost**: each run's ``extra.billing`` (its gateway record's re-derived usage:
+  requests, input, output and cached input tokens, and US dollars where priced),
+  summed per agent (``AgentSummary.usage``) and per task and agent
+  (``usage_by_task``) over final attempts, and over every attempt (``usage_all_attempts``:
+  retried attempts spent too). ``ale verify EXP`` re-derives these sums from runs
+  whose billing it checked against their records.
+- **Model failures**: a run the model's provider ended (``model_failure`` the
+  provider's or the operator's: ``infrastructure_error``) is left out of the headline
+  and counted per class in ``AgentSummary.model_failures`` and ``counts_by_kind``
+  (``infrastructure_error/<class>``); the agent's own (context length, refusal) count
+  for the agent as its run does.
 - **Tiers** by the best agent's item score (valid runs only): ``near-term`` if
   ``>= near_term_min`` (0.8), ``last-exam`` if ``< last_exam_below`` (0.2),
   ``full-spectrum`` in between; items with no admitted run are ``unclassified``.
@@ -52,7 +63,9 @@ from ale.result import RunResult, reason_line
 from ale.runs.experiment import ReportSpec, TierSpec
 from ale.runs.store import UnitInfo, iter_results, read_units, unit_of
 from ale.status import (
+    AgentLimit,
     InvalidAttribution,
+    ModelFailure,
     RunStatus,
     counts_toward_score,
     headline_score,
@@ -91,6 +104,9 @@ class RunRow(BaseModel):
     trajectory: str | None = None  # trajectory.json, relative to the experiment folder
     warnings: list[str] = Field(default_factory=list)  # result.extra["warnings"]: counted, worth a look
     environment: str | None = None  # the image the run's sandboxes started from (result.extra["environment"])
+    model_failure: ModelFailure | None = None  # result.model_failure: the model call that ended the run, named
+    agent_limit: AgentLimit | None = None  # result.agent_limit: the limit that stopped the agent
+    usage: dict[str, float | int] = Field(default_factory=dict)  # result.extra["billing"]["total"]
     _reason: str | None = PrivateAttr(default=None)  # from the result (its violations too); never serialised
 
     @property
@@ -113,6 +129,8 @@ class AgentSummary(BaseModel):
     statuses: dict[str, int] = Field(default_factory=dict)
     valid_mean: float | None = None  # valid runs only
     flagged: int = 0  # runs invalid after the agent started (counted as 0 above)
+    usage: dict[str, float | int] = Field(default_factory=dict)  # summed billing of its final attempts
+    model_failures: dict[str, int] = Field(default_factory=dict)  # final attempts by named model failure
 
 
 class AgentItemScore(BaseModel):
@@ -154,6 +172,8 @@ class Report(BaseModel):
     # Each kind of run the policy treats apart: "<status>" or "<status>/<attribution>" -> runs.
     counts_by_kind: dict[str, int] = Field(default_factory=dict)
     warned_runs: list[RunRow] = Field(default_factory=list)  # runs whose result carries warnings (e.g. deliverables cut at a limit)
+    usage_by_task: dict[str, dict[str, dict[str, float | int]]] = Field(default_factory=dict)  # task -> agent -> summed billing
+    usage_all_attempts: dict[str, float | int] = Field(default_factory=dict)  # every attempt's billing, retried ones too
     counting_policy: str = COUNTING_POLICY
 
 
@@ -196,11 +216,26 @@ def tier_of(best: float | None, rules: TierSpec) -> str:
     return "full-spectrum"
 
 
-def _final_attempts(results: Iterable[RunResult], units: dict[str, UnitInfo]) -> tuple[list[tuple[RunResult, UnitInfo]], int]:
+def run_usage(r: RunResult) -> dict[str, float | int]:
+    """A run's billed total (``extra.billing.total``), numbers only."""
+    billing = (r.extra or {}).get("billing")
+    total = billing.get("total") if isinstance(billing, dict) else None
+    return {k: v for k, v in (total or {}).items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def add_usage(into: dict[str, float | int], u: dict[str, float | int]) -> None:
+    for k, v in u.items():
+        into[k] = round(into.get(k, 0) + v, 8) if isinstance(v, float) or isinstance(into.get(k), float) else into.get(k, 0) + v
+
+
+def _final_attempts(results: Iterable[RunResult], units: dict[str, UnitInfo],
+                    spent: dict[str, float | int] | None = None) -> tuple[list[tuple[RunResult, UnitInfo]], int]:
     latest: dict[str, tuple[RunResult, UnitInfo]] = {}
     attempts = 0
     for r in results:
         attempts += 1
+        if spent is not None:
+            add_usage(spent, run_usage(r))
         u = unit_of(r, units)
         if u.unit_id not in latest or r.attempt > latest[u.unit_id][0].attempt:
             latest[u.unit_id] = (r, u)
@@ -224,7 +259,8 @@ def aggregate(
     opts = options or ReportSpec()
     units = units or {}
     run_paths = run_paths or {}
-    finals, attempts = _final_attempts(results, units)
+    spent: dict[str, float | int] = {}
+    finals, attempts = _final_attempts(results, units, spent)
 
     rows: list[RunRow] = []
     for r, u in finals:
@@ -251,6 +287,9 @@ def aggregate(
                 trajectory=trajectory,
                 warnings=[str(w) for w in (r.extra or {}).get("warnings", [])],
                 environment=((r.extra or {}).get("environment") or {}).get("image"),
+                model_failure=r.model_failure,
+                agent_limit=r.agent_limit,
+                usage=run_usage(r),
             )
         row._reason = reason_line(r)
         rows.append(row)
@@ -292,8 +331,10 @@ def aggregate(
             pass_fracs.append(c / len(s))
             per_item_nc.append((len(s), c))
         statuses: dict[str, int] = defaultdict(int)
+        usage: dict[str, float | int] = {}
         for row in agent_rows:
             statuses[row.status.value] += 1
+            add_usage(usage, row.usage)
         valid_means = [sum(v) / len(v) for item in items_sorted if (v := valid.get((agent, item)))]
         mean = ci_low = ci_high = pass_rate = None
         pak: dict[int, float] = {}
@@ -320,6 +361,8 @@ def aggregate(
                 statuses=dict(statuses),
                 valid_mean=(sum(valid_means) / len(valid_means)) if valid_means else None,
                 flagged=sum(1 for row in agent_rows if _flagged(row)),
+                usage=usage,
+                model_failures=dict(sorted(Counter(row.model_failure.value for row in agent_rows if row.model_failure).items())),
             )
         )
 
@@ -361,7 +404,17 @@ def aggregate(
         flagged_runs=[row for row in rows if _flagged(row)],
         counts_by_kind=dict(sorted(Counter(_kind(row) for row in rows).items())),
         warned_runs=[row for row in rows if row.warnings],
+        usage_by_task=_usage_by_task(rows),
+        usage_all_attempts=spent,
     )
+
+
+def _usage_by_task(rows: list[RunRow]) -> dict[str, dict[str, dict[str, float | int]]]:
+    out: dict[str, dict[str, dict[str, float | int]]] = {}
+    for row in sorted(rows, key=lambda x: (x.task, x.agent, x.run_id)):
+        if row.usage:
+            add_usage(out.setdefault(row.task, {}).setdefault(row.agent, {}), row.usage)
+    return out
 
 
 def _flagged(row: RunRow) -> bool:
@@ -369,6 +422,8 @@ def _flagged(row: RunRow) -> bool:
 
 
 def _kind(row: RunRow) -> str:
+    if row.status is RunStatus.INFRASTRUCTURE_ERROR and row.model_failure is not None:
+        return f"{row.status.value}/{row.model_failure.value}"  # the model's provider ended it: counted apart
     return f"{row.status.value}/{row.attribution}" if row.attribution else row.status.value
 
 

@@ -176,6 +176,14 @@ th{background:#f5f5f5} td.num{text-align:right;font-variant-numeric:tabular-nums
 """
 
 
+def _usage_line(u: dict[str, Any]) -> str:
+    if not u:
+        return "no model usage"
+    line = f"{u.get('requests', 0)} model requests, {u.get('input_tokens', 0)} input tokens ({u.get('cached_input_tokens', 0)} cached), " \
+           f"{u.get('output_tokens', 0)} output tokens"
+    return line + (f", ${u['cost_usd']:.4f}" if "cost_usd" in u else "")
+
+
 def to_html(report: Report, *, link_base: str = "") -> str:
     """One HTML document; run links are ``link_base + row.path`` (relative paths)."""
 
@@ -227,6 +235,22 @@ def to_html(report: Report, *, link_base: str = "") -> str:
         cls = " class='bad'" if status == RunStatus.INVALID_EVALUATION_ENVIRONMENT and n else ""
         out.append(f"<tr><td{cls}>{escape(status)}</td><td class='num'>{n}</td></tr>")
     out.append("</table>")
+
+    # cost and the model's failures
+    if any(a.usage or a.model_failures for a in report.agents):
+        out.append("<h2>Cost and model failures</h2><p class='muted'>From each run's gateway record: the provider's own usage "
+                   "fields, priced with the run's price table (final attempts; every attempt: "
+                   + escape(_usage_line(report.usage_all_attempts)) + "). Runs the model's provider ended are infrastructure "
+                   "errors: left out of the headline, counted here.</p>")
+        out.append("<table id='cost'><tr><th>agent</th><th>model requests</th><th>input tokens</th><th>cached</th>"
+                   "<th>output tokens</th><th>cost (USD)</th><th>model failures</th></tr>")
+        for a in report.agents:
+            u = a.usage
+            fails = ", ".join(f"{k} {v}" for k, v in a.model_failures.items()) or "none"
+            out.append(f"<tr><td>{escape(a.agent)}</td>" + "".join(
+                f"<td class='num'>{u.get(k, 0)}</td>" for k in ("requests", "input_tokens", "cached_input_tokens", "output_tokens"))
+                + "<td class='num'>" + ("" if "cost_usd" not in u else f"{u['cost_usd']:.4f}") + f"</td><td>{escape(fails)}</td></tr>")
+        out.append("</table>")
 
     # plots
     out.append("<h2>Score distribution (admitted runs)</h2>")

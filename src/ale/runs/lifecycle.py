@@ -24,6 +24,7 @@ import platform
 import shutil
 import time
 import traceback
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -80,7 +81,15 @@ from ale.sandbox.providers import make_provider
 from ale.sandbox.scratch import mount_workspace_tmpfs, release_scratch
 from ale.sandbox.session import ContainerSession, Route, RoutedSession
 from ale.sandbox.tools import TASK_OUTPUT_LIMIT, TASK_READ_LIMIT, ToolBox
-from ale.status import InvalidAttribution, RunStatus
+from ale.status import (
+    FAILURE_OWNER,
+    AgentLimit,
+    FailureOwner,
+    InvalidAttribution,
+    ModelFailure,
+    RunStatus,
+    not_the_agents,
+)
 from ale.tasks.card import load_card
 from ale.tasks.environment import EnvironmentBuildError, TaskEnvironment, resolve_environment
 from ale.tasks.errors import TaskError
@@ -404,7 +413,8 @@ async def run_agent(state: RunState) -> None:
         else:
             state.live.agent_outcome = turn.result()
     except TimeoutError:
-        state.live.agent_outcome = AgentOutcome(AgentEnd.TIMEOUT, detail=f"wall time of {state.prep.wall_time_s:.0f}s reached")
+        state.live.agent_outcome = AgentOutcome(AgentEnd.TIMEOUT, detail=f"wall time of {state.prep.wall_time_s:.0f}s reached",
+                                                limit=AgentLimit.WALL_TIME)
     except asyncio.CancelledError:
         turn.cancel()
         raise
@@ -416,6 +426,34 @@ async def run_agent(state: RunState) -> None:
     outcome = state.live.agent_outcome
     assert outcome is not None
     state.record.events.append("agent.ended", end=outcome.end.value, detail=(outcome.detail or "")[:2000])
+
+
+def name_model_failure(state: RunState, gw: dict[str, Any]) -> None:
+    """An agent's turn that failed where the gateway's record shows the model's provider
+    failing (past its retries, or the last answer the harness got) is infrastructure's,
+    never the agent's; one that failed on the agent's own context length or a refusal
+    says so (``ale.status.ModelFailure``)."""
+    outcome = state.live.agent_outcome
+    last = gw.get("last_failure")
+    final: Any
+    if outcome is not None and outcome.end is AgentEnd.TIMEOUT and outcome.limit is AgentLimit.WALL_TIME and \
+            isinstance(last, dict) and not_the_agents(last["failure"]):
+        final = last  # the time ran out while the provider kept failing
+    elif outcome is None or outcome.end is not AgentEnd.FAILED:
+        return
+    else:
+        final = gw.get("provider_failure") or last
+    if not isinstance(final, dict):
+        return
+    failure = ModelFailure(final["failure"])
+    if not_the_agents(failure):
+        state.live.agent_outcome = AgentOutcome(
+            AgentEnd.PROVIDER_FAILED, usage=outcome.usage, model_failure=failure,
+            detail=f"the model's provider failed: {failure.value} (HTTP {final.get('status')}) on request {final.get('request')} "
+                   f"after {final.get('retries', 0)} retries; the agent's turn ended: {(outcome.detail or '')[:500]}")
+    else:
+        outcome.model_failure = failure
+        outcome.detail = f"the model's answer was {failure.value} (the agent's): {outcome.detail or ''}"
 
 
 SANDBOX_POLL_S = 2.0  # how often the agent's turn checks that its sandbox still runs
@@ -455,6 +493,8 @@ def record_model_gateway(state: RunState) -> None:
     if doc is None:
         return
     gw = doc["gateway"]
+    state.live.gateway = gw
+    name_model_failure(state, gw)
     state.record.store.write_json(Evidence.CONTROLLER, doc)
     state.record.events.append("gateway.recorded", head=gw.get("head"), records=gw.get("records"),
                         tools_offered=gw.get("tools_offered", []), refusals=gw.get("refusals", []))
@@ -657,7 +697,8 @@ def _engine_down(state: RunState) -> bool:
 def _status_after_agent(outcome: AgentOutcome | None) -> RunStatus:
     if outcome is None:
         return RunStatus.AGENT_FAILED
-    return {AgentEnd.FINISHED: RunStatus.SCORED, AgentEnd.FAILED: RunStatus.AGENT_FAILED, AgentEnd.TIMEOUT: RunStatus.TIMEOUT}[outcome.end]
+    return {AgentEnd.FINISHED: RunStatus.SCORED, AgentEnd.FAILED: RunStatus.AGENT_FAILED, AgentEnd.TIMEOUT: RunStatus.TIMEOUT,
+            AgentEnd.PROVIDER_FAILED: RunStatus.INFRASTRUCTURE_ERROR}[outcome.end]
 
 
 # -- the table, executed ---------------------------------------------------------
@@ -892,13 +933,25 @@ async def execute_run(
     finally:
         await _cleanup(state)
     scores = record.scores
+    if status is RunStatus.INFRASTRUCTURE_ERROR:  # the model's provider failed: no score is the agent's
+        scores = None
     attribution = state.record.invalid_attribution if status is RunStatus.GRADING_FAILED else None
     if state.record.violations:
         status, scores = RunStatus.INVALID_EVALUATION_ENVIRONMENT, None
         attribution = state.record.invalid_attribution or (
             InvalidAttribution.AFTER_AGENT_START if state.live.agent_started else InvalidAttribution.BEFORE_AGENT)
-    if state.live.agent_outcome and state.live.agent_outcome.usage:
-        extra["usage"] = state.live.agent_outcome.usage
+    outcome = state.live.agent_outcome
+    if outcome and outcome.usage:
+        extra["usage"] = outcome.usage
+    gw_summary = state.live.gateway or {}
+    if "billing" in gw_summary:  # the run's cost, per model, as its gateway record derives it
+        extra["billing"] = gw_summary["billing"]
+        named = Counter(f["failure"] for f in gw_summary.get("failures") or [])
+        if named or gw_summary.get("retries"):
+            extra["model_failures"] = {**dict(sorted(named.items())), "retries": gw_summary.get("retries", 0)}
+    model_failure = outcome.model_failure if outcome is not None else None
+    if model_failure is not None and FAILURE_OWNER[model_failure] is FailureOwner.OPERATOR:
+        extra["retryable"] = False  # the key, the quota or the model name: another attempt cannot change it
     mode = getattr(prep.agent, "mode", None)
     if isinstance(mode, str):  # a named harness: native or bridge, never mixed up
         extra["agent_mode"] = mode
@@ -925,6 +978,8 @@ async def execute_run(
         harness_version=ale.__version__,
         experiment=plan.experiment,
         attempt=plan.attempt,
+        model_failure=model_failure,
+        agent_limit=outcome.limit if outcome is not None and status is RunStatus.TIMEOUT else None,
         extra=extra,
     )
     _finish_record(state, result)

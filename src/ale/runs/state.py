@@ -192,6 +192,7 @@ class LiveHandles:
     image: str | None = None  # the image the sandboxes start from, once the task's software is provided
     task_process: TaskProcess | None = None  # a grading retry's fresh task process (the first is Prepared's)
     agent_outcome: AgentOutcome | None = None
+    gateway: dict[str, Any] | None = None  # the gateway record's summary (record.derive), once the turn ended
     agent_started: bool = False  # from here on, a failure may be the candidate's doing
     provisioning: bool = False  # a sandbox may exist from here on (cleanup sweeps by label if in doubt)
 

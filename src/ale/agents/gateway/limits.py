@@ -24,7 +24,15 @@ forwarded request that should have been refused is caught from the record alone.
 - budgets (``max_requests``, ``max_input_tokens``, ``max_output_tokens``,
   ``max_cost_usd``, ``max_concurrency``): a model call past one is refused
   (``budget``), and the gateway's ``budget_reached`` ends the agent's turn as
-  ``timeout`` with the reason (concurrency refuses the request only).
+  ``timeout`` with the reason (concurrency refuses the request only), named by
+  ``spent(...)`` as an ``ale.status.AgentLimit``;
+- retries (``retries``, ``retry_base_s``, ``retry_budget_s``): a model call the
+  provider failed transiently (``ale.status.FailureOwner.PROVIDER``: rate limited,
+  overloaded, a server error, a timeout, no connection) is sent again up to
+  ``retries`` times, waiting ``retry_base_s`` doubled each time (or the provider's
+  ``retry-after``, at most 60 s), while the run's waits stay within
+  ``retry_budget_s`` seconds; ``upstream_timeout_s`` is the longest the gateway
+  waits for the upstream's next bytes.
 """
 
 from __future__ import annotations
@@ -33,8 +41,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ale.agents.errors import AgentConfigError
+from ale.status import AgentLimit
 
 BUDGET_KEYS = ("max_requests", "max_input_tokens", "max_output_tokens", "max_cost_usd", "max_concurrency")
+RETRY_KEYS = ("retries", "retry_base_s", "retry_budget_s", "upstream_timeout_s")
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,10 @@ class GatewayLimits:
     max_output_tokens: int | None = None
     max_cost_usd: float | None = None
     max_concurrency: int | None = None
+    retries: int = 4
+    retry_base_s: float = 1.0
+    retry_budget_s: float = 300.0
+    upstream_timeout_s: float | None = 600.0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -65,28 +79,37 @@ class GatewayLimits:
     def from_config(cls, budgets: Any, *, models: tuple[str, ...], model_calls_only: bool,
                     max_body_bytes: int | None = 32 * 1024 * 1024) -> GatewayLimits:
         b = dict(budgets or {})
-        unknown = set(b) - {*BUDGET_KEYS, "max_body_bytes"}
+        unknown = set(b) - {*BUDGET_KEYS, *RETRY_KEYS, "max_body_bytes"}
         if unknown:
-            raise AgentConfigError(f"budgets: unknown keys {sorted(unknown)}; known: {', '.join((*BUDGET_KEYS, 'max_body_bytes'))}")
+            raise AgentConfigError(f"budgets: unknown keys {sorted(unknown)}; known: {', '.join((*BUDGET_KEYS, *RETRY_KEYS, 'max_body_bytes'))}")
         for k, v in b.items():
-            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or v <= 0):
-                raise AgentConfigError(f"budgets: {k} must be a positive number, not {v!r}")
+            low = 0 if k in ("retries", "retry_budget_s") else 1e-9  # no retries at all: 0
+            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or v < low):
+                raise AgentConfigError(f"budgets: {k} must be a {'non-negative' if low == 0 else 'positive'} number, not {v!r}")
+        retry = {k: b[k] for k in RETRY_KEYS if k in b}
         return cls(model_calls_only=model_calls_only, models=models, local_only=model_calls_only,
                    max_body_bytes=b.get("max_body_bytes", max_body_bytes),
-                   **{k: b.get(k) for k in BUDGET_KEYS})
+                   **{k: b.get(k) for k in BUDGET_KEYS}, **retry)  # type: ignore[arg-type]
+
+
+def spent(limits: GatewayLimits, usage: dict[str, Any], requests: int | None) -> tuple[AgentLimit, str] | None:
+    """Which of the run's budgets is spent and why (None while none is): ``usage`` is
+    the gateway's running total, ``requests`` the model calls forwarded so far (None:
+    not judged)."""
+    if limits.max_requests is not None and requests is not None and requests >= limits.max_requests:
+        return AgentLimit.MODEL_REQUESTS, f"the run's budget of {limits.max_requests} model requests is spent"
+    for key, field in (("input_tokens", limits.max_input_tokens), ("output_tokens", limits.max_output_tokens)):
+        if field is not None and int(usage.get(key) or 0) >= field:
+            return AgentLimit(key), f"the run's budget of {field} {key.replace('_', ' ')} is spent ({usage.get(key)})"
+    if limits.max_cost_usd is not None and float(usage.get("cost_usd") or 0) >= limits.max_cost_usd:
+        return AgentLimit.COST, f"the run's budget of ${limits.max_cost_usd} is spent (${usage.get('cost_usd')})"
+    return None
 
 
 def budget_left(limits: GatewayLimits, usage: dict[str, Any], requests: int | None) -> str | None:
-    """Why the run's budget is spent (None while it is not): ``usage`` is the gateway's
-    running total, ``requests`` the model calls forwarded so far (None: not judged)."""
-    if limits.max_requests is not None and requests is not None and requests >= limits.max_requests:
-        return f"the run's budget of {limits.max_requests} model requests is spent"
-    for key, field in (("input_tokens", limits.max_input_tokens), ("output_tokens", limits.max_output_tokens)):
-        if field is not None and int(usage.get(key) or 0) >= field:
-            return f"the run's budget of {field} {key.replace('_', ' ')} is spent ({usage.get(key)})"
-    if limits.max_cost_usd is not None and float(usage.get("cost_usd") or 0) >= limits.max_cost_usd:
-        return f"the run's budget of ${limits.max_cost_usd} is spent (${usage.get('cost_usd')})"
-    return None
+    """``spent``'s reason alone."""
+    s = spent(limits, usage, requests)
+    return None if s is None else s[1]
 
 
 def refusal(limits: GatewayLimits, *, model_call: bool, model: str | None, body_bytes: int, body: Any = None) -> tuple[str, str] | None:

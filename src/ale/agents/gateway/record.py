@@ -17,7 +17,10 @@ profile) and the upstreams. Then, per exchange:
 
 ``summarize(run_dir)`` re-reads the file and derives what the run's evidence
 keeps: the chain head, the tools offered on every request, the refusals (and
-whether the first one came before any model answer), the usage.
+whether the first one came before any model answer), the usage; and, from the
+recorded response bodies again (never from the usage the record names), the cost
+per model with the price table's version, and every model call's named failure
+(``failures.classify``) with the retries the gateway made (``upstream_attempt``).
 """
 
 from __future__ import annotations
@@ -32,9 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from ale import layout
+from ale.agents.gateway.failures import classify, transport_class
 from ale.agents.gateway.limits import GatewayLimits, refusal
+from ale.agents.gateway.parse import response_bytes
 from ale.agents.gateway.tools import GEMINI, ToolPolicy, is_model_call, offered_tools
+from ale.agents.gateway.usage import add_billing, cost, price_table, usage_of
 from ale.redaction import REDACTED
+from ale.status import FAILURE_OWNER, ModelFailure, not_the_agents
 
 GATEWAY_DIR = layout.GATEWAY_DIR
 RECORDS = layout.Gateway.RECORDS
@@ -169,17 +176,29 @@ def derive(run_dir: Path, records: list[dict[str, Any]]) -> tuple[dict[str, Any]
     refusals: list[dict[str, Any]] = []
     answered = False
     usage: dict[str, Any] = {}
+    _, prices = price_table(start.get("prices"))  # recorded flat; its version beside it
+    version = (start.get("price_table") or {}).get("version") if isinstance(start.get("price_table"), dict) else None
+    billing: dict[str, dict[str, Any]] = {}
+    failures: list[dict[str, Any]] = []
+    retries = 0
+    apis: dict[Any, str] = {}
     for rec in records:
+        if rec.get("type") == "upstream_attempt":
+            retries += 1
+            continue
         if rec.get("type") == "response":
             if isinstance(rec.get("status"), int) and 200 <= rec["status"] < 300 and rec.get("model_call"):
                 answered = True
             _add_usage(usage, rec.get("usage") or {})
+            if rec.get("model_call") and rec.get("by") == "upstream" and "price_table" in start:
+                problems += _rederive_response(run_dir, rec, apis.get(rec.get("request"), ""), prices, billing, failures)
             continue
         if rec.get("type") != "request":
             continue
         body, probs = read_body(run_dir, rec.get("body") or {})
         problems += [f"request {rec.get('seq')}: {p}" for p in probs]
         api, path = str(rec.get("api")), str(rec.get("path"))
+        apis[rec.get("seq")] = api
         model_call = is_model_call(api, path)
         tools = offered_tools(api, path, body) if model_call else []
         forbidden = policy.forbidden(tools)
@@ -221,7 +240,65 @@ def derive(run_dir: Path, records: list[dict[str, Any]]) -> tuple[dict[str, Any]
     if start.get("limits"):  # older records have none: their summary keeps its shape
         summary["limits"] = start["limits"]
         summary["blocked"] = blocked
+    if "price_table" in start:  # older records: no per-model cost, no named failures
+        summary["billing"] = billing_doc(billing, version, start.get("price_table"))
+        summary["failures"] = failures
+        summary["retries"] = retries
+        final = next((f for f in failures if not_the_agents(f["failure"]) and not 200 <= int(f.get("status") or 0) < 300), None)
+        summary["provider_failure"] = final
+        summary["last_failure"] = _last_failure(records, failures)
     return summary, problems
+
+
+def billing_doc(by_model: dict[str, dict[str, Any]], version: str | None, table: Any) -> dict[str, Any]:
+    """A run's cost: per model and in total, with the price table that priced it."""
+    total: dict[str, Any] = {}
+    add = dict(by_model)
+    for row in add.values():
+        for k, v in row.items():
+            total[k] = round(total.get(k, 0) + v, 8) if isinstance(v, float) else total.get(k, 0) + v
+    return {"by_model": {k: by_model[k] for k in sorted(by_model)}, "total": total,
+            "price_table": {"version": version, "sha256": (table or {}).get("sha256") if isinstance(table, dict) else None}}
+
+
+def _rederive_response(run_dir: Path, rec: dict[str, Any], api: str, prices: dict[str, Any],
+                       billing: dict[str, dict[str, Any]], failures: list[dict[str, Any]]) -> list[str]:
+    """One model call's answer, read again: its usage and cost into ``billing``, its
+    named failure into ``failures``; a recorded usage or failure that differs is a problem."""
+    problems: list[str] = []
+    status: int = rec["status"] if isinstance(rec.get("status"), int) else 0
+    data = response_bytes(run_dir, rec.get("body") or {})
+    streamed = bool(rec.get("streamed"))
+    if 200 <= status < 300:
+        u: dict[str, Any] = {"requests": 1, **usage_of(api, data, streamed)}
+        price = cost(u, u.get("model"), prices)
+        if price is not None:
+            u["cost_usd"] = price
+        recorded = rec.get("usage") or {}
+        if {k: v for k, v in u.items() if k != "model"} != recorded:
+            problems.append(f"response {rec.get('seq')}: its record names usage {recorded}, its body reports {u}")
+        add_billing(billing, u)
+    failure = transport_class(str(rec["transport_error"])) if rec.get("transport_error") else classify(api, status, data, streamed)
+    if (failure.value if failure else None) != rec.get("failure"):
+        problems.append(f"response {rec.get('seq')}: recorded as failure {rec.get('failure')!r}, its status and body say "
+                        f"{failure.value if failure else None!r}")
+    if failure is not None:
+        failures.append({"request": rec.get("request"), "failure": failure.value, "owner": FAILURE_OWNER[failure].value,
+                         "status": status, "retries": rec.get("retries", 0)})
+    return problems
+
+
+def _last_failure(records: list[dict[str, Any]], failures: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The named failure of the last model call answered by the upstream (None: it succeeded)."""
+    last = next((r for r in reversed(records) if r.get("type") == "response" and r.get("model_call") and r.get("by") == "upstream"), None)
+    if last is None:
+        return None
+    return next((f for f in failures if f["request"] == last.get("request")), None)
+
+
+def failure_of(summary: dict[str, Any]) -> ModelFailure | None:
+    f = summary.get("provider_failure") or summary.get("last_failure")
+    return ModelFailure(f["failure"]) if isinstance(f, dict) else None
 
 
 def method_path(rec: dict[str, Any]) -> str:

@@ -15,6 +15,21 @@ offering anything else is refused with 403 and an error naming the tools, in the
 API's own error shape, and ``refused`` is set so the owner can end the turn.
 Every request and response is recorded (``record.GatewayRecorder``).
 
+A model call the provider fails is named (``failures.classify``: rate limited,
+overloaded, a server error, a timeout, no connection, authentication, a quota,
+an unknown model, the context length, a refusal). The provider's transient ones
+are sent again with backoff within ``GatewayLimits``' retry budget, each failed
+attempt recorded (``upstream_attempt``) and never shown to the harness; when the
+last answer to a model call is still a failure that is not the agent's
+(``ale.status.not_the_agents``), ``provider_failed`` is set and the owner ends
+the agent's turn: the run is infrastructure's, never the agent's zero.
+
+Usage and cost are kept per model from the provider's own usage fields
+(``usage.usage_of``), priced with the run's table (``usage.price_table``: its
+version and digest are recorded in ``gateway.start``). When the agent's turn
+ends, ``end_turn()`` closes the gateway: a request after it is refused, recorded
+(``turn_ended``) and never forwarded, so nothing spends after the turn.
+
 The HTTP client is ``httpx2`` (what the ``openai`` SDK, already a dependency,
 uses), the server uvicorn (as the MCP bridge): no new dependency.
 """
@@ -37,7 +52,8 @@ from urllib.parse import parse_qsl, urlencode
 
 import httpx2 as httpx
 
-from ale.agents.gateway.limits import GatewayLimits, budget_left, refusal
+from ale.agents.gateway.failures import classify, transport_class
+from ale.agents.gateway.limits import GatewayLimits, refusal, spent
 from ale.agents.gateway.record import GatewayRecorder, redact_headers, redact_query
 from ale.agents.gateway.tools import (
     ANTHROPIC,
@@ -49,8 +65,9 @@ from ale.agents.gateway.tools import (
     offered_tools,
 )
 from ale.agents.gateway.turns import write_turns
-from ale.agents.gateway.usage import cost, usage_of
+from ale.agents.gateway.usage import add_billing, cost, price_table, usage_of
 from ale.agents.loopback import loopback_socket, serve_asgi
+from ale.status import FAILURE_OWNER, AgentLimit, FailureOwner, ModelFailure, not_the_agents
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +130,19 @@ class ModelGateway:
         self.blocked: list[dict[str, Any]] = []
         self.budget_reached = asyncio.Event()  # the owner ends the agent's turn as timeout
         self.budget_reason: str | None = None
+        self.budget_kind: AgentLimit | None = None
+        # A model call the provider failed past the retries (not the agent's): the owner ends the turn.
+        self.provider_failed = asyncio.Event()
+        self.provider_failure: dict[str, Any] | None = None
+        self.failures: list[dict[str, Any]] = []  # every named failure of a model call's last answer
+        self.retry_waited_s = 0.0
+        self.turn_ended = False
         self.in_flight = 0
         self.model_calls = 0
         self.upstreams = upstreams or resolve_upstreams()
         self._keys = keys if keys is not None else resolve_keys()
-        self.prices = dict(prices or {})
+        self.price_version, self.prices = price_table(prices)
+        self.billing: dict[str, dict[str, Any]] = {}  # model -> requests, tokens, cost
         self.token = token or "ale-run-" + secrets.token_urlsafe(32)
         self._auth_values = {self.token.encode(), f"Bearer {self.token}".encode()}
         self.recorder = GatewayRecorder(run_dir)
@@ -128,7 +153,7 @@ class ModelGateway:
         self.unauthorized = 0
         self.usage: dict[str, Any] = {"requests": 0, "input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=30.0, read=None, write=60.0, pool=60.0),
+            timeout=httpx.Timeout(connect=30.0, read=self.limits.upstream_timeout_s, write=60.0, pool=60.0),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
             transport=transport,
             trust_env=False,
@@ -139,10 +164,16 @@ class ModelGateway:
             upstreams=self.upstreams,
             keys_configured=sorted(api for api, k in self._keys.items() if k),
             prices=self.prices,
+            price_table={"version": self.price_version, "sha256": _digest(self.prices)},
             limits=self.limits.to_dict(),
         )
 
+    def end_turn(self) -> None:
+        """The agent's turn is over: from now on every request is refused, unforwarded."""
+        self.turn_ended = True
+
     async def aclose(self) -> None:
+        self.turn_ended = True
         await self.client.aclose()
         self.recorder.append("gateway.end", requests=self.requests, unauthorized=self.unauthorized, usage=self.usage)
         self.recorder.close()
@@ -198,10 +229,14 @@ class ModelGateway:
         seq = self.recorder.seq + 1
         model = model if isinstance(model, str) else None
         blocked = None if forbidden else refusal(self.limits, model_call=model_call, model=model, body_bytes=len(body), body=parsed)
+        if self.turn_ended:
+            blocked = ("turn_ended", "ale gateway: the agent's turn has ended; nothing more is forwarded")
         if blocked is None and not forbidden and model_call:
-            spent = self.budget_reason or budget_left(self.limits, self.usage, self.model_calls)
-            if spent is not None:
-                blocked = ("budget", f"ale gateway: {spent}")
+            left = spent(self.limits, self.usage, self.model_calls)
+            if self.budget_reason is not None or left is not None:
+                blocked = ("budget", f"ale gateway: {self.budget_reason or (left[1] if left else '')}")
+                if left is not None and self.budget_kind is None:
+                    self.budget_kind = left[0]
             elif self.limits.max_concurrency is not None and self.in_flight >= self.limits.max_concurrency:
                 blocked = ("concurrency", f"ale gateway: {self.in_flight} model requests in flight, the run's limit")
         if forbidden and self.policy.client_tools:
@@ -217,7 +252,7 @@ class ModelGateway:
         )
         if blocked is not None:
             kind, msg = blocked
-            status = {"endpoint": 404, "body_size": 413, "budget": 429, "concurrency": 429}.get(kind, 403)
+            status = {"endpoint": 404, "body_size": 413, "budget": 429, "concurrency": 429, "turn_ended": 409}.get(kind, 403)
             self.blocked.append({"seq": seq, "kind": kind, "path": rest, "model": model})
             data = _error(api, status, msg)
             await _respond(send, status, data)
@@ -247,10 +282,11 @@ class ModelGateway:
             await self._forward(api, method, rest, query, headers, body, send, seq, model_call, t0)
         finally:
             self.in_flight -= 1
-        spent = budget_left(self.limits, self.usage, None) if model_call else None
-        if spent is not None:
+        left = spent(self.limits, self.usage, None) if model_call else None
+        if left is not None:
             # Tokens or cost spent: the turn ends now (a request budget ends it at the next request).
-            self.budget_reason = self.budget_reason or spent
+            if self.budget_reason is None:
+                self.budget_kind, self.budget_reason = left
             self.budget_reached.set()
 
     async def _forward(self, api: str, method: str, rest: str, query: list[tuple[str, str]], headers: list[tuple[str, str]],
@@ -263,19 +299,54 @@ class ModelGateway:
         q = [(k, v) for k, v in query if k != "key"]
         url = self.upstreams[api] + rest + (("?" + urlencode(q)) if q else "")
         collected = bytearray()
-        status, resp_headers, streamed, first_byte = 502, [], False, None
-        try:
-            req = self.client.build_request(method, url, headers=out_headers, content=body or None)
-            resp = await self.client.send(req, stream=True)
-        except httpx.HTTPError as e:
-            data = _error(api, 502, f"ale gateway: the upstream {self.upstreams[api]} cannot be reached: {type(e).__name__}: {e}")
-            await _respond(send, 502, data)
-            collected += data
-        else:
+        status, streamed, first_byte = 502, False, None
+        resp_headers: list[tuple[str, str]] = []
+        failure: ModelFailure | None = None
+        transport_error: str | None = None
+        attempt = 0
+        while True:
+            resp = None
+            transport_error = None
             try:
+                req = self.client.build_request(method, url, headers=out_headers, content=body or None)
+                resp = await self.client.send(req, stream=True)
+            except httpx.HTTPError as e:
+                transport_error = type(e).__name__
+                failure = transport_class(transport_error) if model_call else None
+                data = _error(api, 502, f"ale gateway: the upstream {self.upstreams[api]} cannot be reached: {type(e).__name__}: {e}")
+                status, resp_headers, streamed = 502, [], False
+            else:
                 status = resp.status_code
                 resp_headers = [(k, v) for k, v in resp.headers.items() if k.lower() not in _HOP_RESPONSE]
                 streamed = resp.headers.get("content-type", "").startswith("text/event-stream")
+                failure = None
+                if status >= 400:  # an error body is small: read whole, named, maybe retried
+                    try:
+                        data = await resp.aread()
+                    except httpx.HTTPError as e:
+                        data, transport_error = b"", type(e).__name__
+                    finally:
+                        await resp.aclose()
+                    failure = classify(api, status, data, streamed) if model_call else None
+                    if transport_error and model_call:
+                        failure = transport_class(transport_error)
+            wait = self._retry_wait(failure, attempt, resp_headers) if failure is not None else None
+            if wait is None:
+                break
+            # A transient failure of the provider's: recorded, not shown to the harness, sent again.
+            self.recorder.append(
+                "upstream_attempt", request=seq, attempt=attempt + 1, status=status, headers=redact_headers(resp_headers),
+                body=self.recorder.body(seq, f"attempt{attempt + 1}", data), streamed=streamed,
+                failure=failure.value if failure else None, transport_error=transport_error, wait_s=round(wait, 3),
+                seconds=round(time.perf_counter() - t0, 6))
+            self.retry_waited_s += wait
+            attempt += 1
+            await asyncio.sleep(wait)
+        if resp is None or status >= 400:
+            await _respond(send, status, data, resp_headers if resp is not None else None)
+            collected += data
+        else:
+            try:
                 await send({"type": "http.response.start", "status": status,
                             "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp_headers]})
                 async for chunk in resp.aiter_raw():
@@ -286,6 +357,8 @@ class ModelGateway:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             finally:
                 await resp.aclose()
+            if model_call:
+                failure = classify(api, status, bytes(collected), streamed)
         data = bytes(collected)
         usage: dict[str, Any] = {}
         if model_call and 200 <= status < 300:
@@ -295,10 +368,20 @@ class ModelGateway:
             if price is not None:
                 usage["cost_usd"] = price
             self._add_usage(usage)
+            add_billing(self.billing, usage)
+        if failure is not None:
+            entry = {"request": seq, "failure": failure.value, "owner": FAILURE_OWNER[failure].value, "status": status,
+                     "retries": attempt}
+            self.failures.append(entry)
+            if not_the_agents(failure) and not (200 <= status < 300) and self.provider_failure is None:
+                self.provider_failure = entry
+                self.provider_failed.set()
         self.recorder.append(
             "response", request=seq, status=status, headers=redact_headers(resp_headers),
             body=self.recorder.body(seq + 1, "response", data), streamed=streamed, model_call=model_call, by="upstream",
             usage={k: v for k, v in usage.items() if k != "model"}, model=usage.get("model"),
+            **({"failure": failure.value, "retries": attempt} if failure is not None else {}),
+            **({"transport_error": transport_error} if transport_error else {}),
             first_byte_s=None if first_byte is None else round(first_byte, 6), seconds=round(time.perf_counter() - t0, 6),
         )
 
@@ -309,14 +392,35 @@ class ModelGateway:
         if "cost_usd" in u:
             self.usage["cost_usd"] = round(self.usage.get("cost_usd", 0.0) + u["cost_usd"], 8)
 
+    def _retry_wait(self, failure: ModelFailure | None, attempt: int, headers: list[tuple[str, str]]) -> float | None:
+        """Seconds to wait before sending a failed model call again, or None: not the
+        provider's transient failure, or the retries or their time are spent."""
+        if failure is None or FAILURE_OWNER[failure] is not FailureOwner.PROVIDER or attempt >= self.limits.retries:
+            return None
+        wait = self.limits.retry_base_s * (2 ** attempt)
+        h = {k.lower(): v for k, v in headers}
+        with contextlib.suppress(ValueError):
+            if "retry-after-ms" in h:
+                wait = float(h["retry-after-ms"]) / 1000
+            elif "retry-after" in h:
+                wait = float(h["retry-after"])
+        wait = min(max(wait, 0.0), 60.0)
+        if self.retry_waited_s + wait > self.limits.retry_budget_s:
+            return None
+        return wait
+
     def summary(self) -> dict[str, Any]:
         return {"requests": self.requests, "unauthorized": self.unauthorized, "refusals": list(self.refusals), "usage": dict(self.usage),
                 "blocked": list(self.blocked), "budget_reached": self.budget_reason}
 
 
-async def _respond(send: Any, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+async def _respond(send: Any, status: int, body: bytes, headers: list[tuple[str, str]] | None = None) -> None:
+    """A whole response: the gateway's own (JSON), or an upstream's error as it came."""
+    if headers is None:
+        hs = [(b"content-type", b"application/json")]
+    else:
+        hs = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers if k.lower() != "content-length"]
+    await send({"type": "http.response.start", "status": status, "headers": [*hs, (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -334,9 +438,18 @@ async def serve_gateway(gateway: ModelGateway, *, unix_path: Path | None = None)
         socks.append(us)
     try:
         async with serve_asgi(gateway, socks, what="model gateway") as port:
-            yield f"http://127.0.0.1:{port}"
+            try:
+                yield f"http://127.0.0.1:{port}"
+            finally:
+                gateway.end_turn()  # refused from here, while the server winds down
     finally:
         await gateway.aclose()
+
+
+def _digest(doc: Any) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def harness_env(url: str, token: str) -> dict[str, str]:

@@ -5,7 +5,13 @@ as it was passed through) and returns ``{"input_tokens", "output_tokens",
 "total_tokens", "cached_input_tokens"?, "model"?}``; ``cost(usage, prices)``
 prices it with a table from the configuration: ``{model: {"input_per_mtok",
 "output_per_mtok", "cached_input_per_mtok"?}}`` in US dollars per million tokens
-(a model missing from the table has no cost, never a guessed one).
+(a model missing from the table has no cost, never a guessed one). The table may
+also come versioned, ``{"version": "...", "models": {model: {...}}}``
+(``price_table``); the version is recorded with the run's cost.
+
+``add_billing`` keeps the per-model sums: requests, input, output and cached input
+tokens, and cost (``cost_usd`` only for priced models), one function for the
+gateway as it runs and for ``record.derive`` re-reading the recorded responses.
 """
 
 from __future__ import annotations
@@ -92,3 +98,27 @@ def cost(usage: dict[str, Any], model: str | None, prices: dict[str, Any]) -> fl
     total = fresh * float(p.get("input_per_mtok", 0)) + _int(usage.get("output_tokens")) * float(p.get("output_per_mtok", 0))
     total += cached * float(p.get("cached_input_per_mtok", p.get("input_per_mtok", 0)) or 0)
     return round(total / 1e6, 8)
+
+
+def price_table(prices: dict[str, Any] | None) -> tuple[str | None, dict[str, Any]]:
+    """(version, {model: prices}) of a configured table, flat or versioned."""
+    p = dict(prices or {})
+    if isinstance(p.get("models"), dict):
+        v = p.get("version")
+        return (None if v is None else str(v)), dict(p["models"])
+    v = p.pop("version", None)
+    return (None if v is None else str(v)), {k: x for k, x in p.items() if isinstance(x, dict)}
+
+
+BILLED = ("requests", "input_tokens", "output_tokens", "cached_input_tokens")
+
+
+def add_billing(billing: dict[str, dict[str, Any]], usage: dict[str, Any], model: str | None = None) -> None:
+    """Add one response's usage to the per-model sums (``model``: else the usage's own)."""
+    name = model or usage.get("model") or "(unnamed)"
+    row = billing.setdefault(str(name), {k: 0 for k in BILLED})
+    for k in BILLED:
+        row[k] += _int(usage.get(k))
+    c = usage.get("cost_usd")
+    if isinstance(c, int | float) and not isinstance(c, bool):
+        row["cost_usd"] = round(float(row.get("cost_usd", 0.0)) + c, 8)
