@@ -252,6 +252,7 @@ class _Verifier:
         self.guarded("reference", self.verify_reference)
         self.guarded("times", self.verify_times)
         self.guarded("sandbox_stopped", self.verify_sandbox_stopped)
+        self.guarded("stop", self.verify_stop)
         self.guarded("environment", self.verify_environment)
         self.guarded("records", self.verify_records, result)
         self.guarded("gateway", self.verify_model_gateway, result)
@@ -746,6 +747,24 @@ class _Verifier:
             self.check("environment.record", ok, want, got,
                        "" if ok else "the environment's record is not the one its image carries", area="environment")
 
+    def verify_stop(self) -> None:
+        """The end of the turn, where recorded (``evidence/stop.json``): the stop step
+        ended within its bound, and the host-side stop left no candidate task alive."""
+        rel = layout.evidence_path(Evidence.STOP)
+        doc = self.load(rel)
+        if doc is None:
+            return
+        doc = _as_dict(doc)
+        halt = _as_dict(doc.get("halt"))
+        bounded = doc.get("within_bound") is True and (not halt or halt.get("within_bound") is True)
+        self.check("stop.bounded", bounded, f"within {doc.get('bound_s')}s", doc.get("duration_s"),
+                   "" if bounded else f"{rel}: the stop step did not end within its bound", area="isolation")
+        if halt:
+            survivors = halt.get("survivors")
+            ok = survivors == []
+            self.check("stop.no_survivor", ok, [], survivors,
+                       "" if ok else f"{rel}: candidate tasks outlived the end of the turn", area="isolation")
+
     def verify_sandbox_stopped(self) -> None:
         """A sandbox recorded as stopped during the agent's turn (its after-probes could
         not run) must be so in the inspect after: exited, no process, finished before
@@ -759,12 +778,15 @@ class _Verifier:
         phases = self.load(layout.evidence_path(Evidence.PHASES))
         stop = next((p for p in phases if isinstance(p, dict) and p.get("name") == Phase.STOP), None) \
             if isinstance(phases, list) else None
-        finished, stop_started = parse_time(st.get("FinishedAt")), parse_time(_as_dict(stop).get("started_at"))
+        # The harness's own kill of the sandbox comes after it saw the sandbox stopped
+        # (``observed_at``, recorded then); older records have only the stop phase's start.
+        seen = _as_dict(stopped).get("observed_at") or _as_dict(stop).get("started_at")
+        finished, killed_after = parse_time(st.get("FinishedAt")), parse_time(seen)
         ok = (st.get("Status") in ("exited", "dead") and st.get("Pid") == 0 and finished is not None
-              and stop_started is not None and finished <= stop_started)
-        self.check("sandbox.stopped_during_turn", ok, "exited with no process before the turn was stopped",
+              and killed_after is not None and finished <= killed_after)
+        self.check("sandbox.stopped_during_turn", ok, "exited with no process before the harness stopped it",
                    {"Status": st.get("Status"), "Pid": st.get("Pid"), "FinishedAt": st.get("FinishedAt"),
-                    "stop_started_at": _as_dict(stop).get("started_at")},
+                    "observed_at": seen},
                    "" if ok else f"{rel} says the sandbox stopped during the agent's turn; the inspect after does not show it",
                    area="isolation")
 
