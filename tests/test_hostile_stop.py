@@ -24,11 +24,11 @@ from tests.conftest import EXAMPLES, TOOLS_IMAGE, our_containers
 pytestmark = pytest.mark.docker
 
 
-def _run(docker_client, tmp_path: Path, steps: list[dict], *, wall: float = 120, provider=None):
+def _run(docker_client, tmp_path: Path, steps: list[dict], *, wall: float = 120, provider=None, config=None):
     plan = RunPlan(
         run_id=f"hostile-stop-{uuid.uuid4().hex[:10]}",
         task_dir=str(EXAMPLES / "files" / "word_count"),
-        agent=AgentSpec(name="replay", config={"steps": steps}),
+        agent=AgentSpec(name="replay", config=config or {"steps": steps}),
         image=TOOLS_IMAGE,
         policy=IsolationPolicy(memory_bytes=512 * 1024**2),
         limits=Limits(wall_time_s=wall),
@@ -157,3 +157,22 @@ def test_a_sandbox_that_stops_during_the_stop_step_is_judged_from_its_stopped_st
     assert stopped["observed_at"] and stopped["state"]["Pid"] == 0, stopped
     stop = json.loads((run_dir / "evidence" / "stop.json").read_text())
     assert stop["within_bound"] and "stopped" in stop["judged"], stop
+
+
+def test_a_tool_argument_no_serializer_takes_is_a_step_of_the_signed_record(docker_client, tmp_path):
+    """An argument nested far past any serializer's limit: the command runs, its step
+    is in trajectory.json and trajectory.jsonl alike, the value kept as a file."""
+    deep: object = "bottom"
+    for _ in range(300):
+        deep = {"d": [deep]}
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"tool": "shell", "args": {"command": "echo wrong > /workspace/answer.txt",
+                                                              "meta": deep}}]))
+    plan_steps = {"script": str(script)}
+    result, run_dir = _run(docker_client, tmp_path, [], config=plan_steps)
+    steps = json.loads((run_dir / "trajectory.json").read_text())["steps"]
+    logged = [json.loads(line) for line in (run_dir / "trajectory.jsonl").read_text().splitlines()]
+    assert len(steps) == len(logged) == 1 and steps[0]["exit_code"] == 0, steps
+    ref = steps[0]["files"]["args.meta"]
+    assert ref["kind"] == "json" and (run_dir / ref["path"]).stat().st_size == ref["bytes"], ref
+    assert (run_dir / ref["path"]).read_text().startswith('{"d":[{"d":[')

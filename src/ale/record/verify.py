@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ale import layout, lossless
 from ale.agents.gateway import record as gateway_record
-from ale.agents.trajectory import Trajectory
+from ale.agents.trajectory import Trajectory, TrajectoryStep
 from ale.grading.deliverables import DeliverablesManifest, SkippedEntry, listing_digest
 from ale.grading.grader import SCORE_EPSILON
 from ale.isolation.checks import Check, failures, violation_line
@@ -515,8 +515,15 @@ class _Verifier:
     def verify_trajectory(self) -> None:
         """trajectory.json is a Trajectory (UTF-8 JSON), and every value it keeps
         beside itself (a FileRef: too large, or not exact text) is in the folder
-        with the size and sha256 the step names."""
+        with the size and sha256 the step names. Required whenever the agent phase
+        ran (``phases.json``); its steps recorded through the ToolBox are exactly the
+        lines of ``trajectory.jsonl``, step for step."""
+        phases = self.load(layout.evidence_path(Evidence.PHASES))
+        agent_ran = isinstance(phases, list) and any(isinstance(p, dict) and p.get("name") == Phase.AGENT for p in phases)
         if layout.TRAJECTORY not in self._present:
+            if agent_ran:
+                self.check("trajectory.present", False, layout.TRAJECTORY, None,
+                           f"the agent phase ran, yet the run folder has no {layout.TRAJECTORY}", area="trajectory")
             return
         data = self.load(layout.TRAJECTORY)
         if layout.TRAJECTORY in self._unreadable:
@@ -543,6 +550,32 @@ class _Verifier:
         self.check("trajectory.files", not bad, "every FileRef of trajectory.json present and unchanged",
                    bad[:50] or f"{len(traj.steps)} steps, {refs} stored values",
                    "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20 else ""), area="trajectory")
+        self._trajectory_agrees(traj)
+
+    def _trajectory_agrees(self, traj: Trajectory) -> None:
+        """trajectory.json's ToolBox steps and trajectory.jsonl's lines are the same steps."""
+        log = self.run_dir / layout.TRAJECTORY_LOG
+        if layout.TRAJECTORY_LOG not in self._present:
+            ok = not [st for st in traj.steps if st.gateway is None]
+            self.check("trajectory.log_agrees", ok, layout.TRAJECTORY_LOG, None,
+                       "" if ok else f"{layout.TRAJECTORY} has steps and there is no {layout.TRAJECTORY_LOG}",
+                       area="trajectory")
+            return
+        problems: list[str] = []
+        logged = []
+        for n, line in enumerate(log.read_text(encoding="utf-8", errors="surrogateescape").splitlines(), 1):
+            try:
+                logged.append(TrajectoryStep.model_validate_json(line))
+            except ValidationError as e:
+                problems.append(f"{layout.TRAJECTORY_LOG} line {n} is not a step: {str(e)[:200]}")
+        kept = [st for st in traj.steps if st.gateway is None]
+        if len(kept) != len(logged):
+            problems.append(f"{len(kept)} steps in {layout.TRAJECTORY}, {len(logged)} in {layout.TRAJECTORY_LOG}")
+        for a, b in zip(kept, logged, strict=False):
+            if a.model_dump() != b.model_dump():
+                problems.append(f"step {a.index} differs between {layout.TRAJECTORY} and {layout.TRAJECTORY_LOG}")
+        self.check("trajectory.log_agrees", not problems, "the same steps in both", problems[:20] or f"{len(kept)} steps",
+                   "; ".join(problems[:10]), area="trajectory")
 
     # -- isolation -----------------------------------------------------------------
     def _mounts(self) -> list[Any] | None:
