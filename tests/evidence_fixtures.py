@@ -199,7 +199,13 @@ def build_run_folder(
         "name": plan.agent.name, "config": redact(plan.agent.config), "allowlist": list(plan.agent.allowlist),
     })
     store.write_json("network.json", {"network_mode": "none", "controller": "outside the sandbox"})
-    (run_dir / "trajectory.jsonl").write_text(json.dumps({"step": 1, "tool": "shell", "argv": ["ls"]}) + "\n")
+    # The agent's one step, through the recorder a run uses (trajectory.jsonl and .json agree).
+    from ale.agents.trajectory import TrajectoryWriter
+
+    writer = TrajectoryWriter(run_dir, plan.run_id, plan.agent.name)
+    writer.record({"index": 1, "tool": "shell", "args": {"command": "ls"}, "ok": True, "exit_code": 0,
+                   "started_at": "2026-11-30T22:53:10+00:00", "ended_at": "2026-11-30T22:53:10.5+00:00", "seconds": 0.5})
+    writer.close(end="finished")
 
     for name, data in (deliverables if deliverables is not None else {"report.txt": b"total: 3\n"}).items():
         p = scratch / "workspace" / name

@@ -705,6 +705,34 @@ async def check_kill_user_processes(provider: SandboxProvider, env: ConformanceE
 
 
 @check
+async def check_halt_from_outside(provider: SandboxProvider, env: ConformanceEnv) -> None:
+    """halt() ends every candidate process from outside the sandbox, within its bound:
+    stubborn ones, a SIGSTOPped one, a fork loop, one that stops every other process
+    it reaches; init and a kept user's process live on, and the sandbox still runs
+    commands after."""
+    async with running(provider, env) as sb:
+        await start_background(sb, "setsid sleep 300 >/dev/null 2>&1 &", user="1234:1234", expect_at_least=1)
+        hostile = (
+            _STUBBORN.removesuffix("true")
+            + "setsid sh -c 'kill -STOP $$; sleep 1' >/dev/null 2>&1 & "
+            + "setsid sh -c 'while :; do (sleep 0.05 &); done' >/dev/null 2>&1 & true"
+        )
+        await start_background(sb, hostile, expect_at_least=1 + _STUBBORN_COUNT + 2)
+        # Last (it stops every process of its uid, the harness's own listing included).
+        await sb.exec(["sh", "-c", "setsid sh -c 'while :; do kill -STOP -1; kill -INT 1; done' >/dev/null 2>&1 &"],
+                      timeout=30)
+        await asyncio.sleep(0.5)
+        out = await sb.halt(keep_uids=(1234,), bound_s=10)
+        assert out.survivors == [] and out.within_bound and not out.sandbox_stopped, out
+        assert out.killed >= _STUBBORN_COUNT + 3 and out.kept == 1, out
+        left = await live_processes(sb)
+        assert [p for p in left if p["uid"] == env.policy.uid] == [], f"candidate processes survived: {left}"
+        assert [p["uid"] for p in left] == [1234], left
+        r = await sb.exec(["echo", "still usable"], timeout=30)
+        assert r.stdout == b"still usable\n", r
+
+
+@check
 async def check_kill_count_is_honest(provider: SandboxProvider, env: ConformanceEnv) -> None:
     """With a process the kill may not reach (another uid), the count matches /proc
     and every candidate-user process is dead."""

@@ -458,7 +458,7 @@ def test_probe_good(probe_raw: str) -> None:
     checks = parse(probe_raw)
     assert failing(checks) == set()
     assert {c.id for c in checks} == {
-        "probe.complete", "probe.uid", "probe.cap_eff_zero", "probe.cap_bnd_zero",
+        "probe.complete", "probe.well_formed", "probe.uid", "probe.cap_eff_zero", "probe.cap_bnd_zero",
         "probe.no_new_privs", "probe.seccomp", "probe.interfaces_lo_only", "probe.no_routes",
         "probe.writable_mounts", "probe.cgroupns_private", "probe.cgroup_pids",
         "probe.cgroup_memory", "probe.cgroup_cpu", "probe.write_root_fails",
@@ -595,3 +595,14 @@ def test_render_report() -> None:
     assert lines[1].startswith("  FAIL") and "b differs" in lines[1]
     assert "UNKNOWN" in lines[2] and "PASS" in lines[3]
     assert lines[-1].startswith("NOT SEALED")
+
+
+def test_probe_output_with_foreign_text_is_rejected(probe_raw: str) -> None:
+    """Text before the first section, or a section twice (something else wrote into
+    the probe's output), fails probe.well_formed; the good output passes it."""
+    assert {c.id: c.ok for c in parse(probe_raw)}["probe.well_formed"] is True
+    before = {c.id: c for c in parse("hello from the candidate\n" + probe_raw)}["probe.well_formed"]
+    assert before.ok is False and "text before the first section" in before.detail
+    twice = probe_raw + "=== ale-probe:id ===\nnumeric uid=0 gid=0 groups=0\n"
+    c = {c.id: c for c in parse(twice)}["probe.well_formed"]
+    assert c.ok is False and "'id' repeated" in c.detail

@@ -67,7 +67,9 @@ def test_a_new_run_folder_has_the_shape_of_an_old_one(docker_client, tmp_path) -
                                                    "limits", "seconds", "stopped"])
     # Since the wave of 2026-12: the run's software (environment.json), and each grading attempt.
     # The prompt the agent received is part of the signed record (agent/prompt.txt).
-    for name in (added, "evidence/environment.json", "evidence/grading-attempts.json", "agent/prompt.txt"):
+    # The end of the turn, done from the host, and its bound (evidence/stop.json).
+    for name in (added, "evidence/environment.json", "evidence/grading-attempts.json", "agent/prompt.txt",
+                 "evidence/stop.json"):
         assert (name.endswith(".txt") or new.pop(name)) and name in new["files"] and name in new["manifest.json"], name
         new["files"].remove(name)
         new["manifest.json"].remove(name)

@@ -95,6 +95,7 @@ class Evidence:
     PHASES = "phases.json"
     CONTROLLER = "controller.json"  # the model gateway's summary and the harness's confinement
     ENVIRONMENT = "environment.json"  # the run's software: its image, each need and origin, what it holds
+    STOP = "stop.json"  # the end of the turn: the host-side stop (method, kills, time), its bound, the probes' uid
     SANDBOX_STOPPED = "sandbox-stopped.json"  # the sandbox stopped during the agent's turn: why, its state
     GRADING_ATTEMPTS = "grading-attempts.json"  # each evaluate() attempt: times, scores or error
     DESKTOP = "desktop.json"  # a desktop task's desktop: its spec, image, tool resolution, start

@@ -105,7 +105,8 @@ class PhaseSpec:
 RUN_OPENS_WITH = (PLAN, evidence_path(Evidence.POLICY), evidence_path(Evidence.HARNESS), evidence_path(Evidence.ENGINE))
 RUN_CLOSES_WITH = (RESULT, EVENTS, evidence_path(Evidence.PHASES), evidence_path(Evidence.CHECKS))
 
-_STOP_RUNS = "kill every candidate process, then the probes (after), in the same exec"
+_STOP_RUNS = ("end the turn from the host (freeze the sandbox, kill every candidate task from outside, thaw; bounded), "
+              "then the probes (after) as a uid the candidate never had")
 _RELEASE_RUNS = "stop the sandbox, inspect it (after), diff with the capture before, remove it"
 _RELEASE_WRITES = (evidence_path(Evidence.INSPECT_AFTER),)
 
@@ -132,7 +133,7 @@ def _table(shape: RunShape) -> tuple[PhaseSpec, ...]:
                   checks=(CheckGroup.AGENT,)),
         PhaseSpec(Phase.STOP, _STOP_RUNS if live else f"{_STOP_RUNS}; {_RELEASE_RUNS} (kept for the GRADE phase in a live_grading run)",
                   writes=(evidence_path(Evidence.probes("after")),) + (() if live else _RELEASE_WRITES),
-                  records=(evidence_path(Evidence.SANDBOX_STOPPED),),
+                  records=(evidence_path(Evidence.STOP), evidence_path(Evidence.SANDBOX_STOPPED)),
                   checks=(CheckGroup.PROBES_AFTER,) + (() if live else (CheckGroup.INSPECT_AFTER,)),
                   releases_sandbox=not live),
         PhaseSpec(Phase.DELIVERABLES, "copy the workspace's regular files out, check the input unchanged",

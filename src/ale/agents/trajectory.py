@@ -32,7 +32,11 @@ or because it is not exact text (the inline text is a display form):
   ``s.encode("utf-8", "surrogatepass")``, ``kind="text-surrogatepass"``;
 - bytes arguments (``write_file`` binary content): the bytes, ``kind="bytes"``.
 
-Nested argument values and ``extra`` are kept as ``ale.lossless.json_safe`` says.
+Nested argument values and ``extra`` are kept as ``ale.lossless.json_safe`` says;
+one nested deeper than ``MAX_DEPTH`` or larger than the inline limit as JSON is
+kept as a file of its JSON (``kind="json"``), referenced like any other. The
+recorder never raises for what a step holds: a step it cannot keep whole is kept
+with its index, tool and outcome and says why (``extra.recorder_error``).
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ log = logging.getLogger(__name__)
 
 INLINE_LIMIT = 64 * 1024
 PREVIEW_CHARS = 2048
+# Argument and extra values nested deeper than this, or larger than the inline limit
+# as JSON, are kept as a file of their JSON (a reference inline), never inline.
+MAX_DEPTH = 32
+MAX_STORED_JSON = 16 * 1024 * 1024
 FILES_DIR = layout.TRAJECTORY_FILES
 SCHEMA_VERSION = 1
 
@@ -226,8 +234,13 @@ class TrajectoryWriter:
         self.record(step)
 
     def record(self, raw: dict[str, Any]) -> TrajectoryStep:
+        """Keep one step; never raises for what the step holds: a step that cannot be
+        kept whole is kept with what could be (its index, tool, outcome) and says why."""
         with self._lock:
-            step = self._to_step(raw)
+            try:
+                step = self._to_step(raw)
+            except Exception as e:  # noqa: BLE001 - the step must be recorded whatever it holds
+                step = self._fallback_step(raw, e)
             self.steps.append(step)
             line = step.model_dump_json() + "\n"
             if self._fh.closed:
@@ -243,12 +256,14 @@ class TrajectoryWriter:
         exact = {name: raw.get(f"{name}_bytes") for name in ("stdout", "stderr", "output")}
         hidden = {"files", "extra", "image_png", *(f"{name}_bytes" for name in exact)}
         data = {k: v for k, v in raw.items() if k in known}
-        extra = {_key(k): _jsonable(v) for k, v in raw.items() if k not in known and k not in hidden}
-        if isinstance(raw.get("extra"), dict):
-            extra.update({_key(k): _jsonable(v) for k, v in raw["extra"].items()})
         index = int(data.get("index") or len(self.steps) + 1)
         data["index"] = index
         files: dict[str, FileRef] = {}
+        extra = {_key(k): self._bounded(index, f"extra.{display(str(k))}", v, files)
+                 for k, v in raw.items() if k not in known and k not in hidden}
+        if isinstance(raw.get("extra"), dict):
+            extra.update({_key(k): self._bounded(index, f"extra.{display(str(k))}", v, files)
+                          for k, v in raw["extra"].items()})
         image = raw.get("image_png")
         if isinstance(image, bytes | bytearray):  # a screenshot: a .png file, never base64 in JSON
             files["image"] = self._store(index, "screenshot", bytes(image), kind="bytes", suffix="png")
@@ -273,6 +288,40 @@ class TrajectoryWriter:
         data.setdefault("seconds", 0.0)
         return TrajectoryStep(**data, files=files, extra=extra)
 
+    def _fallback_step(self, raw: dict[str, Any], error: BaseException) -> TrajectoryStep:
+        """The step as far as it can be kept: scalars only, the rest named as lost."""
+        def flag(key: str) -> bool:
+            return raw.get(key) is True
+
+        index = raw.get("index")
+        index = index if isinstance(index, int) and not isinstance(index, bool) and index >= 1 else len(self.steps) + 1
+        why = f"the recorder could not keep this step whole ({type(error).__name__}: {display(str(error))[:500]})"
+        err = raw.get("error")
+        return TrajectoryStep(
+            index=index, tool=display(str(raw.get("tool", "?")))[:200], ok=flag("ok"), refused=flag("refused"),
+            exit_code=code if isinstance(code := raw.get("exit_code"), int) and not isinstance(code, bool) else None,
+            timed_out=flag("timed_out"),
+            error=(display(err)[:PREVIEW_CHARS] + "; " if isinstance(err, str) else "") + why,
+            started_at=str(raw.get("started_at") or _now()), ended_at=str(raw.get("ended_at") or _now()),
+            seconds=max(0.0, float(raw["seconds"])) if isinstance(raw.get("seconds"), int | float) else 0.0,
+            extra={"recorder_error": why},
+        )
+
+    def _bounded(self, index: int, name: str, value: Any, files: dict[str, FileRef]) -> Any:
+        """``_jsonable(value)``, or, for a value nested deeper than ``MAX_DEPTH`` or
+        larger than the inline limit as JSON, a file holding its JSON (a reference inline)."""
+        try:
+            safe, deep = _jsonable(value), False
+        except _TooDeep:
+            safe, deep = None, True
+        if not deep and len(_json_text(safe, limit=self.inline_limit + 1)) <= self.inline_limit:
+            return safe
+        text = _json_text(value, limit=MAX_STORED_JSON)
+        ref = self._store(index, name, text.encode("utf-8"), kind="json", suffix="json")
+        files[name] = ref
+        why = f"nested deeper than {MAX_DEPTH} levels" if deep else f"{ref.bytes} bytes as JSON"
+        return f"<a value {why}, stored in {ref.path}>"
+
     def _arg(self, index: int, key: str, value: Any, files: dict[str, FileRef]) -> Any:
         name = f"args.{display(key)}"
         if isinstance(value, bytes | bytearray):
@@ -282,7 +331,7 @@ class TrajectoryWriter:
             return f"<{len(value)} bytes, stored in {ref.path}>"
         if isinstance(value, str):
             return self._maybe_store(index, name, value, files)
-        return _jsonable(value)
+        return self._bounded(index, name, value, files)
 
     def _maybe_store(self, index: int, name: str, value: str | bytes, files: dict[str, FileRef],
                      exact: bytes | None = None) -> str:
@@ -414,19 +463,78 @@ def _key(key: Any) -> str:
     return str(safe_key(str(key)))
 
 
-def _jsonable(value: Any) -> Any:
-    """A JSON-safe copy, losing nothing (``ale.lossless.json_safe``: bytes become
-    ``{"$base64": ...}``, strings with lone surrogates their own marker); keys
-    become strings and objects JSON does not know their ``str()``."""
-    if isinstance(value, dict):
-        return {_key(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+class _TooDeep(Exception):
+    pass
+
+
+def _str(value: Any) -> str:
+    """``str(value)``, or its type's name when even that raises."""
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 - an object whose __str__ raises is still recorded
+        return f"<unprintable {type(value).__name__}>"
+
+
+def _scalar(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float):
         return value
     if isinstance(value, str | bytes | bytearray):
         return json_safe(value)
-    return json_safe(str(value))
+    return json_safe(_str(value))
+
+
+def _jsonable(value: Any, depth: int = 0) -> Any:
+    """A JSON-safe copy, losing nothing (``ale.lossless.json_safe``: bytes become
+    ``{"$base64": ...}``, strings with lone surrogates their own marker); keys
+    become strings and objects JSON does not know their ``str()``. Raises
+    ``_TooDeep`` past ``MAX_DEPTH`` levels of nesting."""
+    if isinstance(value, dict | list | tuple):
+        if depth >= MAX_DEPTH:
+            raise _TooDeep()
+        if isinstance(value, dict):
+            return {_key(k): _jsonable(v, depth + 1) for k, v in value.items()}
+        return [_jsonable(v, depth + 1) for v in value]
+    return _scalar(value)
+
+
+class _Tok(str):
+    """Literal JSON text on the encoder's stack (not a value to encode)."""
+
+
+def _json_text(value: Any, *, limit: int) -> str:
+    """The value as compact JSON (``_jsonable``'s conversions), at any depth: an
+    explicit stack, no recursion. Cut at about ``limit`` characters, with a marker
+    (a cyclic or huge value stays bounded)."""
+    out: list[str] = []
+    size = 0
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Tok):
+            piece = str(item)
+        elif isinstance(item, dict):
+            piece = "{"
+            stack.append(_Tok("}"))
+            entries = list(item.items())
+            for i in range(len(entries) - 1, -1, -1):
+                k, v = entries[i]
+                stack.append(v)
+                stack.append(_Tok(("," if i else "") + json.dumps(_key(k)) + ":"))
+        elif isinstance(item, list | tuple):
+            piece = "["
+            stack.append(_Tok("]"))
+            for i in range(len(item) - 1, -1, -1):
+                stack.append(item[i])
+                if i:
+                    stack.append(_Tok(","))
+        else:
+            piece = json.dumps(_scalar(item), ensure_ascii=False)
+        out.append(piece)
+        size += len(piece)
+        if size > limit:
+            out.append(f" [... cut at {limit} characters]")
+            break
+    return "".join(out)
 
 
 def load_trajectory(path: str | Path) -> Trajectory:

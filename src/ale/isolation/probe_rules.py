@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ale.defaults import DESKTOP_UID
+from ale.defaults import DESKTOP_UID, PROBE_UID, PROBE_USER
 from ale.isolation.registry import PROBES, Fit, Moment, Stricter, Verdict, limit_fits, rule
 from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.runtimes import is_gvisor
@@ -55,16 +55,31 @@ MAX_PAGE = 65536  # the largest page size Linux uses (arm64, ppc64)
 
 
 # -- reading the output ------------------------------------------------------------
+# The key under which ``split_sections`` keeps what made an output malformed (only
+# when something did): a name no section can have.
+MALFORMED = "\0malformed"
+
+
 def split_sections(raw: str) -> dict[str, list[str]]:
+    """The output's sections by name. Text before the first section, and a section
+    that appears twice (the script prints each once; the harness appends its own
+    once), are recorded under ``MALFORMED`` (a repeated section's lines are merged)."""
     sections: dict[str, list[str]] = {}
     current: list[str] | None = None
-    for line in raw.splitlines():
+    problems: list[str] = []
+    for n, line in enumerate(raw.splitlines(), 1):
         if line.startswith(MARK) and line.endswith(" ==="):
             name = line[len(MARK) : -4]
+            if name in sections:
+                problems.append(f"section {name!r} repeated (line {n})")
             current = sections.setdefault(name, [])
             continue
         if current is not None:
             current.append(line)
+        elif line.strip() and not problems:
+            problems.append(f"text before the first section (line {n})")
+    if problems:
+        sections[MALFORMED] = problems
     return sections
 
 
@@ -207,8 +222,8 @@ def complete(s: ProbeSubject) -> Verdict:
     its absence is unknown, not a pass.
     """
     if "end" not in s.sections:
-        return None, sorted(s.sections), "probe output lacks its end marker (cut short or failed)"
-    return True, sorted(s.sections), ""
+        return None, sorted(k for k in s.sections if k != MALFORMED), "probe output lacks its end marker (cut short or failed)"
+    return True, sorted(k for k in s.sections if k != MALFORMED), ""
 
 
 @_probe_rule("probe.exec", area="probe run", expected={"exit_code": "0", "timed_out": "False"},
@@ -226,11 +241,25 @@ def probe_exec(s: ProbeSubject) -> Verdict:
     return ok, fields, "" if ok else f"the probe script itself failed: {fields}"
 
 
+@_probe_rule("probe.well_formed", area="probe run", expected="each section once, nothing before the first")
+def well_formed(s: ProbeSubject) -> Verdict:
+    """The output holds each section once and nothing before the first.
+
+    Anything else was written into the probe's output by something other than the
+    script (the candidate's text in the evidence), and its sections cannot be trusted.
+    """
+    if not s.sections:
+        raise KeyError("no section")
+    problems = s.sections.get(MALFORMED, [])
+    return not problems, problems or None, "; ".join(problems[:5])
+
+
 # -- identity and privileges --------------------------------------------------------
 @_probe_rule("probe.uid", area="privileges", expected=lambda s: s.policy.user)
 def uid(s: ProbeSubject) -> Verdict:
-    """The probe (as the candidate) and the container's init (PID 1) both run as the
-    policy's `uid:gid`, and root's group 0 is not among the probe's groups.
+    """The probe (as the candidate; after the turn, as `PROBE_USER`, a uid the
+    candidate never had) and the container's init (PID 1) run as the policy's
+    `uid:gid`, and root's group 0 is not among the probe's groups.
 
     An exec's `--user` does not say who init runs as: the container's init runs as
     `Config.User`, whatever user the exec asks for.
@@ -243,7 +272,9 @@ def uid(s: ProbeSubject) -> Verdict:
     groups = fields["groups"].split()
     init = s.status("init_status")
     init_user = f"{init['Uid'].split()[0]}:{init['Gid'].split()[0]}"
-    ok = observed == s.policy.user and init_user == s.policy.user and "0" not in groups
+    # After the turn the probes run as a uid the candidate never had (older runs: as the candidate).
+    probe_users = (s.policy.user, PROBE_USER) if s.moment == "after" else (s.policy.user,)
+    ok = observed in probe_users and init_user == s.policy.user and "0" not in groups
     detail = "" if ok else f"probe runs as {observed} (groups {groups}), init as {init_user}"
     return ok, {"user": observed, "groups": groups, "init_user": init_user}, detail
 
@@ -694,7 +725,7 @@ def process_owners(s: ProbeSubject) -> Verdict:
     something the seal did not plan.
     """
     _me, procs = s.processes()
-    allowed = {s.policy.uid, DESKTOP_UID}
+    allowed = {s.policy.uid, DESKTOP_UID} | ({PROBE_UID} if s.moment == "after" else set())
     by_uid: dict[str, int] = {}
     for uid_, _pp, _n in procs.values():
         by_uid[str(uid_)] = by_uid.get(str(uid_), 0) + 1

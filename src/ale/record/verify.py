@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ale import layout, lossless
 from ale.agents.gateway import record as gateway_record
-from ale.agents.trajectory import Trajectory
+from ale.agents.trajectory import Trajectory, TrajectoryStep
 from ale.grading.deliverables import DeliverablesManifest, SkippedEntry, listing_digest
 from ale.grading.grader import SCORE_EPSILON
 from ale.isolation.checks import Check, failures, violation_line
@@ -252,6 +252,7 @@ class _Verifier:
         self.guarded("reference", self.verify_reference)
         self.guarded("times", self.verify_times)
         self.guarded("sandbox_stopped", self.verify_sandbox_stopped)
+        self.guarded("stop", self.verify_stop)
         self.guarded("environment", self.verify_environment)
         self.guarded("records", self.verify_records, result)
         self.guarded("gateway", self.verify_model_gateway, result)
@@ -514,8 +515,15 @@ class _Verifier:
     def verify_trajectory(self) -> None:
         """trajectory.json is a Trajectory (UTF-8 JSON), and every value it keeps
         beside itself (a FileRef: too large, or not exact text) is in the folder
-        with the size and sha256 the step names."""
+        with the size and sha256 the step names. Required whenever the agent phase
+        ran (``phases.json``); its steps recorded through the ToolBox are exactly the
+        lines of ``trajectory.jsonl``, step for step."""
+        phases = self.load(layout.evidence_path(Evidence.PHASES))
+        agent_ran = isinstance(phases, list) and any(isinstance(p, dict) and p.get("name") == Phase.AGENT for p in phases)
         if layout.TRAJECTORY not in self._present:
+            if agent_ran:
+                self.check("trajectory.present", False, layout.TRAJECTORY, None,
+                           f"the agent phase ran, yet the run folder has no {layout.TRAJECTORY}", area="trajectory")
             return
         data = self.load(layout.TRAJECTORY)
         if layout.TRAJECTORY in self._unreadable:
@@ -542,6 +550,32 @@ class _Verifier:
         self.check("trajectory.files", not bad, "every FileRef of trajectory.json present and unchanged",
                    bad[:50] or f"{len(traj.steps)} steps, {refs} stored values",
                    "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20 else ""), area="trajectory")
+        self._trajectory_agrees(traj)
+
+    def _trajectory_agrees(self, traj: Trajectory) -> None:
+        """trajectory.json's ToolBox steps and trajectory.jsonl's lines are the same steps."""
+        log = self.run_dir / layout.TRAJECTORY_LOG
+        if layout.TRAJECTORY_LOG not in self._present:
+            ok = not [st for st in traj.steps if st.gateway is None]
+            self.check("trajectory.log_agrees", ok, layout.TRAJECTORY_LOG, None,
+                       "" if ok else f"{layout.TRAJECTORY} has steps and there is no {layout.TRAJECTORY_LOG}",
+                       area="trajectory")
+            return
+        problems: list[str] = []
+        logged = []
+        for n, line in enumerate(log.read_text(encoding="utf-8", errors="surrogateescape").splitlines(), 1):
+            try:
+                logged.append(TrajectoryStep.model_validate_json(line))
+            except ValidationError as e:
+                problems.append(f"{layout.TRAJECTORY_LOG} line {n} is not a step: {str(e)[:200]}")
+        kept = [st for st in traj.steps if st.gateway is None]
+        if len(kept) != len(logged):
+            problems.append(f"{len(kept)} steps in {layout.TRAJECTORY}, {len(logged)} in {layout.TRAJECTORY_LOG}")
+        for a, b in zip(kept, logged, strict=False):
+            if a.model_dump() != b.model_dump():
+                problems.append(f"step {a.index} differs between {layout.TRAJECTORY} and {layout.TRAJECTORY_LOG}")
+        self.check("trajectory.log_agrees", not problems, "the same steps in both", problems[:20] or f"{len(kept)} steps",
+                   "; ".join(problems[:10]), area="trajectory")
 
     # -- isolation -----------------------------------------------------------------
     def _mounts(self) -> list[Any] | None:
@@ -746,6 +780,24 @@ class _Verifier:
             self.check("environment.record", ok, want, got,
                        "" if ok else "the environment's record is not the one its image carries", area="environment")
 
+    def verify_stop(self) -> None:
+        """The end of the turn, where recorded (``evidence/stop.json``): the stop step
+        ended within its bound, and the host-side stop left no candidate task alive."""
+        rel = layout.evidence_path(Evidence.STOP)
+        doc = self.load(rel)
+        if doc is None:
+            return
+        doc = _as_dict(doc)
+        halt = _as_dict(doc.get("halt"))
+        bounded = doc.get("within_bound") is True and (not halt or halt.get("within_bound") is True)
+        self.check("stop.bounded", bounded, f"within {doc.get('bound_s')}s", doc.get("duration_s"),
+                   "" if bounded else f"{rel}: the stop step did not end within its bound", area="isolation")
+        if halt:
+            survivors = halt.get("survivors")
+            ok = survivors == []
+            self.check("stop.no_survivor", ok, [], survivors,
+                       "" if ok else f"{rel}: candidate tasks outlived the end of the turn", area="isolation")
+
     def verify_sandbox_stopped(self) -> None:
         """A sandbox recorded as stopped during the agent's turn (its after-probes could
         not run) must be so in the inspect after: exited, no process, finished before
@@ -759,12 +811,15 @@ class _Verifier:
         phases = self.load(layout.evidence_path(Evidence.PHASES))
         stop = next((p for p in phases if isinstance(p, dict) and p.get("name") == Phase.STOP), None) \
             if isinstance(phases, list) else None
-        finished, stop_started = parse_time(st.get("FinishedAt")), parse_time(_as_dict(stop).get("started_at"))
+        # The harness's own kill of the sandbox comes after it saw the sandbox stopped
+        # (``observed_at``, recorded then); older records have only the stop phase's start.
+        seen = _as_dict(stopped).get("observed_at") or _as_dict(stop).get("started_at")
+        finished, killed_after = parse_time(st.get("FinishedAt")), parse_time(seen)
         ok = (st.get("Status") in ("exited", "dead") and st.get("Pid") == 0 and finished is not None
-              and stop_started is not None and finished <= stop_started)
-        self.check("sandbox.stopped_during_turn", ok, "exited with no process before the turn was stopped",
+              and killed_after is not None and finished <= killed_after)
+        self.check("sandbox.stopped_during_turn", ok, "exited with no process before the harness stopped it",
                    {"Status": st.get("Status"), "Pid": st.get("Pid"), "FinishedAt": st.get("FinishedAt"),
-                    "stop_started_at": _as_dict(stop).get("started_at")},
+                    "observed_at": seen},
                    "" if ok else f"{rel} says the sandbox stopped during the agent's turn; the inspect after does not show it",
                    area="isolation")
 

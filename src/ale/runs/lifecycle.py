@@ -39,7 +39,7 @@ from ale.agents.registry import agent_evidence, make_agent
 from ale.agents.trajectory import TrajectoryWriter
 from ale.data.base import DataError
 from ale.data.hashing import restore_runnable
-from ale.defaults import CANDIDATE_HOME, DEFAULT_TOOLS_IMAGE
+from ale.defaults import CANDIDATE_HOME, DEFAULT_TOOLS_IMAGE, DESKTOP_UID, PROBE_USER
 from ale.grading.deliverables import extract_deliverables
 from ale.grading.grader import Grader, GradingEnvironmentError, GradingError, GradingInputs
 from ale.isolation.checks import Check
@@ -77,6 +77,7 @@ from ale.sandbox.desktop import (
     DEFAULT_DESKTOP_IMAGE,
     desktop_spec,
 )
+from ale.sandbox.halt import STOP_BOUND_S
 from ale.sandbox.providers import make_provider
 from ale.sandbox.scratch import mount_workspace_tmpfs, release_scratch
 from ale.sandbox.session import ContainerSession, Route, RoutedSession
@@ -523,16 +524,6 @@ def _oracle(state: RunState) -> Any:
     return solve
 
 
-async def kill_agent_processes(state: RunState) -> ExecResult | None:
-    """End the turn: kill every process the agent left, then (same exec) probe."""
-    v = state.variant
-    remaining, probe = await state.sandbox.kill_user_processes_then(
-        probe_command(state.plan.policy, input_dir=v.public_root, workspace_dir=v.output_dir)
-    )
-    state.record.events.append("agent.processes_killed", remaining=remaining)
-    return probe
-
-
 async def stop_and_verify_exited(state: RunState) -> None:
     await state.sandbox.stop()
     with state.record.cost("verify"):
@@ -756,14 +747,66 @@ async def _agent_step(state: RunState) -> None:
     record_model_gateway(state)
 
 
+# The whole stop step's hard bound: the host-side stop (``STOP_BOUND_S``), then the
+# after-run probes (their own 30 s), with room for the inspects between.
+STOP_STEP_BOUND_S = STOP_BOUND_S + 45.0
+
+
 async def _stop_step(state: RunState) -> None:
-    """Kill every candidate process and probe; a sandbox the candidate already
-    brought down (out of memory, its init gone) is judged from its stopped state."""
+    """End the turn from the host, then probe; a sandbox that stopped (the candidate
+    filled its memory, its init gone), before or at any moment of this step, is
+    judged from its stopped state. Bounded by ``STOP_STEP_BOUND_S``, recorded in
+    ``evidence/stop.json``."""
+    doc: dict[str, Any] = {"bound_s": STOP_STEP_BOUND_S, "started_at": now().isoformat()}
+    t0 = time.monotonic()
+    try:
+        await asyncio.wait_for(_end_turn_and_probe(state, doc), STOP_STEP_BOUND_S)
+    except TimeoutError:
+        doc["bound_exceeded"] = True
+        raise SandboxError(f"the stop step did not end within its bound of {STOP_STEP_BOUND_S:.0f}s") from None
+    finally:
+        doc["duration_s"] = round(time.monotonic() - t0, 4)
+        doc["within_bound"] = doc["duration_s"] <= STOP_STEP_BOUND_S
+        state.record.store.write_json(Evidence.STOP, doc)
+
+
+async def _judged_if_stopped(state: RunState) -> bool:
     inspect = await asyncio.to_thread(state.sandbox.inspect)
-    if _stopped_reason(inspect) is not None:
-        judge_stopped_sandbox(state, inspect)
+    if _stopped_reason(inspect) is None:
+        return False
+    judge_stopped_sandbox(state, inspect)
+    return True
+
+
+async def _end_turn_and_probe(state: RunState, doc: dict[str, Any]) -> None:
+    if await _judged_if_stopped(state):
+        doc["judged"] = "stopped before the stop step"
         return
-    probe = await kill_agent_processes(state)
+    halt = await state.sandbox.halt(keep_uids=(DESKTOP_UID,), bound_s=STOP_BOUND_S)
+    doc["halt"] = halt.to_dict()
+    state.record.events.append("agent.processes_killed", remaining=len(halt.survivors), killed=halt.killed,
+                               dying=halt.dying, method=halt.method, duration_s=halt.duration_s)
+    if halt.sandbox_stopped or await _judged_if_stopped(state):
+        if halt.sandbox_stopped and not await _judged_if_stopped(state):
+            raise SandboxError("the host-side stop found no init, yet the engine reports the sandbox running")
+        doc["judged"] = "stopped during the stop step"
+        return
+    # Only once no candidate process is left, as a uid the candidate never had: nothing
+    # of the candidate's can signal, slow or write into the probes.
+    v = state.variant
+    doc["probes"] = {"user": PROBE_USER, "started_at": now().isoformat()}
+    try:
+        probe = await state.sandbox.exec(probe_command(state.plan.policy, input_dir=v.public_root, workspace_dir=v.output_dir),
+                                         user=PROBE_USER, timeout=30)
+    except SandboxError:
+        if await _judged_if_stopped(state):
+            doc["judged"] = "stopped during the after-run probes"
+            return
+        raise
+    doc["probes"]["ended_at"] = now().isoformat()
+    if await _judged_if_stopped(state):
+        doc["judged"] = "stopped during the after-run probes"
+        return
     await verify_running(state, "after", probe, ran=True)
 
 
@@ -775,7 +818,10 @@ def judge_stopped_sandbox(state: RunState, inspect: dict[str, Any]) -> None:
     st = inspect.get("State") or {}
     reason = _stopped_reason(inspect) or ""
     record = {key: st.get(key) for key in ("Status", "Running", "Pid", "OOMKilled", "ExitCode", "StartedAt", "FinishedAt")}
-    state.record.store.write_json(Evidence.SANDBOX_STOPPED, {"reason": reason, "state": record})
+    # observed_at: before the harness's own kill of the sandbox (its release follows),
+    # so a FinishedAt before it is the sandbox's own end (ale verify compares the two).
+    state.record.store.write_json(Evidence.SANDBOX_STOPPED, {"reason": reason, "state": record,
+                                                              "observed_at": now().isoformat()})
     state.record.events.append("sandbox.stopped", reason=reason)
     dead = st.get("Running") is False and st.get("Pid") == 0 and st.get("Status") in ("exited", "dead")
     state.record.add_checks(CheckGroup.PROBES_AFTER, [Check(

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ale.data.base import ImageStore
+from ale.sandbox.halt import StopOutcome
 from ale.sandbox.policy import IsolationPolicy
 
 DEFAULT_OUTPUT_LIMIT = 1024 * 1024
@@ -117,7 +118,7 @@ class Sandbox(Protocol):
     """One isolated machine. All methods but ``inspect`` are async.
 
     Life: ``create`` (by the provider, not yet running) → ``start`` → ``exec``... →
-    ``kill_user_processes[_then]`` → ``stop`` → ``inspect`` → ``remove``.
+    ``halt`` (the end of the candidate's turn) → ``stop`` → ``inspect`` → ``remove``.
     """
 
     name: str
@@ -176,6 +177,16 @@ class Sandbox(Protocol):
         the same call (nothing the candidate started can run between the two).
         Returns (processes left alive or -1, argv's result or None when ``argv``
         is None or the kill could not report)."""
+        ...
+
+    async def halt(self, *, keep_uids: tuple[int, ...] = (), bound_s: float = ...) -> StopOutcome:
+        """End the candidate's turn from outside the sandbox: every task but its init
+        and the ``keep_uids``' own is stopped (frozen, or the VM paused), killed from
+        the host, and its death awaited; nothing inside takes part, so nothing the
+        candidate left can signal, slow or read it. Bounded by ``bound_s``; a task
+        with SIGKILL pending in uninterruptible sleep is waited for, then counted
+        dead. Returns what it did (``ale.sandbox.halt.StopOutcome``); never raises
+        for a sandbox that stopped meanwhile (``sandbox_stopped`` says so)."""
         ...
 
     async def stop(self) -> None:

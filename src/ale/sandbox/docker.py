@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from contextlib import suppress
+from datetime import UTC, datetime
 from typing import Any
 
 import docker
@@ -40,11 +41,13 @@ from ale.sandbox.base import (
 )
 from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE, DESKTOP_REPO
 from ale.sandbox.docker_images import DockerImageStore
+from ale.sandbox.halt import STOP_BOUND_S, HostUnreachable, StopOutcome, find_cgroup, stop_cgroup
 from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.runtimes import (
     DEFAULT_RUNTIME,
     RUNSC_ARGS,
     install_hint,
+    is_gvisor,
     missing_runtime_message,
 )
 
@@ -75,21 +78,35 @@ _AFTER_EXIT_S = 0.2
 _AFTER_EXIT_EMPTY_S = 1.5
 
 
-# PID 1 of every sandbox: it only reaps. Orphans are re-parented to PID 1, and a
-# PID 1 that never waits (`sleep infinity`) keeps them as zombies that hold pid
-# slots, so a fork bomb would leave the container unable to fork even after every
-# process was killed (and the after-run probes could not run). Falls back to
-# `sleep infinity` in an image without python3.
+# PID 1 of every sandbox: it only reaps, and nothing in the sandbox can reach it.
+# Orphans are re-parented to PID 1, and a PID 1 that never waits (`sleep infinity`)
+# keeps them as zombies that hold pid slots, so a fork bomb would leave the container
+# unable to fork even after every process was killed (and the after-run probes could
+# not run). Every catchable signal is ignored (SIGCHLD ignored: the kernel reaps its
+# children itself; the loop's waitpid is a second net): the kernel drops any signal a
+# process of the PID namespace sends its init unless init handles it, and SIGKILL and
+# SIGSTOP from inside never reach it. Not dumpable: no process of its uid can trace
+# it, read or write its memory. Falls back to `sleep infinity` (no handler either) in
+# an image without python3.
 _REAPER = (
-    "import os, signal\n"
-    "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])\n"
+    "import os, signal, time\n"
+    "for s in signal.valid_signals():\n"
+    "    try:\n"
+    "        signal.signal(s, signal.SIG_IGN)\n"
+    "    except (OSError, ValueError, RuntimeError):\n"
+    "        pass\n"
+    "try:\n"
+    "    import ctypes\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)\n"
+    "except Exception:\n"
+    "    pass\n"
     "while True:\n"
     "    try:\n"
     "        while os.waitpid(-1, os.WNOHANG)[0] > 0:\n"
     "            pass\n"
     "    except ChildProcessError:\n"
     "        pass\n"
-    "    signal.sigtimedwait([signal.SIGCHLD], 1)\n"
+    "    time.sleep(1)\n"
 )
 INIT_COMMAND = [
     "sh",
@@ -436,6 +453,37 @@ class DockerSandbox:
         await self.exec(
             ["sh", "-c", script, "kill-tagged", EXEC_TAG_VAR, tag, str(since_cs)], timeout=30, wrap_timeout=False
         )
+
+    async def halt(self, *, keep_uids: tuple[int, ...] = (), bound_s: float = STOP_BOUND_S) -> StopOutcome:
+        """End the candidate's turn from the host: freeze the container's cgroup,
+        SIGKILL every task but init and the ``keep_uids``' from outside, thaw, await
+        the deaths (``ale.sandbox.halt``). Bounded by ``bound_s``; nothing in the
+        sandbox takes part. Where the host cannot reach the container's tasks (the
+        engine on another machine, gVisor's sandbox kernel) the in-sandbox kill runs
+        instead, recorded as ``exec``."""
+        started = datetime.now(UTC).isoformat()
+        t0 = time.monotonic()
+        try:
+            if is_gvisor(self.policy.runtime):
+                raise HostUnreachable("gVisor's tasks are its sandbox kernel's, not the host's")
+            state = (await asyncio.to_thread(self.inspect)).get("State") or {}
+            if not state.get("Running"):
+                return StopOutcome("none", started, bound_s=bound_s, sandbox_stopped=True,
+                                   detail=f"the sandbox was not running ({state.get('Status')})")
+            init = int(state.get("Pid") or 0)
+            cg = await asyncio.to_thread(find_cgroup, init, self.id)
+        except HostUnreachable as e:
+            remaining = await asyncio.wait_for(self.kill_user_processes(), bound_s)
+            return StopOutcome("exec", started, duration_s=round(time.monotonic() - t0, 4), bound_s=bound_s,
+                               within_bound=time.monotonic() - t0 <= bound_s,
+                               survivors=[] if remaining == 0 else [f"{remaining} (count {'unread' if remaining < 0 else 'read'})"],
+                               detail=f"in-sandbox kill: {e}")
+        left = max(bound_s - (time.monotonic() - t0), 1.0)
+        out = await asyncio.to_thread(stop_cgroup, cg, init, keep_uids=keep_uids, bound_s=left)
+        out.started_at, out.bound_s = started, bound_s
+        out.duration_s = round(time.monotonic() - t0, 4)
+        out.within_bound = out.duration_s <= bound_s
+        return out
 
     async def kill_user_processes(self) -> int:
         """Kill every candidate process (all but PID 1) and report how many remain

@@ -18,8 +18,10 @@ valid Unicode, so it cannot reach the container as sent) is refused with an erro
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +31,8 @@ from typing import Any
 from ale.lossless import is_unicode
 from ale.sandbox.base import DEFAULT_OUTPUT_LIMIT, Sandbox
 from ale.sandbox.computer import Computer, ComputerError
+
+log = logging.getLogger(__name__)
 
 ALL_TOOLS = ("shell", "read_file", "write_file", "list_dir", "computer")
 TRUNCATION_MARKER = "\n[... output truncated by ale at {limit} bytes ...]\n"
@@ -151,6 +155,13 @@ class ToolBox:
             # The call ran and failed (unreadable path, read-only target, bad args):
             # not an allowlist refusal, so `refused` stays False.
             outcome = ToolOutcome(ok=False, error=str(e))
+        except BaseException as e:
+            # The exec raised (the sandbox stopped, the engine failed) or the turn was
+            # ended mid-call: the call is still a step of the record, then it propagates.
+            why = "the call was cancelled (the agent's turn ended)" if isinstance(e, asyncio.CancelledError) \
+                else f"the call raised {type(e).__name__}: {e}"
+            self._record(tool, args, ToolOutcome(ok=False, error=why), started, t0)
+            raise
         self._record(tool, args, outcome, started, t0)
         return outcome
 
@@ -194,8 +205,7 @@ class ToolBox:
             raw["image_png"] = outcome.image  # the trajectory stores it as a .png file
         if outcome.info:
             raw["computer"] = outcome.info
-        self.recorder(
-            {
+        step = {
                 **raw,
                 "index": self.steps,
                 "tool": tool,
@@ -213,7 +223,10 @@ class ToolBox:
                 "ended_at": _now(),
                 "seconds": round(time.monotonic() - t0, 4),
             }
-        )
+        try:
+            self.recorder(step)
+        except Exception as e:  # noqa: BLE001 - a recorder's failure never becomes the tool call's
+            log.error("recording step %d (%s) failed: %r", self.steps, tool, e)
 
     def _time_left(self, wanted: float | None) -> float:
         t = float(wanted) if wanted else self.default_timeout
