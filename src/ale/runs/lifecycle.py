@@ -486,6 +486,7 @@ def _oracle(state: RunState) -> Any:
 async def kill_agent_processes(state: RunState) -> ExecResult | None:
     """End the turn: kill every process the agent left, then (same exec) probe."""
     v = state.variant
+    await record_cua(state)  # before the kill ends the server and its tunnel
     remaining, probe = await state.sandbox.kill_user_processes_then(
         probe_command(state.plan.policy, input_dir=v.public_root, workspace_dir=v.output_dir)
     )
@@ -701,6 +702,15 @@ async def _provision_step(state: RunState) -> None:
     await state.sandbox.start()
     state.record.events.append("sandbox.started")
     await state.extension.sandbox_started(state)
+
+
+async def record_cua(state: RunState) -> None:
+    """A cua-compatible image's sandbox (``ale.sandbox.cua.sandbox``): its computer-server,
+    the tunnel to it and the control server's rights beside the candidate's (written
+    once, at the end of the agent's turn)."""
+    record = getattr(state.sandbox, "record", None)
+    if record is not None:
+        state.record.store.write_json(Evidence.CUA, await record())
 
 
 async def _verify_before_step(state: RunState) -> None:
