@@ -702,6 +702,20 @@ async def _provision_step(state: RunState) -> None:
     await state.sandbox.start()
     state.record.events.append("sandbox.started")
     await state.extension.sandbox_started(state)
+    if state.extension.computer is None and hasattr(state.sandbox, "protocol"):
+        await _cua_computer(state)
+
+
+async def _cua_computer(state: RunState) -> None:
+    """A cua sandbox whose computer-server has a screen: the agent's and start()'s
+    ``computer`` tool drives it through the protocol, at the screen's size."""
+    from ale.sandbox.computer import Computer
+    from ale.sandbox.cua.desktop import CuaDesktop
+
+    screen = await CuaDesktop.of(state.sandbox)
+    if screen is not None:
+        state.extension.computer = Computer(screen)
+        state.record.events.append("cua.screen", width=screen.width, height=screen.height)
 
 
 async def record_cua(state: RunState) -> None:

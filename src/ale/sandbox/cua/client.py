@@ -281,6 +281,8 @@ class CuaClient:
                 raise FileNotFoundError(2, "No such file or directory", path) from e
             if "Permission denied" in e.error or "Errno 13]" in e.error:
                 raise PermissionError(13, "Permission denied", path) from e
+            if "Errno 30]" in e.error:
+                raise PermissionError(30, "Read-only file system", path) from e
             raise
 
     async def file_exists(self, path: str) -> bool:

@@ -116,6 +116,8 @@ class ExecTunnel:
             self._send(EOF, cid)
         except (ConnectionError, OSError):
             self._send(CLOSE, cid)
+        except asyncio.CancelledError:  # the tunnel closed under a connection
+            return
 
     async def _read_stream(self, reader: asyncio.StreamReader) -> None:
         """Docker's multiplexed stream; its stdout frames carry the relay's frames."""
