@@ -23,6 +23,7 @@ from ale.sandbox.cua.image import build_cua_image
 from ale.sandbox.cua.sandbox import CuaSandbox
 from ale.sandbox.docker import DockerProvider
 from ale.sandbox.policy import IsolationPolicy
+from ale.sandbox.tools import ToolBox
 from ale.status import RunStatus
 from tests.conftest import EXAMPLES, our_containers, require
 
@@ -99,8 +100,15 @@ def test_the_client_through_the_tunnel_in_a_sealed_container(docker_client, sand
             timings["exec"].append(time.perf_counter() - t)
         # The control server runs with the candidate's rights, and the probes say so.
         assert sb.rights is not None and sb.rights["mode"] == "same-rights", sb.rights
-        section = await sb.probe_sections()
+        section = await sb.control_listeners()
         assert "tcp 0100007F:1F40" in section
+        # The candidate may kill it (its own process): that call fails, the next one works.
+        tools = ToolBox(sb, workdir="/workspace")
+        lost = await tools.call("shell", {"command": "kill -9 -1"})
+        assert not lost.ok and "computer-server was lost" in (lost.error or ""), lost
+        back = await tools.call("shell", {"command": "echo again"})
+        assert back.ok and back.stdout == "again\n", back
+        cua = await sb.protocol()
         # The end-of-turn kill ends it (a candidate process); the next call starts a fresh one.
         assert await sb.kill_user_processes() == 0
         again = await sb.protocol()

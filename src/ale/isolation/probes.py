@@ -247,9 +247,9 @@ async def run_probes(
 ) -> tuple[str, list[Check]]:
     """Run the probe script as the candidate user (the harness's own exec, never the
     agent's tools); return the evidence text and the checks."""
-    control = getattr(sandbox, "probe_sections", None)  # a cua sandbox's control server (ale.sandbox.cua.sandbox)
+    control = getattr(sandbox, "control_listeners", None)  # a cua sandbox's control server (ale.sandbox.cua.sandbox)
     try:
-        extra = await control() if control is not None else ""
+        extra = f"{MARK}control_server ===\n" + await control() if control is not None else ""
         res = await sandbox.exec(probe_command(policy, input_dir=input_dir, workspace_dir=workspace_dir),
                                  user=policy.user, timeout=30)
     except SandboxError as e:

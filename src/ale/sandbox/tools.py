@@ -30,7 +30,7 @@ from typing import Any
 from ale.lossless import is_unicode
 from ale.sandbox.base import DEFAULT_OUTPUT_LIMIT, ExecResult, Sandbox
 from ale.sandbox.computer import Computer, ComputerError
-from ale.sandbox.cua.client import CuaClient, CuaCommandFailed
+from ale.sandbox.cua.client import CuaClient, CuaCommandFailed, CuaError
 
 ALL_TOOLS = ("shell", "read_file", "write_file", "list_dir", "computer")
 TRUNCATION_MARKER = "\n[... output truncated by ale at {limit} bytes ...]\n"
@@ -153,6 +153,12 @@ class ToolBox:
             # The call ran and failed (unreadable path, read-only target, bad args):
             # not an allowlist refusal, so `refused` stays False.
             outcome = ToolOutcome(ok=False, error=str(e))
+        except CuaError as e:
+            # The sandbox's computer-server went away under the call (the candidate may
+            # kill it: it is a candidate process); the next call starts a fresh one.
+            await self.sandbox.protocol_lost()  # type: ignore[attr-defined]
+            outcome = ToolOutcome(ok=False, error=f"{tool}: the sandbox's computer-server was lost during the call "
+                                                  f"({e}); it is started again for the next call")
         self._record(tool, args, outcome, started, t0)
         return outcome
 

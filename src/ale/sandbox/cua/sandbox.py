@@ -131,6 +131,15 @@ except OSError:
 """
 
 
+# Kill every computer-server (``-m computer_server`` in its command line; spelled in two
+# pieces here so that this script's own command line does not match) before a restart.
+_KILL_SERVERS = (
+    'for p in /proc/[0-9]*; do [ "${p#/proc/}" = $$ ] && continue; '
+    'c=$(tr "\\0" " " < "$p/cmdline" 2>/dev/null) || continue; '
+    'case $c in *"-m computer"_server*) kill -9 "${p#/proc/}" 2>/dev/null;; esac; done; true'
+)
+
+
 def judge_rights(probe: dict[str, Any]) -> dict[str, Any]:
     """``same-rights`` when every server process has the probe's uid and gid, no
     capability at all (effective, permitted, ambient) and no-new-privileges set."""
@@ -205,6 +214,13 @@ class CuaSandbox:
             self.rights = await self.rights_probe()
         return cua
 
+    async def protocol_lost(self) -> None:
+        """The server or its tunnel failed under a call: the next ``protocol()`` starts
+        a fresh server (any server still running is killed first: the port is one)."""
+        async with self._lock:
+            await self._drop()
+            await self.inner.exec(["sh", "-c", _KILL_SERVERS], timeout=30)
+
     async def _server_log(self) -> str:
         with contextlib.suppress(SandboxError):
             r = await self.inner.exec(["tail", "-c", "3000", SERVER_LOG], timeout=20)
@@ -220,16 +236,14 @@ class CuaSandbox:
             return {"mode": "unproven", "problems": [f"the probe failed: exit {r.exit_code}: {r.stderr[-500:]!r}"]}
         return {**judge_rights(probe), "probe": probe}
 
-    async def probe_sections(self) -> str:
-        """The ``control_server`` section the harness adds to the isolation probes'
-        evidence (``ale.isolation.probe_rules``: ``probe.no_inet_listeners`` and
+    async def control_listeners(self) -> str:
+        """The body of the ``control_server`` section the isolation probes' evidence
+        gets (``ale.isolation.probes.run_probes``; ``probe.no_inet_listeners`` and
         ``probe.unix_listeners_private`` tolerate exactly the listeners it names whose
         holder has the candidate's rights; ``ale verify`` re-reads it)."""
-        from ale.isolation.probe_rules import MARK
-
         r = await self.inner.exec(["python3", "-c", _LISTENERS_SCRIPT], timeout=30)
         body = r.stdout.decode(errors="replace") if r.exit_code == 0 else ""
-        return f"{MARK}control_server ===\nkind cua-computer-server port {self.port}\n{body}"
+        return f"kind cua-computer-server port {self.port}\n{body}"
 
     async def _drop(self) -> None:
         if self._cua is not None:

@@ -27,7 +27,7 @@ from typing import Any
 import docker.errors
 
 from ale.sandbox.base import SandboxError
-from ale.sandbox.channel import CLOSE, DATA, DOCKER_HEADER, EOF, HEADER, MAX_FRAME, OPEN, READY
+from ale.sandbox.frames import CLOSE, DATA, DOCKER_HEADER, EOF, HEADER, MAX_FRAME, OPEN, READY
 
 RELAY_SOURCE = (Path(__file__).parent / "relay_connect.py").read_text()
 READY_TIMEOUT_S = 60.0
