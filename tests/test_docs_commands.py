@@ -114,6 +114,10 @@ def _replay_run(p, ctx):
     run_folder_printed(p, ctx)
 
 
+def _scored_run(p, ctx):
+    run_folder_printed(p, ctx, "scored")
+
+
 def _task_check_ok(p, ctx):
     assert "pass (oracle 1.0, nop 0)" in p.stderr, p.stderr[-2000:]
 
@@ -184,6 +188,8 @@ COMMANDS: dict[str, Run | Skip] = {
         Skip(CORPUS),
     # docs/desktop.md
     "ale image build --desktop": Run(_contains("desktop image:", "stderr")),
+    "ale image build --cua": Run(_contains("cua image:", "stderr")),
+    "ale run examples/tasks/files/word_count --agent oracle --image ale-cua:latest": Run(_scored_run, ("cua-image",)),
     "ale task check examples/tasks/gui/click_button": Run(_task_check_ok, slow=True),
     """ale run examples/tasks/gui/fill_form --agent llm --agent-config '{"model": "..."}'""":
         Skip("needs a model API (the llm agent); tests/test_agents_llm.py drives it against a fake one"),
@@ -266,6 +272,11 @@ def _setup_run(ctx: Ctx) -> None:
         _oracle_run(sh(ctx, "ale run examples/tasks/files/word_count --agent oracle"), ctx)
 
 
+def _setup_cua_image(ctx: Ctx) -> None:
+    p = sh(ctx, "ale image build --cua")  # a lookup once built (cached by content)
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
 def _setup_my_calls(ctx: Ctx) -> None:
     shutil.copy(ctx.root / "examples" / "agents" / "replay_simple.json", ctx.root / "my-calls.json")
 
@@ -307,7 +318,7 @@ def _setup_container(ctx: Ctx) -> None:
 
 SETUPS: dict[str, Callable[[Ctx], None]] = {
     "run": _setup_run, "my-calls": _setup_my_calls, "exp.yaml": _setup_exp_yaml, "demo": _setup_demo,
-    "container": _setup_container,
+    "container": _setup_container, "cua-image": _setup_cua_image,
 }
 
 

@@ -88,7 +88,7 @@ def terminate_as_interrupt() -> Iterator[None]:
         if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
             # Started with SIGINT ignored (`cmd &` in a script, `nohup ... &`): raising
             # SIGINT would do nothing, so interrupt as the default Ctrl-C handler does.
-            signal.default_int_handler(signum, frame)
+            signal.default_int_handler(signum, None)
         signal.raise_signal(signal.SIGINT)
 
     # A signal the process was started ignoring (`nohup` ignores SIGHUP) stays ignored.
@@ -426,12 +426,24 @@ def image_build(
     base: Annotated[str | None, typer.Option("--base", envvar="ALE_BASE_IMAGE", help="Base image (default python:3.11-slim; 'debian-bootstrap' forces a local Debian bootstrap).")] = None,
     tag: Annotated[str | None, typer.Option("--tag")] = None,
     desktop: Annotated[bool, typer.Option("--desktop", help="Build the desktop image (Xvfb, openbox, xdotool, Chromium) FROM the tools image.")] = False,
+    cua: Annotated[bool, typer.Option("--cua", help="Build a cua-compatible image: cua's computer-server (PyPI) as its entrypoint, on a Debian 13 root bootstrapped here.")] = False,
 ) -> None:
-    """Build the tools image, or with --desktop the desktop image (cached by content: a second build is a lookup)."""
+    """Build the tools image, with --desktop the desktop image, with --cua a cua-compatible image (cached by content: a second build is a lookup)."""
     from ale.sandbox.base import SandboxError
     from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE
     from ale.sandbox.image import build_desktop_image, build_tools_image
 
+    if cua:
+        from ale.sandbox.cua.image import DEFAULT_CUA_IMAGE, build_cua_image
+
+        if desktop:
+            _fail("--cua and --desktop build different images: choose one", 2)
+        try:
+            ref = build_cua_image(tag=tag or DEFAULT_CUA_IMAGE, say=lambda m: err.print(m, markup=False, highlight=False))
+        except SandboxError as e:
+            _fail(str(e), 1)
+        err.print(f"cua image: {ref} (tagged {tag or DEFAULT_CUA_IMAGE})")
+        return
     tag = tag or (DEFAULT_DESKTOP_IMAGE if desktop else DEFAULT_TOOLS_IMAGE)
     try:
         build = build_desktop_image if desktop else build_tools_image

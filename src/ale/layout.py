@@ -99,6 +99,7 @@ class Evidence:
     SANDBOX_STOPPED = "sandbox-stopped.json"  # the sandbox stopped during the agent's turn: why, its state
     GRADING_ATTEMPTS = "grading-attempts.json"  # each evaluate() attempt: times, scores or error
     DESKTOP = "desktop.json"  # a desktop task's desktop: its spec, image, tool resolution, start
+    CUA = "cua.json"  # a cua-compatible image's computer-server: its start, tunnel, rights beside the candidate's
 
     @staticmethod
     def probes(phase: str) -> str:

@@ -681,18 +681,52 @@ def _has_desktop_sections(s: ProbeSubject) -> bool:
 _DESKTOP_WHEN = "when the output has the sockets and processes sections (older evidence has neither)"
 
 
+_LOOPBACK = ("0100007F:", "00000000000000000000000001000000:")
+
+
+def _control_listeners(s: ProbeSubject) -> set[str]:
+    """The listeners of a cua control server (the ``control_server`` section the
+    harness read just before the probes, ``ale.sandbox.cua.sandbox``) held by a process
+    with exactly the candidate's rights: its uid and gid, no capability (effective,
+    permitted, ambient), no-new-privileges; a TCP one only on the loopback. Such a
+    server is no way up: the candidate could run it itself. Keys as the rules spell
+    them: ``tcp ADDRESS`` and unix paths."""
+    if "control_server" not in s.sections:
+        return set()
+    ok = set()
+    for ln in s.sections["control_server"]:
+        f = ln.split()
+        if len(f) != 9 or f[0] not in ("tcp", "tcp6", "udp", "udp6", "unix"):
+            continue
+        kind, addr, _pid, uid, gid, eff, prm, amb, nnp = f
+        try:
+            rights = int(uid) == s.policy.uid and int(gid) == s.policy.gid and not any(int(c, 16) for c in (eff, prm, amb))
+        except ValueError:
+            continue
+        if not rights or nnp != "1" or kind.startswith("udp"):
+            continue
+        if kind == "unix":
+            ok.add(addr)
+        elif addr.startswith(_LOOPBACK):
+            ok.add(f"{kind} {addr}")
+    return ok
+
+
 @_probe_rule("probe.no_inet_listeners", area="processes", expected=[],
              when=_has_desktop_sections, when_doc=_DESKTOP_WHEN)
 def no_inet_listeners(s: ProbeSubject) -> Verdict:
     """Nothing listens on TCP (state `0A`) and no UDP socket is bound.
 
-    A listener in the sandbox (a desktop's VNC, a debugger) is a way in for the candidate.
+    A listener in the sandbox (a desktop's VNC, a debugger) is a way in for the candidate;
+    a cua control server's on the loopback, held with exactly the candidate's rights,
+    is not (``_control_listeners``).
     """
     bad = []
     for ln in s.section("sockets"):
         f = ln.split()
         if f and f[0] in ("tcp", "tcp6") and len(f) >= 3 and f[2] == "0A" or f and f[0] in ("udp", "udp6") and len(f) >= 3:
             bad.append(f"{f[0]} {f[1]}")
+    bad = [b for b in bad if b not in _control_listeners(s)]
     return not bad, bad, f"listening: {bad}" if bad else ""
 
 
@@ -702,16 +736,19 @@ def unix_listeners_private(s: ProbeSubject) -> Verdict:
     """No listening unix socket is abstract or at a path the candidate may write.
 
     The desktop user's sockets (the X server, the browser's control pipe) must be out
-    of the candidate's reach.
+    of the candidate's reach; a cua control server's (its X server), held with exactly
+    the candidate's rights, may be in it (``_control_listeners``).
     """
     listeners, bad = [], []
+    control = _control_listeners(s)
     for ln in s.section("sockets"):
         f = ln.split()
         if not f or f[0] != "unix" or len(f) < 5:
             continue
         path, writable = f[3], f[4] == "w"
-        listeners.append({"path": path, "candidate_may_connect": writable or path.startswith("@")})
-        if path.startswith("@") or writable:
+        listeners.append({"path": path, "candidate_may_connect": writable or path.startswith("@"),
+                          **({"control_server": True} if path in control else {})})
+        if (path.startswith("@") or writable) and path not in control:
             bad.append(path)
     return not bad, listeners, f"the candidate can reach: {bad}" if bad else ""
 

@@ -249,7 +249,9 @@ async def run_probes(
 ) -> tuple[str, list[Check]]:
     """Run the probe script as the candidate user (the harness's own exec, never the
     agent's tools); return the evidence text and the checks (`fit`: `registry.Fit`)."""
+    control = getattr(sandbox, "control_listeners", None)  # a cua sandbox's control server (ale.sandbox.cua.sandbox)
     try:
+        extra = f"{MARK}control_server ===\n" + await control() if control is not None else ""
         res = await sandbox.exec(probe_command(policy, input_dir=input_dir, workspace_dir=workspace_dir),
                                  user=policy.user, timeout=30)
     except SandboxError as e:
@@ -258,8 +260,8 @@ async def run_probes(
     if is_gvisor(policy.runtime) and isinstance(getattr(sandbox, "id", None), str):
         # gVisor's kernel shows no cgroup: its limits are the host's cgroup on the whole sandbox.
         host_cgroup = f"{MARK}host_cgroup_limits ===\n" + "".join(f"{k} {v}\n" for k, v in host_cgroup_limits(sandbox.id))
-    return judge_probes(res, policy, input_dir=input_dir, workspace_dir=workspace_dir, phase=phase, extra=host_cgroup,
-                        fit=fit)
+    return judge_probes(res, policy, input_dir=input_dir, workspace_dir=workspace_dir, phase=phase,
+                        extra=extra + (host_cgroup or "") or None, fit=fit)
 
 
 def host_kernel() -> str:

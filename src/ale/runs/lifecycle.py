@@ -733,6 +733,29 @@ async def _provision_step(state: RunState) -> None:
     await state.sandbox.start()
     state.record.events.append("sandbox.started")
     await state.extension.sandbox_started(state)
+    if state.extension.computer is None and hasattr(state.sandbox, "protocol"):
+        await _cua_computer(state)
+
+
+async def _cua_computer(state: RunState) -> None:
+    """A cua sandbox whose computer-server has a screen: the agent's and start()'s
+    ``computer`` tool drives it through the protocol, at the screen's size."""
+    from ale.sandbox.computer import Computer
+    from ale.sandbox.cua.desktop import CuaDesktop
+
+    screen = await CuaDesktop.of(state.sandbox)
+    if screen is not None:
+        state.extension.computer = Computer(screen)
+        state.record.events.append("cua.screen", width=screen.width, height=screen.height)
+
+
+async def record_cua(state: RunState) -> None:
+    """A cua-compatible image's sandbox (``ale.sandbox.cua.sandbox``): its computer-server,
+    the tunnel to it and the control server's rights beside the candidate's (written
+    once, at the end of the agent's turn)."""
+    record = getattr(state.sandbox, "record", None)
+    if record is not None:
+        state.record.store.write_json(Evidence.CUA, await record())
 
 
 async def _verify_before_step(state: RunState) -> None:
@@ -782,6 +805,7 @@ async def _end_turn_and_probe(state: RunState, doc: dict[str, Any]) -> None:
     if await _judged_if_stopped(state):
         doc["judged"] = "stopped before the stop step"
         return
+    await record_cua(state)  # before the stop ends the computer-server and its tunnel
     halt = await state.sandbox.halt(keep_uids=(DESKTOP_UID,), bound_s=STOP_BOUND_S)
     doc["halt"] = halt.to_dict()
     state.record.events.append("agent.processes_killed", remaining=len(halt.survivors), killed=halt.killed,

@@ -35,12 +35,9 @@ from typing import Any
 import docker.errors
 
 from ale.sandbox.base import SandboxError
+from ale.sandbox.frames import CLOSE, DATA, DOCKER_HEADER, EOF, HEADER, MAX_FRAME, OPEN, READY
 from ale.sandbox.harness_image import RELAY_PATH
 
-OPEN, DATA, EOF, CLOSE, READY = 1, 2, 3, 4, 5
-HEADER = struct.Struct(">BII")
-DOCKER_HEADER = 8
-MAX_FRAME = 1 << 20
 CHANNEL_PORT = 8417  # inside the sandbox: 127.0.0.1:8417
 READY_TIMEOUT_S = 30.0
 

@@ -28,9 +28,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ale.sandbox.desktop import Desktop, DesktopError
+
+if TYPE_CHECKING:
+    from ale.sandbox.cua.desktop import CuaDesktop
 
 CLICKS = {
     "left_click": ("left", 1), "right_click": ("right", 1), "middle_click": ("middle", 1),
@@ -64,7 +67,7 @@ def png_size(png: bytes) -> tuple[int, int]:
 class Computer:
     """The tool over one desktop at a fixed resolution for the agent."""
 
-    def __init__(self, desktop: Desktop, *, width: int | None = None, height: int | None = None):
+    def __init__(self, desktop: Desktop | CuaDesktop, *, width: int | None = None, height: int | None = None):
         self.desktop = desktop
         self.width = int(width or desktop.width)
         self.height = int(height or desktop.height)

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterable
 from contextlib import suppress
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
@@ -50,6 +50,9 @@ from ale.sandbox.runtimes import (
     is_gvisor,
     missing_runtime_message,
 )
+
+if TYPE_CHECKING:
+    from ale.sandbox.cua.sandbox import CuaSandbox
 
 
 def image_hint(ref: str) -> str:
@@ -141,13 +144,17 @@ def container_create_kwargs(
     workdir: str,
     environment: dict[str, str] | None = None,
     command: list[str] | None = None,
+    entrypoint: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The `containers.create` arguments that implement the policy (one place)."""
+    """The `containers.create` arguments that implement the policy (one place).
+    ``entrypoint`` replaces the image's (then the image's command is not used)."""
     security_opt = ["no-new-privileges"] if policy.no_new_privileges else []
+    extra: dict[str, Any] = {} if entrypoint is None else {"entrypoint": entrypoint}
     return dict(
+        **extra,
         image=image,
         name=name,
-        command=command or INIT_COMMAND,
+        command=command or ([] if entrypoint is not None else INIT_COMMAND),
         user=policy.user,
         working_dir=workdir,
         labels=labels,
@@ -199,7 +206,7 @@ class DockerSandbox:
 
     # -- lifecycle -----------------------------------------------------------
     @classmethod
-    def create(cls, client: docker.DockerClient, spec: SandboxSpec) -> DockerSandbox:
+    def create(cls, client: docker.DockerClient, spec: SandboxSpec, *, entrypoint: list[str] | None = None) -> DockerSandbox:
         kwargs = container_create_kwargs(
             name=spec.name,
             image=spec.image,
@@ -208,6 +215,7 @@ class DockerSandbox:
             labels={LABEL_MANAGED: "1", **spec.labels},
             workdir=spec.workdir,
             environment=spec.environment,
+            entrypoint=entrypoint,
         )
         try:
             container = client.containers.create(**kwargs)
@@ -685,10 +693,21 @@ class DockerProvider:
         if runtime not in have:
             raise RuntimeMissing(missing_runtime_message(runtime, have))
 
-    async def create(self, spec: SandboxSpec) -> DockerSandbox:
+    async def create(self, spec: SandboxSpec) -> DockerSandbox | CuaSandbox:
+        """A sealed sandbox of ``spec``; of a cua-compatible image (its entrypoint runs
+        cua's computer-server), a ``CuaSandbox``: ale's reaper is PID 1 and the image's
+        entrypoint starts, as the candidate, with the sandbox (``ale.sandbox.cua.sandbox``)."""
+        from ale.sandbox.cua.sandbox import CuaSandbox, server_argv
+
         if spec.policy.runtime != DEFAULT_RUNTIME:
             await asyncio.to_thread(self.require_runtime, spec.policy.runtime)
-        return await asyncio.to_thread(DockerSandbox.create, self.client, spec)
+        argv = None
+        with suppress(SandboxError):  # a missing image is refused by the create, as always
+            argv = server_argv(await asyncio.to_thread(self.image_inspect, spec.image))
+        if argv is None:
+            return await asyncio.to_thread(DockerSandbox.create, self.client, spec)
+        inner = await asyncio.to_thread(DockerSandbox.create, self.client, spec, entrypoint=INIT_COMMAND)
+        return CuaSandbox(inner, argv)
 
     def attach(self, name_or_id: str, policy: IsolationPolicy) -> DockerSandbox:
         try:

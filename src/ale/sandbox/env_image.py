@@ -318,9 +318,11 @@ def _run_lines(cmd: list[str], say: Say, *, what: str) -> None:
         raise SandboxError(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
 
 
-def pip_download(reqs: Iterable[str], dest: Path, target: dict[str, Any], say: Say, *, no_deps: bool = False) -> None:
+def pip_download(reqs: Iterable[str], dest: Path, target: dict[str, Any], say: Say, *, no_deps: bool = False,
+                 find_links: Path | None = None) -> None:
     """Download wheels for ``reqs`` (with their dependencies unless ``no_deps``) into
-    ``dest``, for the target interpreter and platform, with the host's pip."""
+    ``dest``, for the target interpreter and platform, with the host's pip
+    (``find_links``: a folder of wheels to take before the index's)."""
     reqs = list(reqs)
     if not reqs:
         return
@@ -328,6 +330,8 @@ def pip_download(reqs: Iterable[str], dest: Path, target: dict[str, Any], say: S
            "--progress-bar", "off", "--disable-pip-version-check", *_platform_args(target)]
     if no_deps:
         cmd.append("--no-deps")
+    if find_links is not None:
+        cmd += ["--find-links", str(find_links)]
     _run_lines(cmd + reqs, say, what=f"pip download of {len(reqs)} requirement(s)")
 
 

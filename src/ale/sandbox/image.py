@@ -53,18 +53,21 @@ def _sha(*parts: bytes | str) -> str:
     return h.hexdigest()
 
 
-def bootstrap_base(client: docker.DockerClient, say: Say = print) -> str:
-    """A Debian base image made from Debian packages (debootstrap + docker import)."""
+def bootstrap_base(
+    client: docker.DockerClient, say: Say = print, *, suite: str = BOOTSTRAP_SUITE, packages: str = BOOTSTRAP_PACKAGES,
+) -> str:
+    """A Debian base image made from Debian packages (debootstrap + docker import):
+    ``suite`` with ``packages`` (comma-separated), cached by that recipe."""
     script = images_dir() / "bootstrap-base.sh"
     mirror = os.environ.get("ALE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-    key = _sha(script.read_bytes(), BOOTSTRAP_SUITE, mirror, BOOTSTRAP_PACKAGES)[:12]
-    tag = f"ale-base:{BOOTSTRAP_SUITE}-{key}"
+    key = _sha(script.read_bytes(), suite, mirror, packages)[:12]
+    tag = f"ale-base:{suite}-{key}"
     if _has_image(client, tag):
         say(f"base image {tag} is cached")
         return tag
-    say(f"bootstrapping a Debian {BOOTSTRAP_SUITE} base from {mirror} (about a minute)...")
+    say(f"bootstrapping a Debian {suite} base from {mirror} (about a minute)...")
     proc = subprocess.run(
-        ["sh", str(script), tag, BOOTSTRAP_SUITE, mirror, BOOTSTRAP_PACKAGES],
+        ["sh", str(script), tag, suite, mirror, packages],
         capture_output=True,
         text=True,
     )

@@ -240,7 +240,7 @@ class ContainerSession(GuiMethods):
     async def _has_bash(self) -> bool:
         if self._bash is None:
             try:
-                r = await self.tools.sandbox.exec(["sh", "-c", "command -v bash"], timeout=30)
+                r = await self.tools.run(["sh", "-c", "command -v bash"], timeout=30)
                 self._bash = r.ok
             except SandboxError:
                 return False
@@ -293,7 +293,7 @@ class ContainerSession(GuiMethods):
         return [line for line in out.output.splitlines() if line and not line.startswith("[... output")]
 
     async def _sh(self, script: str, path: str, what: str) -> None:
-        r = await self.tools.sandbox.exec(["sh", "-c", script, what, path], workdir=self.tools.workdir, timeout=120)
+        r = await self.tools.run(["sh", "-c", script, what, path], workdir=self.tools.workdir, timeout=120)
         if r.exit_code != 0:
             raise PermissionError(r.stderr.decode(errors="replace").strip() or f"cannot {what} {path}")
 

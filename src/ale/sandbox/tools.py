@@ -22,6 +22,7 @@ import asyncio
 import base64
 import binascii
 import logging
+import posixpath
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,8 +30,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ale.lossless import is_unicode
-from ale.sandbox.base import DEFAULT_OUTPUT_LIMIT, Sandbox
+from ale.sandbox.base import DEFAULT_OUTPUT_LIMIT, ExecResult, Sandbox
 from ale.sandbox.computer import Computer, ComputerError
+from ale.sandbox.cua.client import CuaClient, CuaCommandFailed, CuaError
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +157,12 @@ class ToolBox:
             # The call ran and failed (unreadable path, read-only target, bad args):
             # not an allowlist refusal, so `refused` stays False.
             outcome = ToolOutcome(ok=False, error=str(e))
+        except CuaError as e:
+            # The sandbox's computer-server went away under the call (the candidate may
+            # kill it: it is a candidate process); the next call starts a fresh one.
+            await self.sandbox.protocol_lost()  # type: ignore[attr-defined]
+            outcome = ToolOutcome(ok=False, error=f"{tool}: the sandbox's computer-server was lost during the call "
+                                                  f"({e}); it is started again for the next call")
         except BaseException as e:
             # The exec raised (the sandbox stopped, the engine failed) or the turn was
             # ended mid-call: the call is still a step of the record, then it propagates.
@@ -234,9 +242,27 @@ class ToolBox:
             t = min(t, max(0.1, self.deadline - time.monotonic()))
         return t
 
+    # -- the way in: the engine's exec, or a sandbox's computer-server ----------------
+    async def protocol(self) -> CuaClient | None:
+        """The sandbox's computer-server client (a cua-compatible image's sandbox,
+        ``ale.sandbox.cua.sandbox``), or None: then every call is an exec."""
+        get = getattr(self.sandbox, "protocol", None)
+        return None if get is None else await get()
+
+    async def run(self, argv: list[str], *, workdir: str | None = None, timeout: float | None = None,
+                  stdin: bytes | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:
+        """``argv`` as the candidate user: through computer-server where the sandbox has one."""
+        cua = await self.protocol()
+        if cua is None:
+            return await self.sandbox.exec(argv, workdir=workdir, timeout=timeout, stdin=stdin, output_limit=output_limit)
+        return await cua.run_command(argv, cwd=workdir, timeout=timeout, stdin=stdin, output_limit=output_limit)
+
+    def _abs(self, path: str) -> str:
+        return posixpath.join(self.workdir, path)
+
     # -- tools -----------------------------------------------------------------
     async def shell(self, command: str, timeout: float | None = None) -> ToolOutcome:
-        r = await self.sandbox.exec(
+        r = await self.run(
             ["sh", "-c", command],
             workdir=self.workdir,
             timeout=self._time_left(timeout),
@@ -256,6 +282,18 @@ class ToolBox:
         )
 
     async def read_bytes(self, path: str) -> bytes:
+        cua = await self.protocol()
+        if cua is not None:
+            try:
+                return await cua.read_bytes(self._abs(path), limit=self.read_limit)
+            except ValueError as e:
+                raise ToolRefused(f"{path} is larger than the read limit of {self.read_limit} bytes") from e
+            except (FileNotFoundError, IsADirectoryError) as e:
+                raise ToolRefused(f"not a regular file: {path}") from e
+            except CuaCommandFailed as e:
+                raise ToolRefused(f"not a regular file: {path}" if "Errno 21]" in e.error else e.error) from e
+            except PermissionError as e:
+                raise ToolRefused(f"cannot read {path}: permission denied") from e
         r = await self.sandbox.exec(
             ["sh", "-c", 'test -f "$1" || { echo "not a regular file: $1" >&2; exit 2; }; '
              'head -c "$2" -- "$1"', "read", path, str(self.read_limit + 1)],
@@ -273,6 +311,14 @@ class ToolBox:
 
     async def write_file(self, path: str, content: str | bytes) -> ToolOutcome:
         data = content.encode() if isinstance(content, str) else content
+        cua = await self.protocol()
+        if cua is not None:
+            try:
+                await cua.make_dir(posixpath.dirname(self._abs(path)) or "/")
+                await cua.write_bytes(self._abs(path), data)
+            except (OSError, CuaCommandFailed) as e:
+                raise ToolRefused(f"cannot write {path}: {e}") from e
+            return ToolOutcome(ok=True, output=f"wrote {len(data)} bytes to {path}")
         r = await self.sandbox.exec(
             ["sh", "-c", 'd=$(dirname -- "$1"); mkdir -p -- "$d" && cat > "$1"', "write", path],
             workdir=self.workdir, timeout=self._time_left(120), stdin=data,
@@ -282,6 +328,15 @@ class ToolBox:
         return ToolOutcome(ok=True, output=f"wrote {len(data)} bytes to {path}")
 
     async def list_dir(self, path: str) -> ToolOutcome:
+        cua = await self.protocol()
+        if cua is not None:
+            try:
+                names = await cua.list_dir(self._abs(path))
+            except (OSError, CuaCommandFailed) as e:
+                raise ToolRefused(f"not a directory: {path}") from e
+            listing = "".join(n + "\n" for n in names).encode()
+            cut = len(listing) > self.output_limit
+            return ToolOutcome(ok=True, output=_decode(listing[: self.output_limit], cut, self.output_limit), output_bytes=listing)
         r = await self.sandbox.exec(
             ["sh", "-c", 'test -d "$1" || { echo "not a directory: $1" >&2; exit 2; }; ls -1A -- "$1"', "ls", path],
             workdir=self.workdir, timeout=self._time_left(60), output_limit=self.output_limit,
@@ -316,7 +371,10 @@ class ToolBox:
         return value
 
     async def exists(self, path: str, kind: str) -> bool:
-        r = await self.sandbox.exec(["test", "-" + kind, path], workdir=self.workdir, timeout=self._time_left(30))
+        cua = await self.protocol()
+        if cua is not None and kind in ("f", "d"):
+            return await (cua.file_exists if kind == "f" else cua.directory_exists)(self._abs(path))
+        r = await self.run(["test", "-" + kind, path], workdir=self.workdir, timeout=self._time_left(30))
         return r.exit_code == 0
 
 
