@@ -83,9 +83,9 @@ class GatewayLimits:
         if unknown:
             raise AgentConfigError(f"budgets: unknown keys {sorted(unknown)}; known: {', '.join((*BUDGET_KEYS, *RETRY_KEYS, 'max_body_bytes'))}")
         for k, v in b.items():
-            low = 0 if k in ("retries", "retry_budget_s") else 1e-9  # no retries at all: 0
-            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or v < low):
-                raise AgentConfigError(f"budgets: {k} must be a {'non-negative' if low == 0 else 'positive'} number, not {v!r}")
+            zero_ok = k in ("retries", "retry_budget_s")  # no retries at all: 0
+            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or v < 0 or (v == 0 and not zero_ok)):
+                raise AgentConfigError(f"budgets: {k} must be a {'non-negative' if zero_ok else 'positive'} number, not {v!r}")
         retry = {k: b[k] for k in RETRY_KEYS if k in b}
         return cls(model_calls_only=model_calls_only, models=models, local_only=model_calls_only,
                    max_body_bytes=b.get("max_body_bytes", max_body_bytes),
