@@ -9,6 +9,7 @@ Every container ale creates carries the label ``ale.managed=1`` plus the run id
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import struct
 import threading
@@ -289,6 +290,7 @@ class DockerSandbox:
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
         env: dict[str, str] | None = None,
         wrap_timeout: bool = True,
+        privileged: bool = False,
     ) -> ExecResult:
         """Run argv; on timeout its whole process tree is killed: coreutils `timeout`
         kills the process group, then every process that inherited this command's
@@ -314,6 +316,7 @@ class DockerSandbox:
                 user=user or self.policy.user,
                 workdir=workdir,
                 environment=env,
+                privileged=privileged,
             )
         except docker.errors.NotFound as e:
             raise SandboxGone(f"container {self.name} is gone") from e
@@ -473,7 +476,7 @@ class DockerSandbox:
         t0 = time.monotonic()
         try:
             if is_gvisor(self.policy.runtime):
-                raise HostUnreachable("gVisor's tasks are its sandbox kernel's, not the host's")
+                return await self._halt_in_sentry(keep_uids, bound_s, started, t0)
             state = (await asyncio.to_thread(self.inspect)).get("State") or {}
             if not state.get("Running"):
                 return StopOutcome("none", started, bound_s=bound_s, sandbox_stopped=True,
@@ -492,6 +495,35 @@ class DockerSandbox:
         out.duration_s = round(time.monotonic() - t0, 4)
         out.within_bound = out.duration_s <= bound_s
         return out
+
+    async def _halt_in_sentry(self, keep_uids: tuple[int, ...], bound_s: float, started: str, t0: float) -> StopOutcome:
+        """gVisor's tasks are its sandbox kernel's, not the host's: the host's freezer
+        cannot reach them, and its engine can pause (``runsc pause``) but not signal a
+        paused task. The kill is the engine's own exec, as uid 0 with CAP_KILL (a
+        privileged exec: the candidate has neither), so no candidate process can
+        signal, stop, trace or write into it. Past the bound, or when the exec cannot
+        start (the candidate holds every pid), the container is killed whole and the
+        turn is judged from its stopped state."""
+        def outcome(**kw: Any) -> StopOutcome:
+            dur = round(time.monotonic() - t0, 4)
+            return StopOutcome("engine-exec-root", started, duration_s=dur, bound_s=bound_s,
+                               within_bound=dur <= bound_s, **kw)
+
+        budget = max(bound_s - (time.monotonic() - t0) - 2.0, 1.0)
+        try:
+            r = await asyncio.wait_for(self.exec(
+                ["python3", "-c", _ROOT_KILL_SCRIPT, json.dumps(list(keep_uids)), f"{budget:.3f}"],
+                user="0", timeout=budget + 1.0, wrap_timeout=False, privileged=True), budget + 1.5)
+            doc = _json_object(r.stdout) if r.exit_code == 0 else None
+        except (TimeoutError, SandboxError) as e:
+            doc, r = None, ExecResult(-1, stderr=str(e).encode())
+        if doc is None:
+            await self.stop()
+            return outcome(sandbox_stopped=True, detail="the in-sentry kill did not report "
+                           f"(exit {r.exit_code}: {r.stderr[-300:].decode(errors='replace')}); the container was killed whole")
+        return outcome(killed=int(doc["killed"]), dying=int(doc["dying"]), kept=int(doc["kept"]),
+                       survivors=[str(x) for x in doc["survivors"]], frozen=False,
+                       detail="uid 0 with CAP_KILL in gVisor's sentry, through the engine's exec")
 
     async def kill_user_processes(self) -> int:
         """Kill every candidate process (all but PID 1) and report how many remain
@@ -542,6 +574,57 @@ _KILL_SCRIPT = (
     "case \"$st\" in Z*|X*) z=$((z+1)); continue;; esac; n=$((n+1)); done; "
     "i=$((i+1)); { [ $n = 0 ] && [ $z = 0 ]; } || [ $i -ge 50 ] && break; done; echo $n"
 )
+
+
+# The end of the turn inside gVisor's sentry, run as uid 0 with CAP_KILL by the engine's
+# exec: SIGKILL every task but init, itself and the kept uids', until none is left or
+# the budget ends; a task in D with SIGKILL pending counts dead. Prints one JSON line.
+_ROOT_KILL_SCRIPT = r"""
+import json, os, sys, time
+keep, budget = set(json.loads(sys.argv[1])), float(sys.argv[2])
+me, end = os.getpid(), time.monotonic() + budget
+killed, seen = 0, set()
+def tasks():
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) in (1, me):
+            continue
+        try:
+            f = dict(l.split(":", 1) for l in open(f"/proc/{p}/status") if ":" in l)
+            yield int(p), int(f["Uid"].split()[0]), f["State"].split()[0], f["Name"].strip(), int(f.get("SigPnd", "0"), 16) | int(f.get("ShdPnd", "0"), 16)
+        except (OSError, KeyError, ValueError, IndexError):
+            continue
+while True:
+    alive, dying, kept = [], 0, 0
+    for pid, uid, st, name, pend in tasks():
+        if st in ("Z", "X"):
+            continue
+        if uid in keep:
+            kept += 1
+            continue
+        if st == "D" and pend & (1 << 8) and pid in seen:
+            dying += 1
+            continue
+        try:
+            os.kill(pid, 9)
+            killed += pid not in seen
+            seen.add(pid)
+        except ProcessLookupError:
+            continue
+        alive.append(f"{pid}:{uid}:{st}:{name}")
+    if not alive or time.monotonic() > end:
+        break
+    time.sleep(0.01)
+print(json.dumps({"killed": killed, "dying": dying, "kept": kept, "survivors": alive}))
+"""
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    """The one JSON object ``raw`` holds (the harness's own script's report), or None."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) and {"killed", "dying", "kept", "survivors"} <= set(doc) else None
 
 
 class _StreamCollector:

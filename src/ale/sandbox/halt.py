@@ -37,8 +37,10 @@ _SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
 class StopOutcome:
     """What one host-side stop did.
 
-    - ``method``: how (``cgroup-v1-freezer``, ``cgroup-v2``, ``qmp``, or
-      ``exec`` where the host cannot reach the sandbox's tasks: the old in-sandbox kill);
+    - ``method``: how (``cgroup-v1-freezer``, ``cgroup-v2``, ``qmp``,
+      ``engine-exec-root`` under gVisor: the engine's exec as uid 0 with CAP_KILL in
+      its sentry, or ``exec`` where the host cannot reach the sandbox's tasks: the
+      old in-sandbox kill);
     - ``killed``: tasks sent SIGKILL; ``dying``: of those, tasks still in
       uninterruptible sleep with SIGKILL pending when the wait ended (counted dead);
     - ``survivors``: candidate tasks still alive after it (``pid:uid:state:name``);
