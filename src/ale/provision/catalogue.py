@@ -125,6 +125,9 @@ class Catalogue(BaseModel):
     base_python: str = "3.11"
     python_versions: list[str] = Field(default_factory=list)
     entries: list[Entry]
+    #: names a package index must not decide (normalized key → why): a Debian package or
+    #: PyPI project of that name is something else than what task cards mean by it
+    not_by_index: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("base_python")
     @classmethod
@@ -169,7 +172,8 @@ class Catalogue(BaseModel):
             for e in self.entries if normalize(e.name) not in claimed
         ]
         versions = sorted({*self.python_versions, *python_versions}, key=_version)
-        return Catalogue(base_python=self.base_python, python_versions=versions, entries=[*kept, *extra])
+        return Catalogue(base_python=self.base_python, python_versions=versions, entries=[*kept, *extra],
+                         not_by_index=self.not_by_index)
 
 
 _INDEXES: dict[int, dict[str, Entry]] = {}
@@ -244,6 +248,8 @@ class NameParts:
     candidates: tuple[str, ...]
     version: str | None = None
     at_least: bool = False
+    #: the candidate names as written (a package index is asked with these)
+    raw: tuple[str, ...] = ()
 
 
 def split_names(text: str) -> list[str]:
@@ -284,7 +290,8 @@ def parse_name(text: str) -> NameParts:
         k = normalize(c)
         if k and k not in keys:
             keys.append(k)
-    return NameParts(text=text, candidates=tuple(keys), version=version, at_least=at_least)
+    raw = tuple(dict.fromkeys(c for c in candidates if c != text or "(" not in text))
+    return NameParts(text=text, candidates=tuple(keys), version=version, at_least=at_least, raw=raw)
 
 
 def version_satisfies(provided: str, asked: str, at_least: bool) -> bool:

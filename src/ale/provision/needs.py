@@ -26,10 +26,19 @@ from ale.provision.catalogue import (
     Catalogue,
     Entry,
     MissingKind,
+    NameParts,
     load_catalogue,
     parse_name,
     split_names,
     version_satisfies,
+)
+from ale.provision.indexes import (
+    DEBIAN_INDEX,
+    Found,
+    PackageIndexes,
+    debian_name,
+    default_indexes,
+    pypi_name,
 )
 from ale.provision.sources import (
     EnvironmentBlock,
@@ -79,6 +88,9 @@ class Need(BaseModel):
     entry: str | None = None  # the catalogue entry it matched
     declared_as: str | None = None  # the whole item when a name was split ("Amber 22 / SLURM")
     note: str | None = None
+    #: how the name was resolved when not by a catalogue entry: ``debian-index`` or
+    #: ``pypi-index`` (a package of that very name, found by asking the index)
+    source: str | None = None
 
 
 class Missing(BaseModel):
@@ -118,16 +130,21 @@ def software_summary(p: Provisioning) -> dict[str, Any]:
     """``ale task list --json``'s ``software`` field: the declared names, those
     provisioned, and every missing name with why (``[]`` when all are provided)."""
     unmet = {m.declared_as or m.name for m in p.missing}
-    return {
+    out: dict[str, Any] = {
         "declared": list(p.declared),
         "provisioned": [d for d in p.declared if d not in unmet],
         "missing": [{"name": m.name, "why": m.why} for m in p.missing],
     }
+    by_index = [{"name": n.name, "source": n.source, "provided_by": n.note} for n in p.needs if n.source]
+    if by_index:  # names no catalogue entry claims, matched by their spelling in an index
+        out["by_index"] = by_index
+    return out
 
 
 class _Merge:
-    def __init__(self, catalogue: Catalogue) -> None:
+    def __init__(self, catalogue: Catalogue, indexes: PackageIndexes | None = None) -> None:
         self.cat = catalogue
+        self.indexes = indexes
         self.debian: set[str] = set()
         self.python: set[str] = set()
         self.store: set[str] = set()
@@ -142,12 +159,12 @@ class _Merge:
         self.missing.append(Missing(name=name, origin=origin, why=why, kind=kind, declared_as=declared_as))
 
     def provide(self, name: str, origin: str, by: ProvidedBy, check: str | None, entry: str | None = None,
-                declared_as: str | None = None, note: str | None = None) -> None:
+                declared_as: str | None = None, note: str | None = None, source: str | None = None) -> None:
         self.debian.update(by.debian)
         self.python.update(by.python)
         self.store.update(by.store_only)
         self.needs.append(Need(name=name, origin=origin, provided_by=by, check=check, entry=entry,
-                               declared_as=declared_as, note=note))
+                               declared_as=declared_as, note=note, source=source))
 
     # -- free-form names ---------------------------------------------------------------
     def item(self, item: Any, origin: str) -> None:
@@ -168,7 +185,7 @@ class _Merge:
         index = self.cat.index()
         entry = next((index[k] for k in parts.candidates if k in index), None)
         if entry is None:
-            self.miss(text, origin, "unknown", "not in the catalogue (an overlay's mappings can name its packages)", declared_as)
+            self.by_index(text, origin, parts, declared_as)
             return
         if entry.unavailable is not None:
             self.miss(text, origin, entry.unavailable.kind, entry.unavailable.why, declared_as)
@@ -194,6 +211,54 @@ class _Merge:
             else:
                 note = "; ".join(x for x in (note, f"version {parts.version} is not checked") if x)
         self.provide(text, origin, by, entry.check, entry.name, declared_as, note)
+
+    def by_index(self, text: str, origin: str, parts: NameParts, declared_as: str | None) -> None:
+        """A name no catalogue entry claims: a Debian package of that very name, else a
+        PyPI project with a wheel for the image's interpreter (``indexes``), unless the
+        catalogue says an index must not decide it."""
+        refused = next((self.cat.not_by_index[k] for k in parts.candidates if k in self.cat.not_by_index), None)
+        if refused is not None:
+            self.miss(text, origin, "unknown", f"not in the catalogue, and not matched by name in a package index: {refused}",
+                      declared_as)
+            return
+        found = self._ask_indexes(parts)
+        if found is None:
+            asked = "" if self.indexes is None else (
+                f"; {self.indexes.unavailable}" if self.indexes.unavailable
+                else "; no Debian package of that name, no PyPI wheel for Python " + self.cat.base_python)
+            self.miss(text, origin, "unknown", "not in the catalogue (an overlay's mappings can name its packages)" + asked,
+                      declared_as)
+            return
+        note = f"matched by name in {'Debian' if found.source == DEBIAN_INDEX else 'PyPI'}'s index: {found.package} {found.version}"
+        if found.source == DEBIAN_INDEX:
+            if parts.version is not None and not _debian_version_meets(found.version, parts.version, parts.at_least):
+                self.miss(text, origin, "version", f"{note}; {parts.version}{'+' if parts.at_least else ''} was asked for",
+                          declared_as)
+                return
+            self.provide(text, origin, ProvidedBy(debian=[found.package]), f"dpkg -s {found.package} >/dev/null",
+                         None, declared_as, note, source=found.source)
+            return
+        req = found.package
+        if parts.version is not None:
+            op = ">=" if parts.at_least else "=="
+            req += op + parts.version + (".*" if op == "==" and len(parts.version.split(".")) < 3 else "")
+        self.provide(text, origin, ProvidedBy(python=[req]),
+                     f"python3 -c 'import importlib.metadata as m; m.version(\"{found.package}\")'",
+                     None, declared_as, note, source=found.source)
+
+    def _ask_indexes(self, parts: NameParts) -> Found | None:
+        if self.indexes is None:
+            return None
+        names = [n for n in parts.raw if n]
+        for n in names:
+            deb = debian_name(n)
+            if deb and (found := self.indexes.debian(deb)) is not None:
+                return found
+        for n in names:
+            pkg = pypi_name(n)
+            if pkg and (found := self.indexes.pypi_wheel(pkg, self.cat.base_python)) is not None:
+                return found
+        return None
 
     def interpreter(self, text: str, origin: str, entry: Entry, version: str | None, at_least: bool,
                     declared_as: str | None) -> None:
@@ -378,6 +443,7 @@ def resolve_needs(
     overlay: Overlay | None = None,
     catalogue: Catalogue | None = None,
     card: TaskCard | None = None,
+    indexes: PackageIndexes | None | bool = True,
 ) -> Provisioning:
     """Every need of the task at ``task_dir`` (for the variant whose staged or local
     input folder is ``input_dir``, if given), merged, each with its origin.
@@ -392,7 +458,7 @@ def resolve_needs(
     cat = catalogue or load_catalogue()
     if overlay is not None:
         cat = cat.with_entries(overlay.entries(), overlay.python_versions)
-    m = _Merge(cat)
+    m = _Merge(cat, default_indexes() if indexes is True else (indexes or None))
     env = parse_environment_block(card.raw, card_path)
     _card_software(m, card.raw)
     if env is not None:
@@ -420,6 +486,12 @@ def _with_image(m: _Merge, task_dir: Path, image: str) -> Provisioning:
                           note=f"taken as provided by the image {image} (not checked)"))
     return Provisioning(task=str(task_dir), spec=SoftwareSpec(), image=image, needs=needs, missing=[],
                         declared=_unique(m.declared), notes=[*m.notes, f"the environment is the ready image {image}"])
+
+
+def _debian_version_meets(debian_version: str, asked: str, at_least: bool) -> bool:
+    """A Debian version (``1:6.0.11+dfsg-1``) meets ``asked`` by its upstream release."""
+    m = re.match(r"(?:\d+:)?(\d+(?:\.\d+)*)", debian_version)
+    return m is not None and version_satisfies(m.group(1), asked, at_least)
 
 
 def _unique(items: list[str]) -> list[str]:
