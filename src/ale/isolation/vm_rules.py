@@ -611,7 +611,7 @@ def _shares(s: VmSubject) -> dict[str, dict[str, Any]]:
 def shares_exact(s: VmSubject) -> Verdict:
     """The 9p shares (each virtio-9p device's mount tag in QOM, and its fsdev's host path)
     are exactly the planned ones, no fsdev is unused, and the directories QEMU holds open
-    (`/proc/PID/fd`) are exactly the planned share folders.
+    (`/proc/PID/fd`) are the planned share folders, each of them, and folders inside them.
 
     Like the container's exactly-two-mounts: the input and the workspace, nothing else of
     the host's filesystem.
@@ -622,13 +622,16 @@ def shares_exact(s: VmSubject) -> Verdict:
     used = {str(v.get("fsdev")) for v in shares.values()}
     unused = sorted(set(cmdline_fsdevs(s.get("cmdline"))) - used)
     dirs = sorted({str(f["path"]) for f in s.get("fds") if f.get("kind") == "dir"})
+    roots = set(want.values())
+    # 9p opens what the guest walks into: folders inside a share are the share's
+    stray = [d for d in dirs if not any(d == r or d.startswith(r.rstrip("/") + "/") for r in roots)]
     problems = []
     if got != want:
         problems.append(f"shares {got}, planned {want}")
     if unused:
         problems.append(f"fsdevs without a device: {unused}")
-    if dirs != sorted(set(want.values())):
-        problems.append(f"QEMU holds open the folders {dirs}")
+    if stray or not roots <= set(dirs):
+        problems.append(f"QEMU holds open the folders {dirs}, planned {sorted(roots)} (and what is inside them)")
     return not problems, {"shares": got, "open_dirs": dirs}, "; ".join(problems)
 
 
