@@ -316,6 +316,23 @@ def test_a_failed_query_is_unknown() -> None:
     assert "nope" in checks["vm.devices.no_usb"].detail
 
 
+def test_the_accelerator_is_read_from_qemu_and_its_argv() -> None:
+    cap, exp = good()
+
+    def accel(argv_tail: list[str], kvm: bool = False) -> Any:
+        c = copy.deepcopy(cap)
+        c["cmdline"] = [a for a in c["cmdline"] if a not in ("-accel", "tcg")] + argv_tail
+        c["kvm"]["enabled"] = kvm
+        return next(x for x in judge_vm_state(c, replace(exp, accel=None), "before") if x.id == "vm.accel.recorded")
+
+    assert accel([]).observed["accel"] == "tcg"
+    assert accel(["-accel", "kvm", "-accel", "tcg"]).observed["accel"] == "tcg"
+    assert accel(["-machine", "q35,accel=kvm:tcg"]).ok is True
+    assert accel(["-accel", "kvm"], kvm=True).observed["accel"] == "kvm"
+    assert accel(["-accel", "kvm"]).ok is False
+    assert accel(["-enable-kvm"]).ok is False
+
+
 def test_limits_at_least() -> None:
     cap, exp = good()
     smaller = {c.id: c for c in judge_vm_state(cap, replace(exp, memory_mib=512, vcpus=4), "before", fit="at_least")}
@@ -373,6 +390,17 @@ def test_parsers() -> None:
     fs = cmdline_fsdevs(["qemu", "-virtfs", "local,path=/p,mount_tag=t,security_model=none,readonly=on", "-S"])
     assert fs == {"t": {"driver": "local", "path": "/p", "readonly": True, "security_model": "none",
                         "option": "virtfs", "mount_tag": "t"}}
+
+
+def test_the_guest_runs_the_containers_probe_script() -> None:
+    from ale.isolation.probes import PROBE_SCRIPT
+    from ale.isolation.vm_rules import vm_probe_argv
+
+    _, exp = good()
+    argv = vm_probe_argv(exp)
+    assert argv[2] == PROBE_SCRIPT and argv[4:6] == [IN, WS]
+    with pytest.raises(ValueError):
+        vm_probe_argv(replace(exp, guest_input_dir=None))
 
 
 def test_expectation_round_trip() -> None:

@@ -217,6 +217,32 @@ def test_a_good_vm_with_restricted_user_net_passes(rig: Rig) -> None:
     assert "vm.network.none" not in {c.id for c in checks}
 
 
+def test_a_good_vm_with_named_block_nodes_and_a_monitor_chardev_passes(rig: Rig) -> None:
+    """The other way to say the same VM: -blockdev nodes (the base's read-only), QMP on a
+    named chardev (-mon)."""
+    def change(args: list[str], exp: VmExpectation) -> tuple[list[str], VmExpectation]:
+        i = args.index("-drive")
+        overlay = exp.overlay_path
+        blockdevs = [
+            "-blockdev", f"driver=file,filename={rig.base},node-name=base-file,read-only=on",
+            "-blockdev", "driver=qcow2,file=base-file,node-name=base,read-only=on",
+            "-blockdev", f"driver=file,filename={overlay},node-name=overlay-file",
+            "-blockdev", "driver=qcow2,file=overlay-file,backing=base,node-name=overlay",
+            "-device", "virtio-blk-pci,drive=overlay,id=disk0",
+        ]
+        args = args[:i] + blockdevs + args[i + 2:]
+        q = args.index("-qmp")
+        qmp = args[q + 1].split(":", 1)[1].split(",", 1)[0]
+        args = args[:q] + ["-chardev", f"socket,id=mon0,path={qmp},server=on,wait=off",
+                           "-mon", "chardev=mon0,mode=control"] + args[q + 2:]
+        return args, exp
+
+    vm = rig.launch("blockdev", change)
+    rig.stop(vm)
+    checks = judge_vm_state(vm.capture, vm.expectation, "before")
+    assert failing(checks) == set(), failures(checks)
+
+
 def test_a_device_added_over_the_monitor_changes_the_capture(rig: Rig) -> None:
     vm = rig.launch("hotplug")
     with QmpClient(vm.qmp_path).connect() as q:

@@ -401,19 +401,22 @@ def _accel_observed(s: VmSubject) -> tuple[str | None, str]:
     kvm = s.get("kvm")
     if isinstance(s.capture.get("accel"), str):
         return s.capture["accel"], "qom /machine accel"
-    named = None
+    named: list[str] = []  # in the order QEMU tries them (`-accel kvm -accel tcg`: kvm, else tcg)
     for name, val in cmdline_options(s.get("cmdline")):
         if name == "accel" and val:
-            named = named or _opt(parse_opts(val, "accel"), "accel")
+            named.append(str(_opt(parse_opts(val, "accel"), "accel")))
         elif name == "machine" and val:
-            named = named or (_opt(parse_opts(val, "type"), "accel") or "").split(":")[0] or None
+            named += [a for a in (_opt(parse_opts(val, "type"), "accel") or "").split(":") if a]
         elif name == "enable-kvm":
-            named = named or "kvm"
+            named.append("kvm")
     if bool(kvm["enabled"]):
         return "kvm", "query-kvm enabled"
-    if named == "kvm":
-        return None, "the command line asks for kvm, yet query-kvm says it is not enabled"
-    return named or "tcg", "query-kvm not enabled" + (f"; command line: {named}" if named else "; tcg by default")
+    others = [a for a in named if a != "kvm"]
+    if named and not others:
+        return None, "the command line asks for kvm alone, yet query-kvm says it is not enabled"
+    if others:
+        return others[0], f"query-kvm not enabled; the command line's accelerators {named}"
+    return "tcg", "query-kvm not enabled; no accelerator named: tcg by default"
 
 
 @_vm_rule("vm.accel.recorded", area="qemu", expected=lambda s: s.expectation.accel or "kvm or tcg, recorded",
@@ -952,6 +955,19 @@ def judge_vm_probes(raw: str | dict[str, list[str]] | None, expectation: VmExpec
         raise ValueError("judging the guest's probes needs the guest's input folder")
     return judge_subject(VM_PROBES, VmProbeSubject(as_moment(moment), sections, expectation, in_dir,
                                                   expectation.guest_workspace_dir or ""))
+
+
+def vm_probe_argv(expectation: VmExpectation) -> list[str]:
+    """The guest probe's argv (the container's probe script, `probes.PROBE_SCRIPT`, with the
+    guest's input and workspace folders and /tmp): run it in the guest as the candidate,
+    through the harness's own control channel, and store its output (stdout, then the
+    ``stderr`` and ``exit`` sections `probes.judge_probes` appends) as
+    `evidence/vm-probes-<moment>.txt`."""
+    from ale.isolation.probes import probe_argv
+
+    if not expectation.guest_input_dir or not expectation.guest_workspace_dir:
+        raise ValueError("the guest's probes need guest_input_dir and guest_workspace_dir")
+    return probe_argv(expectation.guest_input_dir, expectation.guest_workspace_dir)
 
 
 def vm_check_ids() -> set[str]:
