@@ -393,8 +393,7 @@ def test_parsers() -> None:
 
 
 def test_the_guest_runs_the_containers_probe_script() -> None:
-    from ale.isolation.probes import PROBE_SCRIPT
-    from ale.isolation.vm_rules import vm_probe_argv
+    from ale.isolation.probes import PROBE_SCRIPT, vm_probe_argv
 
     _, exp = good()
     argv = vm_probe_argv(exp)

@@ -957,19 +957,6 @@ def judge_vm_probes(raw: str | dict[str, list[str]] | None, expectation: VmExpec
                                                   expectation.guest_workspace_dir or ""))
 
 
-def vm_probe_argv(expectation: VmExpectation) -> list[str]:
-    """The guest probe's argv (the container's probe script, `probes.PROBE_SCRIPT`, with the
-    guest's input and workspace folders and /tmp): run it in the guest as the candidate,
-    through the harness's own control channel, and store its output (stdout, then the
-    ``stderr`` and ``exit`` sections `probes.judge_probes` appends) as
-    `evidence/vm-probes-<moment>.txt`."""
-    from ale.isolation.probes import probe_argv
-
-    if not expectation.guest_input_dir or not expectation.guest_workspace_dir:
-        raise ValueError("the guest's probes need guest_input_dir and guest_workspace_dir")
-    return probe_argv(expectation.guest_input_dir, expectation.guest_workspace_dir)
-
-
 def vm_check_ids() -> set[str]:
     """Every check id a VM rule can produce."""
     return {cid for r in all_vm_rules() for cid in r.ids()}
