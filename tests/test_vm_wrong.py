@@ -12,6 +12,7 @@ guest running behind them, and the one listener a guestfwd needs is on loopback.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import socket
 import subprocess
@@ -344,3 +345,38 @@ def test_an_overlay_on_another_base_is_rejected_by_its_chain(rig: Rig) -> None:
     vm = rig.launch("other-chain", change)
     assert failing(judge_vm_state(vm.capture, vm.expectation, "before")) == {
         "vm.disk.overlay_top", "vm.disk.base_read_only"}
+
+
+# -- ale verify-vm: the same judge on a VM someone else started ----------------------------------------
+def test_verify_vm_command(rig: Rig, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ale.cli import app
+
+    vm = rig.launch("cli")
+    exp_file = tmp_path / "vm-expectation.json"
+    exp_file.write_text(json.dumps(replace(vm.expectation, memory_mib=2 * MEMORY_MIB).to_dict()))
+    saved = tmp_path / "capture.json"
+    res = CliRunner().invoke(app, ["verify-vm", "--qmp", vm.qmp_path, "--expectation", str(exp_file),
+                                   "--save-capture", str(saved)])
+    assert res.exit_code == 0, res.output
+    assert "SEALED" in res.output and "stricter than planned: vm.limits.memory" in res.output
+    assert json.loads(saved.read_text())["qmp_peer"]["pid"] == vm.proc.pid
+    exp_file.write_text(json.dumps(replace(vm.expectation, vcpus=0, memory_mib=MEMORY_MIB).to_dict()))
+    res = CliRunner().invoke(app, ["verify-vm", "--qmp", vm.qmp_path, "--expectation", str(exp_file), "--json"])
+    assert res.exit_code == 1 and json.loads(res.output)["violations"][0].startswith("[vm] vm.limits.vcpus")
+    res = CliRunner().invoke(app, ["verify-vm", "--qmp", str(tmp_path / "no.sock"), "--expectation", str(exp_file)])
+    assert res.exit_code == 2
+    rig.stop(vm)
+
+
+def test_the_capture_is_of_the_process_answering_qmp(rig: Rig) -> None:
+    """A pid that is not QEMU's (the harness's own, say) is caught by the socket's peer."""
+    import os
+
+    vm = rig.launch("peer")
+    with QmpClient(vm.qmp_path).connect() as q:
+        assert q.peer()["pid"] == vm.proc.pid
+        wrong = capture_vm(q, os.getpid(), base_sha256=rig.base_sha)
+    rig.stop(vm)
+    assert "vm.capture.complete" in failing(judge_vm_state(wrong, vm.expectation, "before"))

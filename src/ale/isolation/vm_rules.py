@@ -379,7 +379,8 @@ def _is_document(s: VmSubject) -> bool:
 def capture_complete(s: VmSubject) -> Verdict:
     """The capture is a JSON object in which every query QEMU was asked was answered: its
     version, status, block layer, devices, chardevs, networks, shares, memory, vCPUs, its
-    argv and open files (observed: the queries that failed).
+    argv and open files (observed: the queries that failed); and the process answering QMP
+    (the socket's peer, from the kernel) is the one whose argv and open files were read.
 
     A query QEMU refused is a part of the VM nobody looked at; the rules reading it are
     unknown too, and unknown is invalid.
@@ -389,12 +390,15 @@ def capture_complete(s: VmSubject) -> Verdict:
     errors = s.capture.get("errors")
     if not isinstance(errors, dict):
         raise Missing("errors")
-    need = ("version", "status", "kvm", "block_nodes", "block_graph", "block_devices", "pci", "chardevs",
-            "info_network", "info_usernet", "p9", "memory", "cpus", "cmdline", "fds")
+    need = ("qmp_peer", "version", "status", "kvm", "block_nodes", "block_graph", "block_devices", "pci",
+            "chardevs", "info_network", "info_usernet", "p9", "memory", "cpus", "cmdline", "fds")
     absent = [k for k in need if k not in s.capture]
     if errors or absent:
         return None, {"errors": errors, "absent": absent}, f"unanswered: {sorted(set(absent) | set(errors))}"
-    return True, {"errors": {}}, ""
+    peer, pid = s.capture["qmp_peer"].get("pid"), s.capture.get("pid")
+    if peer != pid:
+        return False, {"pid": pid, "qmp_peer": peer}, f"QMP is answered by pid {peer}, the argv and files read are pid {pid}'s"
+    return True, {"errors": {}, "pid": pid}, ""
 
 
 def _accel_observed(s: VmSubject) -> tuple[str | None, str]:

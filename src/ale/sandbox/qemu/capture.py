@@ -11,6 +11,8 @@ under ``errors`` (its key absent), and the rules that read it are then *unknown*
 
 What it reads:
 
+- ``qmp_peer``: the pid, uid and gid of the process at the other end of the QMP socket
+  (SO_PEERCRED), which must be ``pid``: the /proc readings are of the process that answers;
 - ``version``, ``status``, ``kvm`` (`query-version`, `query-status`, `query-kvm`) and
   ``accel`` (`qom-get /machine accel` where the machine has that property; else the
   rules read the accelerator from the command line and `query-kvm`);
@@ -138,6 +140,7 @@ def capture_vm(qmp: QmpClient, pid: int, *, base_sha256: str | None) -> dict[str
         except (SandboxError, OSError, KeyError, TypeError, ValueError) as e:
             errors[key] = f"{type(e).__name__}: {e}"
 
+    read("qmp_peer", qmp.peer)  # the process that answers QMP is the one whose /proc is read
     read("version", lambda: qmp.execute("query-version"))
     read("status", lambda: qmp.execute("query-status"))
     read("kvm", lambda: qmp.execute("query-kvm"))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import time
 from types import TracebackType
 from typing import Any
@@ -99,6 +100,18 @@ class QmpClient:
 
     def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+    def peer(self) -> dict[str, int]:
+        """Who is at the other end of the socket, from the kernel (SO_PEERCRED): the QEMU
+        process's pid, uid and gid, whatever pid the caller believes it started."""
+        if self._sock is None:
+            raise SandboxError("QMP: not connected")
+        try:
+            raw = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        except OSError as e:
+            raise SandboxError(f"QMP: cannot read the peer's credentials: {e}") from e
+        pid, uid, gid = struct.unpack("3i", raw)
+        return {"pid": pid, "uid": uid, "gid": gid}
 
     # -- commands -----------------------------------------------------------------
     def execute(self, command: str, arguments: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
