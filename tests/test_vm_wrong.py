@@ -244,6 +244,22 @@ def test_a_good_vm_with_named_block_nodes_and_a_monitor_chardev_passes(rig: Rig)
     assert failing(checks) == set(), failures(checks)
 
 
+def test_a_vm_that_ran_between_the_captures_is_unchanged(rig: Rig) -> None:
+    """The firmware runs (no kernel: it programs the PCI devices, finds no boot disk):
+    what it changes is not the seal."""
+    import time
+
+    vm = rig.launch("ran")
+    with QmpClient(vm.qmp_path).connect() as q:
+        q.execute("cont")
+        time.sleep(1.5)
+        after = capture_vm(q, vm.proc.pid, base_sha256=rig.base_sha)
+    rig.stop(vm)
+    assert after["status"]["running"] is True
+    assert failing(judge_vm_captures(vm.capture, after, vm.expectation)) == set()
+    assert failing(judge_vm_state(after, vm.expectation, "after")) == set()
+
+
 def test_a_device_added_over_the_monitor_changes_the_capture(rig: Rig) -> None:
     vm = rig.launch("hotplug")
     with QmpClient(vm.qmp_path).connect() as q:

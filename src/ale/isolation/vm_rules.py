@@ -721,20 +721,24 @@ def limits_vcpus(s: VmSubject) -> Verdict:
 
 # -- the two captures --------------------------------------------------------------------------
 def sealed_view(capture: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a capture that must not change while the agent runs (what QEMU does
-    change by itself is left out: times, statistics, connection states, which chardev has
-    a client)."""
+    """The parts of a capture that must not change while the agent runs (what QEMU or the
+    guest changes by itself is left out: times, statistics, file sizes, connection states,
+    which chardev has a client, the PCI addresses and IRQs the firmware assigns, the files
+    9p opens as the guest walks its shares)."""
     usernet = capture.get("info_usernet")
+    pci = capture.get("pci")
     return {
         "pid": capture.get("pid"),
         "version": capture.get("version"),
         "cmdline": capture.get("cmdline"),
         "kvm": capture.get("kvm"),
         "accel": capture.get("accel"),
-        "block_nodes": sorted(capture.get("block_nodes") or [], key=lambda n: str(n.get("node-name"))),
+        "block_nodes": sorted(({k: n.get(k) for k in ("node-name", "drv", "ro", "file", "backing_file")}
+                               for n in capture.get("block_nodes") or []), key=lambda n: str(n.get("node-name"))),
         "block_graph": capture.get("block_graph"),
         "block_devices": capture.get("block_devices"),
-        "pci": capture.get("pci"),
+        # the devices, not their BARs and IRQs (which the guest's firmware assigns)
+        "pci": _pci_devices(pci) if isinstance(pci, list) else pci,
         "chardevs": sorted((str(c.get("label")), chardev_target(c.get("filename", ""))) for c in capture.get("chardevs") or []),
         "info_network": capture.get("info_network"),
         "forwards": usernet_forwards(usernet) if isinstance(usernet, str) else usernet,

@@ -55,7 +55,7 @@ def _reduce_node(n: dict[str, Any]) -> dict[str, Any]:
     image = n.get("image")
     if isinstance(image, dict):
         out["image"] = {k: image[k] for k in ("filename", "format", "backing-filename", "full-backing-filename",
-                                             "backing-filename-format", "virtual-size") if k in image}
+                                             "backing-filename-format") if k in image}
     return out
 
 
