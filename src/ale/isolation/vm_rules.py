@@ -307,6 +307,12 @@ def chardev_target(filename: str) -> tuple[str, str]:
     return kind, rest
 
 
+def _norm(path: str) -> str:
+    """A host path as compared: normalised (``a//b/../c``), never resolved (the verifying
+    machine's filesystem is not the run's). Plan with realpaths; /proc reports realpaths."""
+    return os.path.normpath(path)
+
+
 class BlockView:
     """The block layer as QMP reports it: nodes by name, each node's children by role."""
 
@@ -326,7 +332,7 @@ class BlockView:
         if n is None:
             return None
         if n.get("drv") in _PROTOCOL_DRIVERS:
-            return str(n.get("file"))
+            return _norm(str(n.get("file")))
         child = self.children.get(node, {}).get("file")
         return self.host_file(child) if child else None
 
@@ -545,7 +551,7 @@ def disk_overlay_top(s: VmSubject) -> Verdict:
     b = _block(s)
     disks = b.disks()
     chains = [[b.host_file(n) for n in b.chain(d["node"])] for d in disks]
-    want = [s.expectation.overlay_path, s.expectation.base_path]
+    want = [_norm(s.expectation.overlay_path), _norm(s.expectation.base_path)]
     ok = len(chains) == 1 and chains[0] == want
     return ok, chains, "" if ok else f"disks and their chains {chains}, planned one: {want}"
 
@@ -559,9 +565,9 @@ def disk_base_read_only(s: VmSubject) -> Verdict:
     the next run. The kernel's open flags prove QEMU itself cannot write it.
     """
     b = _block(s)
-    base = s.expectation.base_path
+    base = _norm(s.expectation.base_path)
     nodes = {name: bool(n.get("ro")) for name, n in b.nodes.items() if b.host_file(name) == base}
-    fds = {str(f["fd"]): f.get("flags") for f in s.get("fds") if f.get("path") == base}
+    fds = {str(f["fd"]): f.get("flags") for f in s.get("fds") if _norm(str(f.get("path"))) == base}
     writable_fds = [fd for fd, flags in fds.items() if flags is None or int(str(flags), 8) & 0o3 != os.O_RDONLY]
     problems = []
     if not nodes:
@@ -584,7 +590,7 @@ def disk_only_overlay_writable(s: VmSubject) -> Verdict:
     """
     b = _block(s)
     writable = {name: b.host_file(name) for name, n in b.nodes.items() if not n.get("ro")}
-    bad = {n: f for n, f in writable.items() if f != s.expectation.overlay_path}
+    bad = {n: f for n, f in writable.items() if f != _norm(s.expectation.overlay_path)}
     return not bad, sorted({str(f) for f in writable.values()}), f"writable block nodes on {bad}" if bad else ""
 
 
@@ -624,11 +630,11 @@ def shares_exact(s: VmSubject) -> Verdict:
     the host's filesystem.
     """
     shares = _shares(s)
-    got = {t: v.get("path") for t, v in shares.items()}
-    want = {t: p for t, (p, _) in s.expectation.shares.items()}
+    got = {t: _norm(v["path"]) if v.get("path") else None for t, v in shares.items()}
+    want = {t: _norm(p) for t, (p, _) in s.expectation.shares.items()}
     used = {str(v.get("fsdev")) for v in shares.values()}
     unused = sorted(set(cmdline_fsdevs(s.get("cmdline"))) - used)
-    dirs = sorted({str(f["path"]) for f in s.get("fds") if f.get("kind") == "dir"})
+    dirs = sorted({_norm(str(f["path"])) for f in s.get("fds") if f.get("kind") == "dir"})
     roots = set(want.values())
     # 9p opens what the guest walks into: folders inside a share are the share's
     stray = [d for d in dirs if not any(d == r or d.startswith(r.rstrip("/") + "/") for r in roots)]
