@@ -263,7 +263,23 @@ def _kvm_claimed(c: dict[str, Any]) -> None:
     c["cmdline"] = [("kvm" if a == "tcg" else a) for a in c["cmdline"]]
 
 
+def _tftp(c: dict[str, Any]) -> None:
+    c["cmdline"] = [a + ",tftp=/etc" if a.startswith("user,") else a for a in c["cmdline"]]
+
+
+def _vsock(c: dict[str, Any]) -> None:
+    c["pci"][0]["devices"].append({"slot": 10, "function": 0, "class_info": {"class": 0x0780, "desc": "Communication"},
+                                   "id": {"vendor": 0x1AF4, "device": 0x1053}, "qdev_id": ""})
+
+
+def _vnc_tcp(c: dict[str, Any]) -> None:
+    c["vnc"] = {"enabled": True, "family": "ipv4", "host": "0.0.0.0", "service": "5900", "auth": "none", "clients": []}
+
+
 WRONG = {
+    "tftp": (_tftp, {"vm.net.user_restricted"}),
+    "vsock": (_vsock, {"vm.devices.known"}),
+    "vnc_tcp": (_vnc_tcp, {"vm.display.no_listener"}),
     "restrict_off": (_set_restrict, {"vm.net.user_restricted"}),
     "hostfwd_any": (_hostfwd_any, {"vm.net.hostfwd"}),
     "guestfwd": (_guestfwd, {"vm.net.no_guestfwd", "vm.chardev.only_control"}),

@@ -218,6 +218,19 @@ def test_a_good_vm_with_restricted_user_net_passes(rig: Rig) -> None:
     assert "vm.network.none" not in {c.id for c in checks}
 
 
+def test_a_good_vm_with_harmless_devices_and_a_planned_vnc_socket_passes(rig: Rig) -> None:
+    def change(args: list[str], exp: VmExpectation) -> tuple[list[str], VmExpectation]:
+        vnc = str(rig.root / "harmless.vnc")
+        return (args + ["-device", "virtio-rng-pci", "-device", "virtio-balloon-pci", "-device", "VGA",
+                        "-vnc", f"unix:{vnc}"],
+                replace(exp, control_sockets=(*exp.control_sockets, vnc)))
+
+    vm = rig.launch("harmless", change)
+    rig.stop(vm)
+    checks = judge_vm_state(vm.capture, vm.expectation, "before")
+    assert failing(checks) == set(), failures(checks)
+
+
 def test_a_good_vm_with_named_block_nodes_and_a_monitor_chardev_passes(rig: Rig) -> None:
     """The other way to say the same VM: -blockdev nodes (the base's read-only), QMP on a
     named chardev (-mon)."""
@@ -295,6 +308,16 @@ WRONG: dict[str, tuple[Callable[[Rig], Any], set[str]]] = {
                       {"vm.network.none"}),
     # a NIC on user-mode networking, where the plan has no network at all
     "nic_where_none_planned": (lambda r: _add("-nic", "user,model=virtio-net-pci,restrict=on"), {"vm.network.none"}),
+    # restrict=on, but the user network's own TFTP server hands out a host folder
+    "user_net_tftp": (lambda r: (port := free_port(), _user_net(
+        port, f"user,model=virtio-net-pci,restrict=on,hostfwd=tcp:127.0.0.1:{port}-:8000,tftp={r.extra}"))[1],
+        {"vm.net.user_restricted"}),
+    # shared memory with the host
+    "ivshmem": (lambda r: _add("-object", f"memory-backend-file,id=hm,mem-path={r.root / 'shm'},size=1M,share=on",
+                               "-device", "ivshmem-plain,memdev=hm"),
+                {"vm.devices.known"}),
+    # the guest's screen on a TCP port (loopback; display 99 is port 5999)
+    "vnc_tcp": (lambda r: _add("-vnc", "127.0.0.1:99"), {"vm.display.no_listener"}),
     # the base opened directly, writable, without an overlay (a copy of the base: the
     # running VMs hold a lock on the shared one that refuses a writer)
     "writable_base": (lambda r: _writable_base(r),

@@ -61,6 +61,28 @@ _FLAGS = frozenset({
 _NET_OPTIONS = {"netdev": "type", "nic": "type", "net": "type"}
 # Block nodes whose driver reads a host file (the protocol layer).
 _PROTOCOL_DRIVERS = frozenset({"file", "host_device", "host_cdrom"})
+# The user network's own servers of host files (restrict=on does not stop them).
+_SLIRP_HOST_SERVICES = frozenset({"tftp", "bootfile", "smb"})
+# The PCI devices a sealed VM may have, by (vendor, device id): the emulated chipsets
+# (i440FX/PIIX, Q35/ICH9), QEMU's bridges and standard VGA, and the virtio devices that
+# carry nothing from the host (legacy and modern ids). Not here, so refused: vsock
+# (0x1af4:0x1053), virtio-fs (0x105a), ivshmem (0x1110), any passed-through host device.
+_KNOWN_PCI = frozenset({
+    (0x8086, 0x1237), (0x8086, 0x7000), (0x8086, 0x7010), (0x8086, 0x7020), (0x8086, 0x7113),  # i440FX, PIIX3/4
+    (0x8086, 0x29C0), (0x8086, 0x2918), (0x8086, 0x2922), (0x8086, 0x2930),  # Q35, ICH9 LPC, SATA, SMBus
+    (0x8086, 0x100E), (0x8086, 0x10D3),  # e1000, e1000e (NICs: the network rules judge them)
+    (0x1B36, 0x0001), (0x1B36, 0x000C), (0x1B36, 0x000E), (0x1B36, 0x0008),  # pci/pcie bridges, root ports, pxb
+    (0x1B36, 0x000D),  # qemu-xhci (USB: vm.devices.no_usb judges it)
+    (0x1234, 0x1111),  # standard VGA
+    (0x1AF4, 0x1000), (0x1AF4, 0x1041),  # virtio-net (the network rules judge it)
+    (0x1AF4, 0x1001), (0x1AF4, 0x1042),  # virtio-blk
+    (0x1AF4, 0x1002), (0x1AF4, 0x1045),  # virtio-balloon
+    (0x1AF4, 0x1003), (0x1AF4, 0x1043),  # virtio-serial
+    (0x1AF4, 0x1004), (0x1AF4, 0x1048),  # virtio-scsi
+    (0x1AF4, 0x1005), (0x1AF4, 0x1044),  # virtio-rng
+    (0x1AF4, 0x1009), (0x1AF4, 0x1049),  # virtio-9p
+    (0x1AF4, 0x1050), (0x1AF4, 0x1052),  # virtio-gpu, virtio-input
+})  # fmt: skip
 # PCI class codes (the base class, high byte) of network controllers and USB controllers.
 _PCI_NETWORK, _PCI_USB = 0x02, 0x0C03
 
@@ -397,7 +419,7 @@ def capture_complete(s: VmSubject) -> Verdict:
     if not isinstance(errors, dict):
         raise Missing("errors")
     need = ("qmp_peer", "version", "status", "kvm", "block_nodes", "block_graph", "block_devices", "pci",
-            "chardevs", "info_network", "info_usernet", "p9", "memory", "cpus", "cmdline", "fds")
+            "chardevs", "info_network", "info_usernet", "p9", "vnc", "memory", "cpus", "cmdline", "fds")
     absent = [k for k in need if k not in s.capture]
     if errors or absent:
         return None, {"errors": errors, "absent": absent}, f"unanswered: {sorted(set(absent) | set(errors))}"
@@ -472,13 +494,15 @@ def network_none(s: VmSubject) -> Verdict:
 @_vm_rule("vm.net.user_restricted", area="network", expected="one user netdev, restrict=on",
           when=_plan("user-restricted"), when_doc="when the run plans user-mode networking")
 def net_user_restricted(s: VmSubject) -> Verdict:
-    """The only netdev is one user-mode (slirp) network with `restrict=on`, and at most one
-    NIC is attached to it; tap, bridge, socket, stream, dgram, vde, vhost-user or any other
-    backend fails.
+    """The only netdev is one user-mode (slirp) network with `restrict=on`, at most one NIC
+    is attached to it, and it serves no host folder (`tftp=`, `bootfile=`, `smb=` on the
+    command line); tap, bridge, socket, stream, dgram, vde, vhost-user or any other backend
+    fails.
 
     `restrict=on` isolates the guest from the host and the outside: no DNS, no connection
-    out, only the forwards the host set up. Every other backend is a wire to the host's
-    network or another process.
+    out, only the forwards the host set up. Its built-in TFTP and SMB servers are not
+    outside it: they hand the guest host files whatever `restrict` says. Every other
+    backend is a wire to the host's network or another process.
     """
     nets = info_network(s.get("info_network"))
     backends = [n for n in nets if n["type"] != "nic"]
@@ -493,6 +517,10 @@ def net_user_restricted(s: VmSubject) -> Verdict:
         problems.append(f"user netdev {backends[0]['name']} has restrict={backends[0]['options'].get('restrict')}")
     if len(nics) > 1:
         problems.append(f"{len(nics)} NICs")
+    services = sorted({f"{k}={v}" for name, val in cmdline_options(s.get("cmdline")) if name in _NET_OPTIONS and val
+                       for k, v in parse_opts(val, _NET_OPTIONS[name]) if k in _SLIRP_HOST_SERVICES})
+    if services:
+        problems.append(f"the user network serves host files: {services}")
     return not problems, obs, "; ".join(problems)
 
 
@@ -700,6 +728,39 @@ def devices_no_usb(s: VmSubject) -> Verdict:
     return not usb, usb, f"USB controllers: {usb}" if usb else ""
 
 
+@_vm_rule("vm.devices.known", area="channels", expected="emulated chipset, bridges, VGA, virtio without host access",
+          when=_is_document)
+def devices_known(s: VmSubject) -> Verdict:
+    """Every PCI device is one a sealed VM may have: the emulated chipset, QEMU's bridges,
+    the standard VGA, or a virtio device that carries nothing from the host (block,
+    serial, 9p, net, rng, balloon, SCSI, GPU, input), by vendor and device id.
+
+    An allowlist, not a denylist: vsock (a socket to the host), virtio-fs and ivshmem (host
+    folders and host memory) and a passed-through host device each reach the host, and so
+    would any device nobody thought of.
+    """
+    bad = sorted({f"{d['vendor']:04x}:{d['device']:04x} {d['desc']}" for d in _pci_devices(s.get("pci"))
+                  if (d["vendor"], d["device"]) not in _KNOWN_PCI})
+    return not bad, len(_pci_devices(s.get("pci"))), f"devices not allowed: {bad}" if bad else ""
+
+
+@_vm_rule("vm.display.no_listener", area="channels", expected="no VNC server, or one on a planned unix socket",
+          when=_is_document)
+def display_no_listener(s: VmSubject) -> Verdict:
+    """No VNC server shows the guest (`query-vnc`), unless it listens on a unix socket the run
+    planned as a control path.
+
+    A VNC server on a TCP port hands the guest's screen and keyboard to whoever connects;
+    on a planned socket it is the harness's own screenshot channel.
+    """
+    vnc = s.get("vnc")
+    if not vnc.get("enabled"):
+        return True, {"enabled": False}, ""
+    obs = {k: vnc.get(k) for k in ("enabled", "family", "host", "service", "auth")}
+    ok = vnc.get("family") == "unix" and str(vnc.get("service")) in s.expectation.control_sockets
+    return ok, obs, "" if ok else f"a VNC server listens on {vnc.get('family')} {vnc.get('host')}:{vnc.get('service')}"
+
+
 # -- limits ----------------------------------------------------------------------------------------
 @_vm_rule("vm.limits.memory", area="resources", expected=lambda s: s.expectation.memory_mib * MIB, when=_is_document)
 def limits_memory(s: VmSubject) -> Verdict:
@@ -749,6 +810,8 @@ def sealed_view(capture: dict[str, Any]) -> dict[str, Any]:
         "info_network": capture.get("info_network"),
         "forwards": usernet_forwards(usernet) if isinstance(usernet, str) else usernet,
         "p9": capture.get("p9"),
+        "vnc": {k: v for k, v in capture["vnc"].items() if k != "clients"} if isinstance(capture.get("vnc"), dict)
+        else capture.get("vnc"),
         "memory": capture.get("memory"),
         "cpus": capture.get("cpus"),
         "base_sha256": capture.get("base_sha256"),

@@ -24,6 +24,7 @@ What it reads:
   user-mode network's forwarding rules and sockets);
 - ``p9`` (every virtio-9p device's QOM path, ``fsdev`` and ``mount_tag``: the fsdev's
   host path and ``readonly`` flag exist only on the command line, which is stored too);
+- ``vnc`` (`query-vnc`: whether a VNC server shows the guest's screen, and where it listens);
 - ``memory`` (`query-memory-size-summary`), ``cpus`` (`query-cpus-fast`);
 - ``cmdline`` (/proc/PID/cmdline) and ``fds`` (/proc/PID/fd and fdinfo: every host file
   and directory QEMU holds open, with its open flags: the kernel's record that the base
@@ -41,7 +42,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ale.sandbox.base import SandboxError
-from ale.sandbox.qemu.qmp import QmpClient
+from ale.sandbox.qemu.qmp import QmpClient, QmpError
 
 CAPTURE_SCHEMA = 1
 # QOM containers where -device objects live: with an id, and without one.
@@ -87,6 +88,16 @@ def _p9_devices(qmp: QmpClient) -> list[dict[str, Any]]:
                 "mount_tag": qmp.execute("qom-get", {"path": path, "property": "mount_tag"}),
             })
     return out
+
+
+def _vnc(qmp: QmpClient) -> Any:
+    """`query-vnc`; a QEMU built without VNC has no such command, and no VNC server."""
+    try:
+        return qmp.execute("query-vnc")
+    except QmpError as e:
+        if e.error_class == "CommandNotFound":
+            return {"enabled": False, "built": False}
+        raise
 
 
 def process_cmdline(pid: int) -> list[str]:
@@ -154,6 +165,7 @@ def capture_vm(qmp: QmpClient, pid: int, *, base_sha256: str | None) -> dict[str
     read("info_network", lambda: qmp.hmp("info network"))
     read("info_usernet", lambda: qmp.hmp("info usernet"))
     read("p9", lambda: _p9_devices(qmp))
+    read("vnc", lambda: _vnc(qmp))
     read("memory", lambda: qmp.execute("query-memory-size-summary"))
     read("cpus", lambda: [{k: c[k] for k in ("cpu-index", "qom-path", "target", "props") if k in c}
                           for c in qmp.execute("query-cpus-fast")])
