@@ -418,6 +418,19 @@ def test_the_guest_runs_the_containers_probe_script() -> None:
         vm_probe_argv(replace(exp, guest_input_dir=None))
 
 
+def test_the_providers_spelling_of_the_expectation() -> None:
+    cap, exp = good()
+    d = exp.to_dict()
+    theirs = {**{k: v for k, v in d.items() if k not in ("base_path", "overlay_path", "memory_mib", "control_sockets",
+                                                         "candidate_uid")},
+              "base": d["base_path"], "overlay": d["overlay_path"], "memory_mb": d["memory_mib"],
+              "control_sockets": {"qmp": d["control_sockets"][0], "control": d["control_sockets"][1]},
+              "candidate_user": "1000:1000", "console_log": "/state/console.log", "state_dir": "/state"}
+    read = VmExpectation.from_dict(theirs)
+    assert read == replace(exp, console_logs=("/state/console.log",))
+    assert failing(judge_vm_state(cap, theirs, "before")) == set()
+
+
 def test_expectation_round_trip() -> None:
     _, exp = good()
     assert VmExpectation.from_dict(json.loads(json.dumps(exp.to_dict()))) == exp

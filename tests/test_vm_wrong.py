@@ -218,6 +218,54 @@ def test_a_good_vm_with_restricted_user_net_passes(rig: Rig) -> None:
     assert "vm.network.none" not in {c.id for c in checks}
 
 
+class BareMonitor:
+    """A QMP client with only ``execute`` and its socket (the provider's own monitor's shape)."""
+
+    def __init__(self, client: QmpClient):
+        self.client = client
+        self.sock = client._sock
+
+    def execute(self, command: str, arguments: dict[str, Any] | None = None) -> Any:
+        return self.client.execute(command, arguments)
+
+
+def test_the_providers_shape_passes_and_its_own_client_captures(rig: Rig) -> None:
+    """The command line `ale.sandbox.qemu.sandbox` builds (less the kernel), judged against
+    the expectation in the provider's spelling, captured through a client that has only
+    ``execute``."""
+    state = rig.root / "provider-state"
+    state.mkdir()
+    overlay = rig.overlay("provider")
+    qmp, ctl, console = state / "qmp.sock", state / "ctl.sock", state / "console.log"
+    argv = [QEMU or "qemu-system-x86_64", "-S", "-name", "ale-test", "-nodefaults", "-no-user-config", "-nographic",
+            "-no-reboot", "-accel", "tcg", "-m", str(MEMORY_MIB), "-smp", "1",
+            "-drive", f"file={overlay},if=virtio,format=qcow2,id=root0", "-nic", "none",
+            "-serial", f"file:{console}", "-qmp", f"unix:{qmp},server=on,wait=off",
+            "-device", "virtio-serial-pci,id=vser0", "-chardev", f"socket,id=ctl,path={ctl},server=on,wait=off",
+            "-device", "virtserialport,bus=vser0.0,chardev=ctl,name=org.ale.ctl", "-pidfile", str(state / "qemu.pid"),
+            "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+            "-fsdev", f"local,id=fs_ale0,path={rig.input},security_model=passthrough,readonly=on",
+            "-device", "virtio-9p-pci,fsdev=fs_ale0,mount_tag=ale0",
+            "-fsdev", f"local,id=fs_ale1,path={rig.workspace},security_model=passthrough",
+            "-device", "virtio-9p-pci,fsdev=fs_ale1,mount_tag=ale1"]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rig.procs.append(proc)
+    theirs = {"provider": "qemu", "base": str(rig.base), "base_sha256": rig.base_sha, "overlay": str(overlay),
+              "shares": {"ale0": {"host_path": str(rig.input), "read_only": True, "target": "/in"},
+                         "ale1": {"host_path": str(rig.workspace), "read_only": False, "target": "/out"}},
+              "network": "none", "memory_mb": MEMORY_MIB, "vcpus": 1, "candidate_user": "1000:1000",
+              "control_sockets": {"control": str(ctl), "qmp": str(qmp)}, "console_log": str(console), "accel": "tcg"}
+    with QmpClient(str(qmp)).connect(wait=10) as client:
+        cap = capture_vm(BareMonitor(client), proc.pid, base_sha256=rig.base_sha)
+    proc.kill()
+    proc.wait(timeout=10)
+    assert cap["qmp_peer"]["pid"] == proc.pid and "info_network" in cap and cap["errors"] == {}
+    checks = judge_vm_state(cap, theirs, "before")
+    assert failing(checks) == set(), failures(checks)
+    # without the console log in the plan, its file chardev is a channel nobody planned
+    assert failing(judge_vm_state(cap, {**theirs, "console_log": None}, "before")) == {"vm.chardev.only_control"}
+
+
 def test_a_good_vm_with_harmless_devices_and_a_planned_vnc_socket_passes(rig: Rig) -> None:
     def change(args: list[str], exp: VmExpectation) -> tuple[list[str], VmExpectation]:
         vnc = str(rig.root / "harmless.vnc")

@@ -128,9 +128,12 @@ class VmExpectation:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> VmExpectation:
-        """The stored expectation; a missing or mistyped field raises ValueError."""
+        """The stored expectation; a missing or mistyped field raises ValueError. Also reads
+        the provider's spelling: ``base``, ``overlay``, ``memory_mb``, ``control_sockets``
+        as a {name: path} map, ``console_log`` (one path), ``candidate_user`` ("uid:gid")."""
         if not isinstance(d, dict):
             raise ValueError(f"a VM expectation is a JSON object, not {type(d).__name__}")
+        d = _canonical(d)
         try:
             shares = {str(tag): (str(s["host_path"]), bool(s["read_only"])) for tag, s in d["shares"].items()}
             return cls(
@@ -150,6 +153,27 @@ class VmExpectation:
     @property
     def input_tags(self) -> list[str]:
         return sorted(t for t, (_, ro) in self.shares.items() if ro)
+
+
+_ALIASES = {"base": "base_path", "overlay": "overlay_path", "memory_mb": "memory_mib"}
+
+
+def _canonical(d: dict[str, Any]) -> dict[str, Any]:
+    """A stored expectation in `VmExpectation.to_dict`'s spelling."""
+    out = {_ALIASES.get(k, k): v for k, v in d.items() if not (k in _ALIASES and _ALIASES[k] in d)}
+    if isinstance(out.get("control_sockets"), dict):
+        out["control_sockets"] = [p for p in out["control_sockets"].values() if p]
+    if out.get("console_log") and not out.get("console_logs"):
+        out["console_logs"] = [out["console_log"]]
+    user = out.get("candidate_user")
+    if out.get("candidate_uid") is None and isinstance(user, str) and user.split(":", 1)[0].isdigit():
+        out["candidate_uid"] = int(user.split(":", 1)[0])
+    return out
+
+
+def as_expectation(value: VmExpectation | dict[str, Any]) -> VmExpectation:
+    """A `VmExpectation`, from itself or its stored dict (`VmExpectation.from_dict`)."""
+    return value if isinstance(value, VmExpectation) else VmExpectation.from_dict(value)
 
 
 @dataclass(frozen=True)
@@ -1009,23 +1033,27 @@ def all_vm_rules() -> list[Rule]:
     return [r for source in VM_SOURCES for r in rules_of(source)]
 
 
-def judge_vm_state(capture: Any, expectation: VmExpectation, moment: Moment | str, *, fit: Fit = "exact") -> list[Check]:
-    """Every VM rule that applies to one capture at `moment` ("before", "running", "after").
-    None (a capture that was not taken) is judged as missing: unknown."""
-    return judge_subject(VM_CAPTURE, VmSubject(as_moment(moment), capture, expectation, fit))
+def judge_vm_state(capture: Any, expectation: VmExpectation | dict[str, Any], moment: Moment | str, *,
+                   fit: Fit = "exact") -> list[Check]:
+    """Every VM rule that applies to one capture (`capture_vm`'s) at `moment`: "before"
+    (the guest booted, before the agent's first step), "running", or "after" (the agent's
+    turn over, QEMU still running). None (a capture that was not taken) is judged as
+    missing: unknown. ``expectation``: a `VmExpectation` or its dict."""
+    return judge_subject(VM_CAPTURE, VmSubject(as_moment(moment), capture, as_expectation(expectation), fit))
 
 
-def judge_vm_captures(before: Any, after: Any, expectation: VmExpectation) -> list[Check]:
+def judge_vm_captures(before: Any, after: Any, expectation: VmExpectation | dict[str, Any]) -> list[Check]:
     """The two captures together (`vm.capture.unchanged`), judged "after"."""
-    return judge_subject(VM_CAPTURES, VmCapturesSubject("after", before, after, expectation))
+    return judge_subject(VM_CAPTURES, VmCapturesSubject("after", before, after, as_expectation(expectation)))
 
 
-def judge_vm_probes(raw: str | dict[str, list[str]] | None, expectation: VmExpectation, moment: Moment | str, *,
-                    input_dir: str | None = None) -> list[Check]:
-    """The guest's probe output (`probes.probe_argv(input_dir, workspace_dir)` run as the
-    candidate), judged at `moment`; ``input_dir`` defaults to the expectation's."""
+def judge_vm_probes(raw: str | dict[str, list[str]] | None, expectation: VmExpectation | dict[str, Any],
+                    moment: Moment | str, *, input_dir: str | None = None) -> list[Check]:
+    """The guest's probe output (`probes.vm_probe_argv(expectation)` run as the candidate),
+    judged at `moment`; ``input_dir`` defaults to the expectation's."""
     from ale.isolation.probe_rules import split_sections
 
+    expectation = as_expectation(expectation)
     sections = raw if isinstance(raw, dict) else split_sections(raw or "")
     in_dir = input_dir or expectation.guest_input_dir
     if not in_dir:

@@ -36,10 +36,12 @@ What it reads:
 from __future__ import annotations
 
 import os
+import socket
 import stat
+import struct
 from contextlib import suppress
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from ale.sandbox.base import SandboxError
 from ale.sandbox.qemu.qmp import QmpClient, QmpError
@@ -69,13 +71,13 @@ def _reduce_block_device(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _p9_devices(qmp: QmpClient) -> list[dict[str, Any]]:
+def _p9_devices(qmp: QmpLike) -> list[dict[str, Any]]:
     out = []
     for base in _PERIPHERAL_PATHS:
         try:
             children = qmp.execute("qom-list", {"path": base})
-        except SandboxError:
-            continue  # no such container: no device of that kind
+        except Exception:  # noqa: BLE001 - no such container: no device of that kind
+            continue
         for child in children:
             ctype = str(child.get("type", ""))
             if not (ctype.startswith("child<") and "9p" in ctype):
@@ -90,12 +92,12 @@ def _p9_devices(qmp: QmpClient) -> list[dict[str, Any]]:
     return out
 
 
-def _vnc(qmp: QmpClient) -> Any:
+def _vnc(qmp: QmpLike) -> Any:
     """`query-vnc`; a QEMU built without VNC has no such command, and no VNC server."""
     try:
         return qmp.execute("query-vnc")
-    except QmpError as e:
-        if e.error_class == "CommandNotFound":
+    except Exception as e:
+        if (isinstance(e, QmpError) and e.error_class == "CommandNotFound") or "CommandNotFound" in str(e):
             return {"enabled": False, "built": False}
         raise
 
@@ -133,37 +135,74 @@ def open_files(pid: int) -> list[dict[str, Any]]:
     return out
 
 
-def capture_vm(qmp: QmpClient, pid: int, *, base_sha256: str | None) -> dict[str, Any]:
+class QmpLike(Protocol):
+    """What the capture needs of a QMP connection: `QmpClient`, or any client with the same
+    ``execute`` (the provider's own monitor); ``hmp`` and ``peer`` are used where present,
+    else done through ``execute`` and the connection's socket (``sock`` or ``_sock``)."""
+
+    def execute(self, command: str, arguments: dict[str, Any] | None = None) -> Any: ...
+
+
+def _hmp(qmp: QmpLike, command_line: str) -> str:
+    hmp = getattr(qmp, "hmp", None)
+    if callable(hmp):
+        return str(hmp(command_line))
+    out = qmp.execute("human-monitor-command", {"command-line": command_line})
+    if not isinstance(out, str):
+        raise SandboxError(f"HMP {command_line!r}: not text: {out!r}")
+    return out.replace("\r\n", "\n")
+
+
+def _peer(qmp: QmpLike) -> dict[str, int]:
+    peer = getattr(qmp, "peer", None)
+    if callable(peer):
+        return dict(peer())
+    sock = getattr(qmp, "sock", None) or getattr(qmp, "_sock", None)
+    if not isinstance(sock, socket.socket):
+        raise SandboxError("the QMP connection exposes no socket to read its peer from")
+    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return {"pid": pid, "uid": uid, "gid": gid}
+
+
+def capture_vm_at(qmp_path: str, *, base_sha256: str | None, pid: int | None = None,
+                  timeout: float = 10.0) -> dict[str, Any]:
+    """`capture_vm` over a fresh connection to the QMP socket at ``qmp_path``; ``pid``
+    defaults to the process answering it (the socket's peer)."""
+    with QmpClient(qmp_path, timeout=timeout).connect() as qmp:
+        return capture_vm(qmp, qmp.peer()["pid"] if pid is None else pid, base_sha256=base_sha256)
+
+
+def capture_vm(qmp: QmpLike, pid: int, *, base_sha256: str | None) -> dict[str, Any]:
     """The VM's effective state, as QEMU and the host kernel report it (see the module doc).
 
-    ``qmp``: a connected client; ``pid``: the qemu process; ``base_sha256``: the base
-    disk's digest as the caller computed it (None: not computed, and the digest rule is
-    unknown). Never raises for a query QEMU refuses: that key is absent and the reason
-    is under ``errors``.
+    ``qmp``: a connected client (`QmpLike`); ``pid``: the qemu process; ``base_sha256``:
+    the base disk's digest as the caller computed it (None: not computed, and the digest
+    rule is unknown). Never raises for a query QEMU refuses: that key is absent and the
+    reason is under ``errors``.
     """
     doc: dict[str, Any] = {"schema": CAPTURE_SCHEMA, "taken_at": datetime.now(UTC).isoformat(), "pid": pid,
-                           "greeting": qmp.greeting}
+                           "greeting": getattr(qmp, "greeting", None)}
     errors: dict[str, str] = {}
 
     def read(key: str, fn: Any) -> None:
         try:
             doc[key] = fn()
-        except (SandboxError, OSError, KeyError, TypeError, ValueError) as e:
+        except Exception as e:  # any client's error: recorded, and the rules reading it are unknown
             errors[key] = f"{type(e).__name__}: {e}"
 
-    read("qmp_peer", qmp.peer)  # the process that answers QMP is the one whose /proc is read
+    read("qmp_peer", lambda: _peer(qmp))  # the process that answers QMP is the one whose /proc is read
     read("version", lambda: qmp.execute("query-version"))
     read("status", lambda: qmp.execute("query-status"))
     read("kvm", lambda: qmp.execute("query-kvm"))
-    with suppress(SandboxError):  # newer machines expose the accelerator; 7.2's pc machine does not
+    with suppress(Exception):  # newer machines expose the accelerator; 7.2's pc machine does not
         doc["accel"] = qmp.execute("qom-get", {"path": "/machine", "property": "accel"})
     read("block_nodes", lambda: [_reduce_node(n) for n in qmp.execute("query-named-block-nodes", {"flat": True})])
     read("block_graph", lambda: qmp.execute("x-debug-query-block-graph"))
     read("block_devices", lambda: [_reduce_block_device(d) for d in qmp.execute("query-block")])
     read("pci", lambda: qmp.execute("query-pci"))
     read("chardevs", lambda: qmp.execute("query-chardev"))
-    read("info_network", lambda: qmp.hmp("info network"))
-    read("info_usernet", lambda: qmp.hmp("info usernet"))
+    read("info_network", lambda: _hmp(qmp, "info network"))
+    read("info_usernet", lambda: _hmp(qmp, "info usernet"))
     read("p9", lambda: _p9_devices(qmp))
     read("vnc", lambda: _vnc(qmp))
     read("memory", lambda: qmp.execute("query-memory-size-summary"))
