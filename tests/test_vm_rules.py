@@ -521,3 +521,22 @@ def test_verify_ignores_a_container_run(tmp_path: Path) -> None:
     v = _Verifier(tmp_path)
     v.verify_vm()
     assert v.checks == [] and v.violations == []
+
+
+def test_verify_wants_the_vm_evidence_of_a_graded_qemu_run(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from ale.status import RunStatus
+
+    scored = SimpleNamespace(status=RunStatus.SCORED)
+    (tmp_path / layout.PLAN).write_text(json.dumps({"provider": "qemu"}))
+    v = _Verifier(tmp_path)
+    v.verify_vm(scored)
+    assert any(r.startswith("vm.evidence") for r in v.reasons)
+    cap, _ = good()
+    full = _run_dir(tmp_path / "full", cap)
+    (full / layout.PLAN).write_text(json.dumps({"provider": "qemu"}))
+    (full / layout.evidence_path(Evidence.vm_probes("after"))).write_text(GUEST_PROBES)
+    v = _Verifier(full)
+    v.verify_vm(scored)
+    assert v.reasons == [] and v.violations == []

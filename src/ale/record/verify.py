@@ -250,7 +250,7 @@ class _Verifier:
         self.guarded("deliverables", self.verify_deliverables)
         self.guarded("trajectory", self.verify_trajectory)
         self.guarded("isolation", self.verify_isolation)
-        self.guarded("vm", self.verify_vm)
+        self.guarded("vm", self.verify_vm, result)
         self.guarded("input", self.verify_input_and_workspace)
         self.guarded("reference", self.verify_reference)
         self.guarded("times", self.verify_times)
@@ -640,15 +640,25 @@ class _Verifier:
             self._add_isolation(CheckGroup.PROBES_BEFORE if phase == "before" else CheckGroup.PROBES_AFTER, judge(
                 phase, policy=policy, mounts=mounts, probes=stdout, input_dir=input_dir, workspace_dir=workspace_dir))
 
-    def verify_vm(self) -> None:
+    def verify_vm(self, result: Any = None) -> None:
         """A VM run's evidence (`ale.isolation.vm_rules`): the captures before and after the
         agent, the two together, and the guest's probes, re-judged against the stored
-        expectation with the functions the run used."""
+        expectation with the functions the run used. A graded run of the qemu provider must
+        hold all of it: without it nothing shows the VM was sealed."""
         before = self.load(layout.evidence_path(Evidence.VM_BEFORE))
         after = self.load(layout.evidence_path(Evidence.VM_AFTER))
         probes = {ph: self.text(layout.evidence_path(Evidence.vm_probes(ph))) for ph in ("before", "after")}
         present = {rel for rel in (Evidence.VM_BEFORE, Evidence.VM_AFTER, Evidence.VM_EXPECTATION)
                    if (self.run_dir / layout.evidence_path(rel)).is_file()}
+        plan = self.load(layout.PLAN)
+        graded_vm = (isinstance(plan, dict) and plan.get("provider") == "qemu"
+                     and result is not None and result.status.carries_score)
+        if graded_vm:
+            wanted = [layout.evidence_path(n) for n in (Evidence.VM_EXPECTATION, Evidence.VM_BEFORE, Evidence.VM_AFTER)]
+            wanted += [layout.evidence_path(Evidence.vm_probes(ph)) for ph in ("before", "after")]
+            lacking = [rel for rel in wanted if not (self.run_dir / rel).is_file()]
+            self.check("vm.evidence", not lacking, wanted, lacking or None,
+                       f"a graded qemu run lacks its VM seal evidence: {lacking}" if lacking else "", area="isolation")
         if not present and not any(v is not None for v in probes.values()):
             return
         data = self.load(layout.evidence_path(Evidence.VM_EXPECTATION))
