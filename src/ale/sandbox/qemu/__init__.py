@@ -1,1 +1,1 @@
-"""The QEMU provider: a sealed VM per run (a read-only base disk, a per-run overlay, no route out)."""
+"""The qemu provider: ale-built Linux guests under QEMU (see ``sandbox.py``)."""
