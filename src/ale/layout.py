@@ -101,11 +101,6 @@ class Evidence:
     GRADING_ATTEMPTS = "grading-attempts.json"  # each evaluate() attempt: times, scores or error
     DESKTOP = "desktop.json"  # a desktop task's desktop: its spec, image, tool resolution, start
     CUA = "cua.json"  # a cua-compatible image's computer-server: its start, tunnel, rights beside the candidate's
-    # A VM run (`--provider qemu`, judged by ale.isolation.vm_rules): what the run planned for
-    # its VM, and what QEMU reported of it before and after the agent (capture_vm).
-    VM_EXPECTATION = "vm-expectation.json"
-    VM_BEFORE = "vm-before.json"
-    VM_AFTER = "vm-after.json"
 
     @staticmethod
     def probes(phase: str) -> str:
@@ -116,6 +111,12 @@ class Evidence:
     def vm_probes(phase: str) -> str:
         """``vm-probes-before.txt`` / ``vm-probes-after.txt``: the probes' raw output in a VM's guest."""
         return f"vm-probes-{phase}.txt"
+
+    # A VM run (`--provider qemu`, judged by ale.isolation.vm_rules): what the run planned for
+    # its VM, and what QEMU reported of it before and after the agent (capture_vm).
+    VM_EXPECTATION = "vm-expectation.json"
+    VM_BEFORE = "vm-before.json"
+    VM_AFTER = "vm-after.json"
 
 
 def evidence_path(name: str) -> str:
