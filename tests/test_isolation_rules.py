@@ -30,6 +30,7 @@ from ale.isolation.registry import (
 )
 from ale.isolation.rules import all_check_ids, all_rules, judge, markdown, rule_for
 from ale.isolation.verify_container import verify_container
+from ale.isolation.vm_rules import all_vm_rules
 from ale.isolation.workspace_rules import WorkspaceSubject
 from ale.sandbox.base import Mount
 from ale.sandbox.policy import GIB, IsolationPolicy, TmpfsMount
@@ -268,7 +269,7 @@ def test_the_command_prints_the_docs_and_the_list(capsys: pytest.CaptureFixture[
     assert capsys.readouterr().out == markdown()
     assert rules_mod.main([]) == 0
     listed = capsys.readouterr().out.splitlines()
-    assert len(listed) == len(RULES) and listed[0].startswith("inspect.document")
+    assert len(listed) == len(RULES) + len(all_vm_rules()) and listed[0].startswith("inspect.document")
 
 
 def test_rule_modules_name_their_rules_in_registration_order() -> None:

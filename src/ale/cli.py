@@ -555,6 +555,9 @@ def _register_subcommands() -> None:
 
     app.command("regrade")(regrade_command)
     app.command("view")(view_command)
+    from ale.cli_vm import verify_vm_command
+
+    app.command("verify-vm")(verify_vm_command)
     app.command("export")(export_command)
     from ale.cli_show import key_app, task_show_command
 

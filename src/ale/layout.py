@@ -15,6 +15,7 @@ anywhere else as a literal is a bug.
                     probes-before.txt,input-after-start,workspace-empty,
                     reference-commit,agent,network,probes-after.txt,inspect-after,
                     input-after-run,reference-check,checks,phases}.json
+          evidence/{vm-expectation,vm-before,vm-after}.json  vm-probes-{before,after}.txt  (a VM)
 """
 
 from __future__ import annotations
@@ -105,6 +106,17 @@ class Evidence:
     def probes(phase: str) -> str:
         """``probes-before.txt`` / ``probes-after.txt``: raw probe output."""
         return f"probes-{phase}.txt"
+
+    @staticmethod
+    def vm_probes(phase: str) -> str:
+        """``vm-probes-before.txt`` / ``vm-probes-after.txt``: the probes' raw output in a VM's guest."""
+        return f"vm-probes-{phase}.txt"
+
+    # A VM run (`--provider qemu`, judged by ale.isolation.vm_rules): what the run planned for
+    # its VM, and what QEMU reported of it before and after the agent (capture_vm).
+    VM_EXPECTATION = "vm-expectation.json"
+    VM_BEFORE = "vm-before.json"
+    VM_AFTER = "vm-after.json"
 
 
 def evidence_path(name: str) -> str:

@@ -65,6 +65,10 @@ class CheckGroup(StrEnum):
     AFTER_AGENT = "after-agent"  # the run's own checks could not be completed once the agent started
     WORKSPACE_AT_CREATION = "workspace-at-creation"  # ale verify: the workspace's listing when created
     WORKSPACE_AT_AGENT_START = "workspace-at-agent-start"  # ... and when the agent started
+    VM_BEFORE = "vm-before"  # a VM's capture before the agent (ale.isolation.vm_rules)
+    VM_PROBES_BEFORE = "vm-probes-before"  # the probes in its guest before the agent
+    VM_PROBES_AFTER = "vm-probes-after"
+    VM_AFTER = "vm-after"  # its capture after the agent, and the two captures together
 
 
 # Check groups whose evidence file, when present, obliges checks.json to record them.
@@ -73,6 +77,14 @@ GROUP_EVIDENCE: dict[CheckGroup, str] = {
     CheckGroup.INSPECT_AFTER: evidence_path(Evidence.INSPECT_AFTER),
     CheckGroup.PROBES_BEFORE: evidence_path(Evidence.probes("before")),
     CheckGroup.PROBES_AFTER: evidence_path(Evidence.probes("after")),
+}
+# The same for a VM run's evidence (a VM provider records these groups; the phase table
+# names the container's).
+VM_GROUP_EVIDENCE: dict[CheckGroup, str] = {
+    CheckGroup.VM_BEFORE: evidence_path(Evidence.VM_BEFORE),
+    CheckGroup.VM_AFTER: evidence_path(Evidence.VM_AFTER),
+    CheckGroup.VM_PROBES_BEFORE: evidence_path(Evidence.vm_probes("before")),
+    CheckGroup.VM_PROBES_AFTER: evidence_path(Evidence.vm_probes("after")),
 }
 
 

@@ -40,6 +40,7 @@ from ale.isolation.probe_rules import (
 from ale.isolation.probe_rules import page_rounded as _page_rounded
 from ale.isolation.registry import PROBES, Check, Fit, as_moment, rules_of
 from ale.isolation.rules import judge
+from ale.isolation.vm_rules import VmExpectation
 from ale.sandbox.base import ExecResult, SandboxError
 from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.runtimes import is_gvisor
@@ -47,7 +48,7 @@ from ale.sandbox.runtimes import is_gvisor
 __all__ = [
     "INIT_NS_INODES", "MARK", "MASKED_PATHS", "MAX_PAGE", "PROBE_SCRIPT", "READONLY_PATHS",
     "RUNTIME_WRITABLE_MOUNTS", "host_namespaces", "judge_probes", "parse_mountinfo", "parse_probes",
-    "probe_argv", "probe_command", "run_probes", "runtime_writable_mounts", "socket_and_process_checks",
+    "probe_argv", "probe_command", "run_probes", "vm_probe_argv", "runtime_writable_mounts", "socket_and_process_checks",
     "split_sections", "workspace_empty_checks", "workspace_listing",
 ]  # fmt: skip
 _ = _page_rounded  # kept importable here (tests read it from this module)
@@ -180,6 +181,17 @@ def probe_argv(
 ) -> list[str]:
     """The exec argv: the script, then the input, the workspace, and the tmpfs paths."""
     return ["sh", "-c", PROBE_SCRIPT, "ale-probe", input_dir, workspace_dir, *tmpfs_paths]
+
+
+def vm_probe_argv(expectation: VmExpectation) -> list[str]:
+    """The guest probe's argv (the container's probe script, `probes.PROBE_SCRIPT`, with the
+    guest's input and workspace folders and /tmp): run it in the guest as the candidate,
+    through the harness's own control channel, and store its output (stdout, then the
+    ``stderr`` and ``exit`` sections `probes.judge_probes` appends) as
+    `evidence/vm-probes-<moment>.txt`."""
+    if not expectation.guest_input_dir or not expectation.guest_workspace_dir:
+        raise ValueError("the guest's probes need guest_input_dir and guest_workspace_dir")
+    return probe_argv(expectation.guest_input_dir, expectation.guest_workspace_dir)
 
 
 def parse_probes(

@@ -14,7 +14,8 @@ and unknown counts as a failure: each source says which exceptions mean "the
 evidence lacks it" and how the check names that.
 
 The rules live in `inspect_rules`, `probe_rules` and `workspace_rules`; `rules`
-lists them all and judges a moment.
+lists them all and judges a moment. A VM's rules (`vm_rules`) read their own sources
+(`VM_SOURCES`) and are judged by `vm_rules.judge_vm_state`.
 """
 
 from __future__ import annotations
@@ -155,6 +156,15 @@ WORKSPACE = Source(
     (((Missing,), _missing_field), ((KeyError, TypeError, ValueError, AttributeError), _unparsable_value)),
 )
 SOURCES: tuple[Source, ...] = (INSPECT, CAPTURES, PROBES, WORKSPACE)
+# A VM's evidence (`vm_rules`): what QEMU itself reports at a moment, the two captures
+# together, and the probes run in the guest. Judged by `vm_rules.judge_vm_state` and its
+# siblings, never by the container's `rules.judge`.
+VM_CAPTURE = Source("vm", "what QEMU reports of the running VM (QMP, HMP, /proc/PID) at that moment "
+                    "(`ale.sandbox.qemu.capture.capture_vm`)", _DOCUMENT_GAPS)
+VM_CAPTURES = Source("vm captures", "the VM captures before and after the agent, together", _DOCUMENT_GAPS)
+VM_PROBES = Source("vm probes", "the probe script's output, run in the guest as the candidate user",
+                   PROBES.unknown)
+VM_SOURCES: tuple[Source, ...] = (VM_CAPTURE, VM_CAPTURES, VM_PROBES)
 
 
 S = TypeVar("S")

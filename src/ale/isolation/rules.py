@@ -13,13 +13,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ale.isolation import inspect_rules, probe_rules, workspace_rules
+from ale.isolation import inspect_rules, probe_rules, vm_rules, workspace_rules
 from ale.isolation.registry import (
     CAPTURES,
     INSPECT,
     MOMENTS,
     PROBES,
     SOURCES,
+    VM_SOURCES,
     WORKSPACE,
     Check,
     Fit,
@@ -49,7 +50,7 @@ def all_check_ids() -> set[str]:
 
 def rule_for(check_id: str) -> Rule | None:
     """The rule that produces `check_id` (None: no rule does)."""
-    return next((r for r in all_rules() if check_id in r.ids()), None)
+    return next((r for r in all_rules() + vm_rules.all_vm_rules() if check_id in r.ids()), None)
 
 
 def judge(
@@ -154,8 +155,33 @@ def markdown() -> str:
         "",
         f"{len(all_rules())} rules, {len(all_check_ids())} check ids.",
     ]
-    for source in SOURCES:
-        rules = [r for r in all_rules() if r.source is source]
+    out += _source_tables(SOURCES, all_rules())
+    vm = vm_rules.all_vm_rules()
+    out += [
+        "",
+        "# The VM seal",
+        "",
+        "A VM (`--provider qemu`) gets the same promises, each read back from what QEMU itself",
+        "reports (`ale.sandbox.qemu.capture.capture_vm`: QMP, HMP through QMP, and the qemu",
+        "process's argv and open files from /proc), never from the flags ale passed alone, and",
+        "from the probe script run in the guest as the candidate. The run's plan is a",
+        "`VmExpectation` (`evidence/vm-expectation.json`); the captures before and after the agent",
+        "(`evidence/vm-before.json`, `evidence/vm-after.json`) and the guest's probes",
+        "(`evidence/vm-probes-before.txt`, `vm-probes-after.txt`) are judged at run time and again",
+        "by `ale verify` through `ale.isolation.vm_rules` (`judge_vm_state`, `judge_vm_captures`,",
+        "`judge_vm_probes`). Unknown is invalid here too. `docs/vm-seal.md` sets each rule next",
+        "to the container rule it stands for.",
+        "",
+        f"{len(vm)} rules, {len(vm_rules.vm_check_ids())} check ids.",
+    ]
+    out += _source_tables(VM_SOURCES, vm)
+    return "\n".join(out) + "\n"
+
+
+def _source_tables(sources: Sequence[Any], rules_in_order: list[Rule]) -> list[str]:
+    out: list[str] = []
+    for source in sources:
+        rules = [r for r in rules_in_order if r.source is source]
         if not rules:
             continue
         out += ["", f"## {source.name}: {source.reads}", "",
@@ -164,7 +190,7 @@ def markdown() -> str:
             ids = ", ".join(f"`{i}`" for i in r.ids())
             what = r.summary + (f" *Only {r.when_doc}.*" if r.when_doc else "")
             out.append(f"| {ids} | {r.area} | {_moments(r)} | {_cell(what)} | {_cell(r.why)} |")
-    return "\n".join(out) + "\n"
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -174,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.markdown:
         sys.stdout.write(markdown())
         return 0
-    for r in all_rules():
+    for r in all_rules() + vm_rules.all_vm_rules():
         print(f"{', '.join(r.ids()):<40} {r.source.name:<10} {_moments(r):<16} {r.summary}")
     return 0
 

@@ -28,6 +28,7 @@ from ale.agents.gateway import record as gateway_record
 from ale.agents.trajectory import Trajectory, TrajectoryStep
 from ale.grading.deliverables import DeliverablesManifest, SkippedEntry, listing_digest
 from ale.grading.grader import SCORE_EPSILON
+from ale.isolation import vm_rules
 from ale.isolation.checks import Check, failures, violation_line
 from ale.isolation.probes import workspace_empty_checks
 from ale.isolation.rules import judge
@@ -42,6 +43,7 @@ from ale.phases import (
     RUN_OPENS_WITH,
     STANDS_IN_FOR,
     STARTED,
+    VM_GROUP_EVIDENCE,
     CheckGroup,
     Phase,
     RunShape,
@@ -248,6 +250,7 @@ class _Verifier:
         self.guarded("deliverables", self.verify_deliverables)
         self.guarded("trajectory", self.verify_trajectory)
         self.guarded("isolation", self.verify_isolation)
+        self.guarded("vm", self.verify_vm, result)
         self.guarded("input", self.verify_input_and_workspace)
         self.guarded("reference", self.verify_reference)
         self.guarded("times", self.verify_times)
@@ -637,6 +640,50 @@ class _Verifier:
             self._add_isolation(CheckGroup.PROBES_BEFORE if phase == "before" else CheckGroup.PROBES_AFTER, judge(
                 phase, policy=policy, mounts=mounts, probes=stdout, input_dir=input_dir, workspace_dir=workspace_dir))
 
+    def verify_vm(self, result: Any = None) -> None:
+        """A VM run's evidence (`ale.isolation.vm_rules`): the captures before and after the
+        agent, the two together, and the guest's probes, re-judged against the stored
+        expectation with the functions the run used. A graded run of the qemu provider must
+        hold all of it: without it nothing shows the VM was sealed."""
+        before = self.load(layout.evidence_path(Evidence.VM_BEFORE))
+        after = self.load(layout.evidence_path(Evidence.VM_AFTER))
+        probes = {ph: self.text(layout.evidence_path(Evidence.vm_probes(ph))) for ph in ("before", "after")}
+        present = {rel for rel in (Evidence.VM_BEFORE, Evidence.VM_AFTER, Evidence.VM_EXPECTATION)
+                   if (self.run_dir / layout.evidence_path(rel)).is_file()}
+        plan = self.load(layout.PLAN)
+        graded_vm = (isinstance(plan, dict) and plan.get("provider") == "qemu"
+                     and result is not None and result.status.carries_score)
+        if graded_vm:
+            wanted = [layout.evidence_path(n) for n in (Evidence.VM_EXPECTATION, Evidence.VM_BEFORE, Evidence.VM_AFTER)]
+            wanted += [layout.evidence_path(Evidence.vm_probes(ph)) for ph in ("before", "after")]
+            lacking = [rel for rel in wanted if not (self.run_dir / rel).is_file()]
+            self.check("vm.evidence", not lacking, wanted, lacking or None,
+                       f"a graded qemu run lacks its VM seal evidence: {lacking}" if lacking else "", area="isolation")
+        if not present and not any(v is not None for v in probes.values()):
+            return
+        data = self.load(layout.evidence_path(Evidence.VM_EXPECTATION))
+        try:
+            expectation = vm_rules.VmExpectation.from_dict(data)
+        except ValueError as e:
+            self.check("vm.expectation", False, "the planned VM (a VmExpectation)", data,
+                       f"{layout.evidence_path(Evidence.VM_EXPECTATION)}: {e}", area="isolation")
+            return
+        if before is not None or after is None:  # a VM run without its first capture is unknown
+            self._add_isolation(CheckGroup.VM_BEFORE, vm_rules.judge_vm_state(before, expectation, "before"))
+        if after is not None:
+            self._add_isolation(CheckGroup.VM_AFTER, vm_rules.judge_vm_state(after, expectation, "after")
+                                + vm_rules.judge_vm_captures(before, after, expectation))
+        for phase, raw in probes.items():
+            if raw is None:
+                continue
+            group = CheckGroup.VM_PROBES_BEFORE if phase == "before" else CheckGroup.VM_PROBES_AFTER
+            if not expectation.guest_input_dir:
+                self.check("vm.expectation", False, "the guest's input folder", None,
+                           "the VM expectation names no guest_input_dir; the guest's probes cannot be judged",
+                           area="isolation")
+                break
+            self._add_isolation(group, vm_rules.judge_vm_probes(raw, expectation, phase))
+
     def verify_input_and_workspace(self) -> None:
         trees = {}
         for name, rel in (("input-after-start", layout.evidence_path(Evidence.INPUT_AFTER_START)),
@@ -854,7 +901,7 @@ class _Verifier:
         stored = self.load(layout.evidence_path(Evidence.CHECKS))
         if isinstance(stored, list):
             phases_seen = {c.get("phase") for c in stored if isinstance(c, dict)}
-            for phase, rel in GROUP_EVIDENCE.items():
+            for phase, rel in {**GROUP_EVIDENCE, **VM_GROUP_EVIDENCE}.items():
                 if rel in self._present and phase not in phases_seen:
                     self.check(f"checks.{phase}", False, f"checks of {phase} in checks.json", sorted(map(str, phases_seen)),
                                f"the harness recorded no {phase} checks at run time, though {rel} exists")
