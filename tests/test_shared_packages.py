@@ -194,3 +194,42 @@ def test_the_entry_hash_reuses_the_copy_pass_and_equals_a_fresh_hash(tmp_path, m
     assert sorted(read) == ["input/top.txt", "software/tool.sh"]
     os.symlink("top.txt", public / "input" / "link")  # a link: recorded as ever
     assert ev.hash_tree(public, known=hashed) == ev.hash_tree(public)
+
+
+def _in_use_elsewhere(cache: Path) -> list[str]:
+    """The entries some open descriptor of this process still holds (its shared lock):
+    an exclusive non-blocking lock on each entry's in-use file fails while one does."""
+    import fcntl
+
+    held = []
+    for e in entries(cache):
+        fd = os.open(e / packages.IN_USE, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            held.append(e.name)
+        finally:
+            os.close(fd)
+    return held
+
+
+def test_a_grading_probe_releases_the_shared_package(tmp_path, docker_client, cache) -> None:
+    """``ale task check``'s grading probe stages from the shared package as a run does,
+    and lets go of it when it ends (it once held the lock until the process exited, so
+    the cache could never evict the entry)."""
+    from ale.runs.grading_only import grade_probe
+
+    task = tree(tmp_path)
+    plan = RunPlan(run_id=f"p-{uuid.uuid4().hex[:8]}", task_dir=str(task), agent=AgentSpec(name="nop"),
+                   image=TOOLS_IMAGE, policy=IsolationPolicy(memory_bytes=512 * MIB), runs_dir=str(tmp_path / "runs"))
+
+    def write(workspace: Path, _input: Path, _digest: str) -> list[str]:
+        (workspace / "out.txt").write_text("forty-two\n")
+        return []
+
+    result = asyncio.run(grade_probe(plan, write, "right", provider=DockerProvider(docker_client)))
+    assert result.score == 1.0, (result.status, result.error)
+    assert len(entries(cache)) == 1, "the probe staged through the shared package"
+    assert _in_use_elsewhere(cache) == [], "the probe still holds the shared package's lock"
+    (entry,) = entries(cache)
+    assert packages.evict(cache, limit=0) == [entry.name], "an entry no run uses is evicted"

@@ -289,6 +289,7 @@ async def _cleanup(state: RunState) -> None:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(state.prep.provider.remove_managed, run_id=run_id)
     await asyncio.to_thread(release_scratch, state.folder.scratch)
+    lifecycle.release_package(state)
 
 
 def _remove(path: Path) -> None:

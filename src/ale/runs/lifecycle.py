@@ -1106,10 +1106,16 @@ async def _cleanup(state: RunState) -> None:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(state.prep.provider.remove_managed, run_id=state.plan.run_id)
         await asyncio.to_thread(release_scratch, state.folder.scratch)
-        if state.live.package is not None:
-            state.live.package.release()
+        release_package(state)
 
     await asyncio.shield(_do())
+
+
+def release_package(state: RunState) -> None:
+    """Let go of the shared public package this run staged from (its lock, so the
+    cache may evict the entry): every run-like driver's cleanup calls it. Idempotent."""
+    if state.live.package is not None:
+        state.live.package.release()
 
 
 def _finish_record(state: RunState, result: RunResult) -> None:
