@@ -427,7 +427,10 @@ def test_task_list_reports_ok_unsupported_and_error(tree: Path) -> None:
     rows = {Path(r.path).name: r for r in list_tasks(tree)}
     assert rows["alpha"].status == "ok" and rows["alpha"].variants == 1
     assert rows["windows_task"].status == "unsupported"
-    assert rows["windows_task"].reason == "needs a Windows VM (vm.snapshot=cpu-free): not supported by the docker provider"
+    assert rows["windows_task"].reason == (
+        "needs a Windows VM (vm.snapshot=cpu-free): not supported by the docker provider; run it with --provider qemu "
+        "and map it to a disk: environment.vm_images: {cpu-free: PATH-or-URL} in the experiment, "
+        "or ale run --vm-image cpu-free=PATH-or-URL")
     assert rows["broken"].status == "error" and "syntax error at line 1" in (rows["broken"].reason or "")
     assert "scripts" not in rows and "_shared" not in rows
 
@@ -443,9 +446,45 @@ def test_a_windows_task_is_refused_at_preflight(tmp_path: Path) -> None:
     d = write(tmp_path / "d" / "win" / "main.py", "import cua_bench as cb\n").parent
     write(d / "task_card.json", '{"vm": {"snapshot": "gpu-license", "machineType": "g2-standard-8"}}')
     plan = RunPlan(run_id="win", task_dir=str(d), agent=AgentSpec(name="nop"), runs_dir=str(tmp_path / "runs"))
-    with pytest.raises(PreflightError, match=r"needs a Windows VM \(vm.snapshot=gpu-license\): not supported by the docker provider"):
+    with pytest.raises(PreflightError, match=r"needs a Windows VM \(vm.snapshot=gpu-license\): not supported by the docker provider; run it with --provider qemu"):
         asyncio.run(execute_run(plan))
     assert not (tmp_path / "runs" / "win").exists()
+
+
+def test_a_windows_task_plans_under_qemu_once_its_snapshot_is_mapped(tmp_path: Path) -> None:
+    """Planning names the fix until the operator maps the snapshot; mapped, the plan
+    carries the disk for the qemu provider. (Nothing Windows boots here: the run
+    itself is the provider's, tested with the Linux guest.)"""
+    from ale.runs.experiment import load_experiment, plan_experiment
+    from ale.tasks.card import load_card
+
+    d = write(tmp_path / "tasks" / "win" / "main.py", textwrap.dedent("""\
+        import cua_bench as cb
+
+        @cb.tasks_config(split="train")
+        def load():
+            return [cb.Task(description="d", metadata={}, computer={"setup_config": {"os_type": "windows"}})]
+
+        @cb.evaluate_task(split="train")
+        async def evaluate(task_cfg, session):
+            return [0.0]
+        """)).parent
+    write(d / "task_card.json", '{"vm": {"snapshot": "cpu-free"}}')
+    card = load_card(d)
+    assert card.unsupported_reason("qemu") == ("needs a Windows VM (vm.snapshot=cpu-free): no disk is mapped to 'cpu-free'; "
+                                               "map it to a disk: environment.vm_images: {cpu-free: PATH-or-URL} in the "
+                                               "experiment, or ale run --vm-image cpu-free=PATH-or-URL")
+    assert card.unsupported_reason("qemu", vm_images=("cpu-free",)) is None
+    assert card.unsupported_reason("docker", vm_images=("cpu-free",)) is not None  # a container never runs it
+    assert card.unsupported_reason("qemu", vm_images=("gpu-free",)) is not None
+    exp_file = write(tmp_path / "exp.yaml", "name: w\ntasks: [{path: tasks/win}]\nagents: [{name: nop}]\n"
+                     "environment: {provider: qemu, vm_images: {cpu-free: /disks/win10.qcow2}}\n")
+    units, skipped = plan_experiment(load_experiment(exp_file))
+    assert skipped == [] and [u.plan.vm_image for u in units] == ["/disks/win10.qcow2"]
+    assert all(u.plan.provider == "qemu" for u in units)
+    exp_file.write_text(exp_file.read_text().replace("cpu-free: /disks", "gpu-free: /disks"))
+    units, skipped = plan_experiment(load_experiment(exp_file))
+    assert units == [] and "no disk is mapped to 'cpu-free'" in skipped[0].reason
 
 
 def test_machine_type_becomes_the_default_limits_capped_to_the_host(tree: Path) -> None:

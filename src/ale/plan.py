@@ -55,6 +55,10 @@ class RunPlan(BaseModel):
     data_source: str | None = None  # None: the task card's, else none
     image: str = DEFAULT_TOOLS_IMAGE
     provider: str = "docker"  # the SandboxProvider (ale.sandbox.providers)
+    # The qemu provider's base disk for this task's vm.snapshot (an operator's
+    # environment.vm_images entry: a .qcow2 path, or a published folder or URL,
+    # ale.data.vm_disks); None: ale's own Linux guest (ale image build --vm).
+    vm_image: str | None = None
     # The judge credentials evaluate() gets: names <NAME> of ALE_JUDGE_<NAME> in the
     # controller's environment (values never enter the plan). None: every one.
     judge_env: tuple[str, ...] | None = None

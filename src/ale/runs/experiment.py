@@ -142,7 +142,11 @@ def _task_entry(v: Any) -> Any:
 
 class EnvironmentSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    provider: Literal["docker"] = "docker"
+    provider: Literal["docker", "qemu"] = "docker"
+    # qemu: an ALE vm.snapshot (cpu-free, gpu-license, ...) → its base disk (a .qcow2
+    # path, or a folder or gs://, s3://, hf:// URL in ALE's published layout:
+    # ale.data.vm_disks). A task whose snapshot is not a Linux one runs only when mapped.
+    vm_images: dict[str, str] = Field(default_factory=dict)
     policy: str | dict[str, Any] | None = None  # a JSON/YAML file, or the policy inline
     # The sandboxes' OCI runtime (runc, or runsc: gVisor); overrides the policy's.
     runtime: str | None = None
@@ -532,8 +536,10 @@ def resolve_tasks(exp: Experiment, *, jobs: int = 4, skipped: list[Skipped] | No
                 for task_dir, (name, variants) in mentioned.items()]
     dirs = list(mentioned)
     provider = exp.environment.provider
+    mapped = tuple(exp.environment.vm_images) if provider == "qemu" else ()
     with ThreadPoolExecutor(max(1, min(jobs, len(dirs) or 1))) as pool:
-        screens = dict(zip(dirs, pool.map(lambda d: screen_task(d, provider, build_env=build_envs), dirs), strict=True))
+        screens = dict(zip(dirs, pool.map(lambda d: screen_task(d, provider, build_env=build_envs, vm_images=mapped), dirs),
+                           strict=True))
     skipped = skipped if skipped is not None else []
     out = []
     for task_dir, (name, variants) in mentioned.items():
@@ -593,7 +599,9 @@ def plan_units(exp: Experiment, *, skipped: list[Skipped] | None = None, build_e
     units: list[PlannedUnit] = []
     seen: set[str] = set()
     tasks = resolve_tasks(exp, skipped=skipped, screen=True, build_envs=build_envs)
-    policies = {t.task_dir: policy_for_card(policy, load_card(t.task_dir))[0] for t in tasks}
+    cards = {t.task_dir: load_card(t.task_dir) for t in tasks}
+    policies = {d: policy_for_card(policy, card)[0] for d, card in cards.items()}
+    vm_images = {d: env.vm_images.get(card.snapshot or "") for d, card in cards.items()} if env.provider == "qemu" else {}
     for task in tasks:
         for variant in task.variants:
             for agent in exp.agent_specs():
@@ -618,6 +626,7 @@ def plan_units(exp: Experiment, *, skipped: list[Skipped] | None = None, build_e
                         attempt=1,
                         signing_key=env.signing_key,
                         provider=env.provider,
+                        vm_image=vm_images.get(task.task_dir),
                         judge_env=env.judge_env,
                         provision_software=env.provision_software,
                         software_overlay=str(exp.resolve(env.software_overlay)) if env.software_overlay else None,

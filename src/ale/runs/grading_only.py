@@ -127,7 +127,7 @@ class WarmProcesses:
     async def _pool(self, plan: RunPlan) -> TaskProcessPool:
         try:
             card = load_card(plan.task_dir)
-            reason = card.unsupported_reason(plan.provider)
+            reason = card.unsupported_reason(plan.provider, vm_images=lifecycle.mapped_snapshots(plan, card))
         except TaskError as e:
             raise lifecycle.PreflightError(str(e)) from e
         if reason is not None:

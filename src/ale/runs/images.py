@@ -25,6 +25,7 @@ from ale.runs.screening import screen_task
 from ale.sandbox import desktop as desktop_mod
 from ale.sandbox.base import ImageMissing, SandboxProvider
 from ale.sandbox.providers import make_provider
+from ale.tasks.card import load_card
 
 Say = Callable[[str], None]
 
@@ -50,7 +51,7 @@ def image_for(plan: RunPlan) -> str:
     image, as the lifecycle's preflight chooses."""
     if plan.image != DEFAULT_TOOLS_IMAGE:
         return plan.image
-    screen = screen_task(plan.task_dir, plan.provider)
+    screen = screen_task(plan.task_dir, plan.provider, vm_images=(load_card(plan.task_dir).snapshot or "",) if plan.vm_image else ())
     facts = next((v for v in screen.variants if v.index == plan.variant), None)
     return desktop_mod.DEFAULT_DESKTOP_IMAGE if facts is not None and facts.desktop else plan.image
 

@@ -91,7 +91,7 @@ from ale.status import (
     RunStatus,
     not_the_agents,
 )
-from ale.tasks.card import load_card
+from ale.tasks.card import TaskCard, load_card
 from ale.tasks.environment import EnvironmentBuildError, TaskEnvironment, resolve_environment
 from ale.tasks.errors import TaskError
 from ale.tasks.jail import task_network
@@ -120,6 +120,11 @@ class SealBroken(Exception):
 
 
 # -- preflight -----------------------------------------------------------------
+def mapped_snapshots(plan: RunPlan, card: TaskCard) -> tuple[str, ...]:
+    """The snapshots this plan maps to a disk: the card's, when the plan names one."""
+    return (card.snapshot,) if plan.vm_image and card.snapshot else ()
+
+
 async def prepare(
     plan: RunPlan, provider: SandboxProvider | None = None, *, environment: TaskEnvironment | None = None
 ) -> Prepared:
@@ -127,7 +132,7 @@ async def prepare(
     engine and the image. Raises ``PreflightError``; nothing is left running then."""
     try:
         card = load_card(plan.task_dir)
-        reason = card.unsupported_reason(plan.provider)
+        reason = card.unsupported_reason(plan.provider, vm_images=mapped_snapshots(plan, card))
     except TaskError as e:
         raise PreflightError(str(e)) from e
     if reason is not None:
@@ -151,7 +156,8 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
         task = await process.start()
         variant = select_variant(task.variants, plan.variant)
         os_type = ((variant.computer or {}).get("setup_config") or {}).get("os_type")
-        reason = task.card.unsupported_reason(plan.provider, variant_os=os_type if isinstance(os_type, str) else None)
+        reason = task.card.unsupported_reason(plan.provider, variant_os=os_type if isinstance(os_type, str) else None,
+                                              vm_images=mapped_snapshots(plan, task.card))
         if reason is not None:
             raise TaskError(f"{plan.task_dir}: variant {plan.variant} {reason}")
     except TaskError as e:

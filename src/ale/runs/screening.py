@@ -72,12 +72,12 @@ def no_data_reason(facts: VariantFacts, flag: str = "--data") -> str:
             f"pass {flag} with {data_layout_hint(facts.data_key)}")
 
 
-def _screen(task_dir: Path, provider: str, build_env: bool) -> TaskScreen:
+def _screen(task_dir: Path, provider: str, build_env: bool, vm_images: tuple[str, ...] = ()) -> TaskScreen:
     try:
         card = load_card(task_dir)
     except TaskError as e:
         return TaskScreen(task_dir, ERROR, str(e))
-    reason = card.unsupported_reason(provider)
+    reason = card.unsupported_reason(provider, vm_images=vm_images)
     if reason is not None:
         return TaskScreen(task_dir, UNSUPPORTED, reason, data_source=card.data_source)
     hint = ""
@@ -101,7 +101,8 @@ def _screen(task_dir: Path, provider: str, build_env: bool) -> TaskScreen:
             desktop=desktop_spec(card.raw, v.computer) is not None,
             needs_data=needs_data(v.metadata, v.task_dir),
             data_key=v.data_key.name,
-            unsupported=card.unsupported_reason(provider, variant_os=os_type if isinstance(os_type, str) else None),
+            unsupported=card.unsupported_reason(provider, variant_os=os_type if isinstance(os_type, str) else None,
+                                                vm_images=vm_images),
         ))
     return TaskScreen(task_dir, OK, None, tuple(facts), card.data_source)
 
@@ -121,18 +122,21 @@ def _signature(task_dir: Path) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def screen_task(task_dir: str | Path, provider: str = "docker", *, build_env: bool = False) -> TaskScreen:
+def screen_task(task_dir: str | Path, provider: str = "docker", *, build_env: bool = False,
+                vm_images: tuple[str, ...] = ()) -> TaskScreen:
     """The task's screen (cached in this process while its main.py and card are
     unchanged). ``build_env``: build its tree's declared environment when it is not
     yet (as the run would); else a task that needs it and does not load without it
-    is an error naming ``ale task env``."""
+    is an error naming ``ale task env``. ``vm_images``: the snapshots the operator
+    mapped to disks (the qemu provider runs those)."""
     path = Path(task_dir).resolve()
-    key = (str(path), provider, build_env, _signature(path))
+    vm_images = tuple(sorted(vm_images))
+    key = (str(path), provider + "|" + ",".join(vm_images), build_env, _signature(path))
     with _lock:  # a screen made with the environment built serves either way
-        hit = _cache.get((str(path), provider, True, key[3])) or _cache.get(key)
+        hit = _cache.get((key[0], key[1], True, key[3])) or _cache.get(key)
     if hit is not None:
         return hit
-    screen = _screen(path, provider, build_env)
+    screen = _screen(path, provider, build_env, vm_images)
     with _lock:
         _cache[key] = screen
     return screen

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -87,17 +88,28 @@ class TaskCard(BaseModel):
                 return value.lower()
         return None
 
-    def unsupported_reason(self, provider: str = "docker", variant_os: str | None = None) -> str | None:
+    def unsupported_reason(self, provider: str = "docker", variant_os: str | None = None,
+                           vm_images: Collection[str] = ()) -> str | None:
         """Why ``provider`` cannot run this task (None: it can). ALE's Windows VMs
         (``vm.snapshot`` cpu-free, gpu-*, *-license; ``os_type`` windows) cannot be
-        a container."""
+        a container; the qemu provider runs one when the operator maps its snapshot
+        to a disk (``vm_images``: the snapshots an ``environment.vm_images`` maps)."""
         snap = self.snapshot
         os_type = (variant_os or self.os_type or "").lower()
         if snap is not None and snap not in LINUX_SNAPSHOTS:
-            return f"needs a Windows VM (vm.snapshot={snap}): not supported by the {provider} provider"
-        if os_type and os_type not in ("linux", "ubuntu"):
-            return f"needs a {os_type.capitalize()} VM (os_type={os_type}): not supported by the {provider} provider"
-        return None
+            what = f"a Windows VM (vm.snapshot={snap})"
+        elif os_type and os_type not in ("linux", "ubuntu"):
+            what = f"a {os_type.capitalize()} VM (os_type={os_type})"
+        else:
+            return None
+        if provider == "qemu" and snap is not None and snap in vm_images:
+            return None
+        key = snap or os_type
+        fix = (f"map it to a disk: environment.vm_images: {{{key}: PATH-or-URL}} in the experiment, "
+               f"or ale run --vm-image {key}=PATH-or-URL")
+        if provider == "qemu":
+            return f"needs {what}: no disk is mapped to {key!r}; {fix}"
+        return f"needs {what}: not supported by the {provider} provider; run it with --provider qemu and {fix}"
 
 
 class _CardError(ValueError):
