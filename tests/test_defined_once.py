@@ -152,7 +152,7 @@ def test_the_layout_rule_finds_what_it_must(tmp_path: Path) -> None:
     assert hits == {f"m{i}.py" for i in range(len(caught))}, hits
 
 
-# -- the score tolerance: ale.grading.grader.SCORE_EPSILON ------------------------------
+# -- the score tolerance: ale.result.SCORE_EPSILON ------------------------------
 # Small numbers that are not a tolerance on scores.
 NOT_SCORE_TOLERANCE = {
     ("isolation/checks.py", 1e-6): "a container's CPU quota against the policy's",
@@ -163,10 +163,10 @@ NOT_SCORE_TOLERANCE = {
 
 def test_the_score_tolerance_is_one_constant() -> None:
     """A tolerance is a small literal (below 1e-3) or a literal ``abs_tol``/``rel_tol``:
-    on scores, each must be ``SCORE_EPSILON``, defined once in grading/grader.py."""
+    on scores, each must be ``SCORE_EPSILON``, defined once in result.py."""
     hits = []
     for rel, tree in _sources():
-        defining = {id(n.value) for n in ast.walk(tree) if rel == "grading/grader.py" and isinstance(n, ast.Assign)
+        defining = {id(n.value) for n in ast.walk(tree) if rel == "result.py" and isinstance(n, ast.Assign)
                     and [ast.unparse(t) for t in n.targets] == ["SCORE_EPSILON"]}
         for node in ast.walk(tree):
             if isinstance(node, ast.keyword) and node.arg in ("abs_tol", "rel_tol") and isinstance(node.value, ast.Constant):
@@ -175,7 +175,7 @@ def test_the_score_tolerance_is_one_constant() -> None:
                   and id(node) not in defining and (rel, node.value) not in NOT_SCORE_TOLERANCE):
                 hits.append(f"{rel}:{node.lineno}: {node.value!r}")
     bad = _debt("score tolerance", sorted(set(hits)))
-    assert not bad, "tolerances outside ale.grading.grader.SCORE_EPSILON:\n" + "\n".join(bad)
+    assert not bad, "tolerances outside ale.result.SCORE_EPSILON:\n" + "\n".join(bad)
 
 
 # -- secret names: ale.redaction.is_secret_name ---------------------------------------

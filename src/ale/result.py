@@ -18,6 +18,11 @@ from ale.status import (
     is_retryable,
 )
 
+# The one tolerance on scores: how far past 0 or 1 a score may be and still be that
+# bound, and how close two scores must be to count as equal (a score above another
+# by more; a mean recomputed from its scores). Here, beside the result it judges, so
+# that `ale verify` needs no grading code; tests/test_defined_once.py keeps it the only one.
+SCORE_EPSILON = 1e-9
 
 class PhaseTiming(BaseModel):
     model_config = ConfigDict(extra="forbid")

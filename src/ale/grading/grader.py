@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ale.result import SCORE_EPSILON
 from ale.sandbox.base import (
     LABEL_EXPERIMENT,
     LABEL_ROLE,
@@ -114,10 +115,6 @@ def working_copy(src: Path, dest: Path, *, owner: tuple[int, int] | None) -> Pat
     return dest.resolve()
 
 
-# The one tolerance on scores: how far past 0 or 1 a score may be and still be that
-# bound, and how close two scores must be to count as equal (a score above another
-# by more; a mean recomputed from its scores). tests/test_defined_once.py keeps it the only one.
-SCORE_EPSILON = 1e-9
 
 
 class InvalidScores(GradingError):

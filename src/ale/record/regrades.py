@@ -40,9 +40,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from ale import layout
-from ale.grading.grader import SCORE_EPSILON
 from ale.record import evidence as ev
 from ale.record import signing
+from ale.result import SCORE_EPSILON
 from ale.status import RunStatus
 
 REGRADES_DIR = "regrades"  # under the run folder: one folder per regrade, 1, 2, ...

@@ -27,7 +27,6 @@ from ale import layout, lossless
 from ale.agents.gateway import record as gateway_record
 from ale.agents.trajectory import Trajectory, TrajectoryStep
 from ale.grading.deliverables import DeliverablesManifest, SkippedEntry, listing_digest
-from ale.grading.grader import SCORE_EPSILON
 from ale.isolation import vm_rules
 from ale.isolation.checks import Check, failures, violation_line
 from ale.isolation.probes import workspace_empty_checks
@@ -54,7 +53,7 @@ from ale.phases import (
 from ale.record import evidence as ev
 from ale.record import regrades, signing
 from ale.redaction import unredacted_secrets
-from ale.result import RunResult
+from ale.result import SCORE_EPSILON, RunResult
 from ale.sandbox.base import Mount
 from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.software import RECORD_LABEL, record_digest

@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from ale import layout
-from ale.grading.grader import SCORE_EPSILON
 from ale.record.trusted_keys import signer_key
 from ale.record.verify import VerifyReport, verify_run_dir
 from ale.report.aggregate import Report, aggregate
 from ale.report.render import to_json
-from ale.result import RunResult
+from ale.result import SCORE_EPSILON, RunResult
 from ale.runs.experiment import ReportSpec
 from ale.runs.regrade import apply_latest_grading, regrade_summary
 from ale.runs.store import read_result, read_units, runs_root
