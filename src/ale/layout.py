@@ -83,6 +83,7 @@ class Evidence:
     INSPECT_BEFORE = "inspect-before.json"
     IMAGE = "image.json"
     INPUT_AFTER_START = "input-after-start.json"
+    START_WRITES = "start-writes.json"  # what start() added to the public package, kept under start/public/
     WORKSPACE_EMPTY = "workspace-empty.json"
     REFERENCE_COMMIT = "reference-commit.json"
     AGENT = "agent.json"

@@ -126,6 +126,7 @@ def _table(shape: RunShape) -> tuple[PhaseSpec, ...]:
         PhaseSpec(Phase.VERIFY_BEFORE, "the probes (before), hash the input, prove the workspace empty, commit the reference",
                   writes=(evidence_path(Evidence.probes("before")), evidence_path(Evidence.INPUT_AFTER_START),
                           evidence_path(Evidence.WORKSPACE_EMPTY), evidence_path(Evidence.REFERENCE_COMMIT)),
+                  records=(evidence_path(Evidence.START_WRITES),),
                   checks=(CheckGroup.PROBES_BEFORE, CheckGroup.AGENT_START), gate=True),
         PhaseSpec(Phase.AGENT, "the agent's turn, bounded by its wall time and the workspace's limits; the model gateway's record",
                   opens_with=(evidence_path(Evidence.AGENT), evidence_path(Evidence.NETWORK)),

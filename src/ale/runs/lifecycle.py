@@ -57,7 +57,7 @@ from ale.plan import RunPlan
 from ale.record import evidence as ev
 from ale.record.signing import load_or_create_signing_key
 from ale.result import RunResult
-from ale.runs import software
+from ale.runs import software, start_writes
 from ale.runs.extensions import make_extension
 from ale.runs.staging_step import public_tree, stage_input
 from ale.runs.state import LiveHandles, Prepared, RunFolder, RunRecord, RunState, now
@@ -285,6 +285,8 @@ async def run_task_setup(state: RunState) -> None:
         [Route(v.input_dir, state.folder.input_host, writable=True), Route(v.reference_dir, state.folder.setup_reference_host, writable=True)],
         factory, gui=container if state.extension.computer is not None else None,
     )
+    # What start() changes in the public package is kept in the run folder (start_writes).
+    state.record.public_before_start = await asyncio.to_thread(start_writes.listing, state.folder.public_host)
     await state.prep.process.call("start", v.index, session, timeout=state.plan.limits.grading_timeout_s)
 
 
@@ -334,6 +336,11 @@ async def seal_input_and_workspace(state: RunState) -> None:
     with state.record.cost("evidence"):
         tree = await asyncio.to_thread(public_tree, state)
         _seal_input_and_workspace(state, tree)
+        before = state.record.public_before_start
+        if before is not None:  # start() ran: keep what it added or changed, for a regrade
+            kept = await asyncio.to_thread(start_writes.keep_public, state.folder.run_dir, state.folder.public_host,
+                                           before, tree)
+            state.record.store.write_json(Evidence.START_WRITES, kept)
 
 
 def _seal_input_and_workspace(state: RunState, tree: dict) -> None:
@@ -592,11 +599,15 @@ async def stage_reference(state: RunState) -> None:
     # only; what is meant to run (execute bits, #!, ELF) stays runnable on its read-only mount.
     restore_runnable(dest)
     staged_tree = await asyncio.to_thread(ev.hash_tree, dest)  # off the loop: a reference may be large
+    # start()'s reference writes, kept in the run folder (the candidate's turn is over) for a regrade
+    kept = await asyncio.to_thread(start_writes.keep_reference, state.folder.run_dir, state.folder.setup_reference_host,
+                                   setup_tree) if state.record.public_before_start is not None else None
     state.record.store.write_json(
         Evidence.REFERENCE_CHECK,
         {
             "source_sha256": None if state.record.commitment is None else state.record.commitment.sha256,
             "setup_written_digest": setup_tree["digest"],
+            **({"kept": kept} if kept is not None else {}),
             "staged_tree": staged_tree,
             "unpacked_at": now().isoformat(),
         },
