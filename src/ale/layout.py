@@ -101,6 +101,12 @@ class Evidence:
     GRADING_ATTEMPTS = "grading-attempts.json"  # each evaluate() attempt: times, scores or error
     DESKTOP = "desktop.json"  # a desktop task's desktop: its spec, image, tool resolution, start
     CUA = "cua.json"  # a cua-compatible image's computer-server: its start, tunnel, rights beside the candidate's
+    SCREENS = "screens.json"  # a desktop run's screen after start() and at the end of the agent's turn (the PNGs beside)
+
+    @staticmethod
+    def screen(moment: str) -> str:
+        """``screen-after-start.png`` / ``screen-end-of-turn.png``: the whole screen, as the desktop captured it."""
+        return f"screen-{moment.replace('_', '-')}.png"
 
     @staticmethod
     def probes(phase: str) -> str:

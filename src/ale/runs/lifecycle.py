@@ -769,6 +769,41 @@ async def record_cua(state: RunState) -> None:
         state.record.store.write_json(Evidence.CUA, await record())
 
 
+# A desktop run's screen, recorded at these moments (evidence/screens.json, the PNGs beside).
+SCREEN_AFTER_START, SCREEN_END_OF_TURN = "after_start", "end_of_turn"
+SCREENSHOT_BOUND_S = 30.0
+
+
+async def record_screen(state: RunState, moment: str) -> None:
+    """The whole screen of a desktop run (the desktop's or a cua sandbox's), as its own
+    evidence file; a screen that cannot be captured is recorded with why, and never
+    fails the run. A run without a desktop records nothing."""
+    computer = state.extension.computer
+    if computer is None or state.live.sandbox is None:
+        return
+    from ale.sandbox.computer import png_size
+
+    entry: dict[str, Any] = {"at": now().isoformat()}
+    t0 = time.monotonic()
+    try:
+        _, png = await asyncio.wait_for(computer.desktop.request("screenshot", timeout=SCREENSHOT_BOUND_S),
+                                        SCREENSHOT_BOUND_S + 5)
+        width, height = png_size(png)
+        name = Evidence.screen(moment)
+        ev.write_new(state.record.store.path(name), png, durable=state.record.store.durable)
+        entry.update(file=layout.evidence_path(name), sha256=ev.sha256_bytes(png), bytes=len(png), width=width, height=height)
+    except Exception as e:  # the desktop may be gone (the candidate's doing, or the sandbox stopped)
+        entry["error"] = f"{type(e).__name__}: {e}"[:2000]
+    entry["seconds"] = round(time.monotonic() - t0, 4)
+    state.record.screens[moment] = entry
+    state.record.events.append("screen.recorded", moment=moment, **{k: entry[k] for k in ("sha256", "error") if k in entry})
+
+
+async def _task_start_step(state: RunState) -> None:
+    await run_task_setup(state)
+    await record_screen(state, SCREEN_AFTER_START)
+
+
 async def _verify_before_step(state: RunState) -> None:
     await verify_running(state, "before")
     await seal_input_and_workspace(state)
@@ -777,7 +812,12 @@ async def _verify_before_step(state: RunState) -> None:
 
 async def _agent_step(state: RunState) -> None:
     state.live.agent_started = True
-    await run_agent(state)
+    try:
+        await run_agent(state)
+    except Exception:
+        await record_screen(state, SCREEN_END_OF_TURN)
+        raise
+    await record_screen(state, SCREEN_END_OF_TURN)  # as the agent's turn left it, before anything of it is killed
     record_model_gateway(state)
 
 
@@ -939,7 +979,7 @@ Step = Callable[[RunState], Awaitable[None]]
 STEPS: dict[Phase, Step] = {
     Phase.STAGE_INPUT: stage_input,
     Phase.PROVISION: _provision_step,
-    Phase.TASK_START: run_task_setup,
+    Phase.TASK_START: _task_start_step,
     Phase.VERIFY_BEFORE: _verify_before_step,
     Phase.AGENT: _agent_step,
     Phase.STOP: _stop_step,
@@ -1127,6 +1167,8 @@ def _finish_record(state: RunState, result: RunResult) -> None:
     if state.record.workspace_at_creation is not None and not state.record.store.path(Evidence.WORKSPACE_EMPTY).exists():
         # The run stopped before the agent's start: keep the creation proof alone.
         state.record.store.write_json(Evidence.WORKSPACE_EMPTY, {"at_creation": state.record.workspace_at_creation})
+    if state.record.screens:
+        state.record.store.write_json(Evidence.SCREENS, state.record.screens)
     state.record.store.write_json(Evidence.CHECKS, state.record.checks)
     state.record.store.write_json(Evidence.PHASES, [p.model_dump(mode="json") for p in state.record.phases])
     state.record.events.append("run.end", status=result.status.value, score=result.score)
