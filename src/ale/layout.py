@@ -36,6 +36,9 @@ TASK_LOG = "task.log"  # what the task process printed (only when it printed any
 EVIDENCE_DIR = "evidence"
 AGENT_DIR = "agent"  # what the agent's side wrote on the controller (outside the sandbox)
 GATEWAY_DIR = f"{AGENT_DIR}/gateway"  # the model gateway's record of the agent's model calls
+START_DIR = "start"  # what the task's start() wrote, kept for a regrade (ale.runs.start_writes)
+START_PUBLIC = f"{START_DIR}/public"  # ... into the public package (evidence/start-writes.json lists it)
+START_REFERENCE = f"{START_DIR}/reference"  # ... into the reference (evidence/reference-check.json's kept)
 
 
 class Agent:

@@ -32,9 +32,7 @@ from ale import layout
 from ale.record import evidence as ev
 from ale.record.regrades import read_json
 
-START_DIR = "start"
-PUBLIC = f"{START_DIR}/public"
-REFERENCE = f"{START_DIR}/reference"
+START_DIR, PUBLIC, REFERENCE = layout.START_DIR, layout.START_PUBLIC, layout.START_REFERENCE
 
 Listing = dict[str, tuple[int, int, int, int, str | None]]
 
