@@ -502,3 +502,52 @@ def test_a_desktop_run_records_its_screen_after_start_and_at_the_end_of_the_turn
     # tampered with afterwards: the run no longer verifies
     (run / screens["end_of_turn"]["file"]).write_bytes(pngs["end_of_turn"] + b"\0")
     assert not verify_run_dir(run).valid
+
+
+def test_click_element_waits_until_its_element_is_visible_and_stable():
+    """Issue 27, item 8: the page learns of a right click through the display, while
+    click_element reads the menu entry's box through a JavaScript evaluation; the two
+    are not ordered. Under load the entry may still be hidden (a box of zeros) when
+    its box is read: the click must wait for it, as Playwright's does, not land in
+    the window's corner (gui/context_menu's oracle once scored 0 that way)."""
+    import asyncio
+
+    from ale.sandbox import session as sess
+
+    hidden = {"x": 300, "y": 130, "width": 0, "height": 0}
+    shown = {"x": 420, "y": 240, "width": 120, "height": 34}
+    moved = {"x": 421, "y": 240, "width": 120, "height": 34}
+
+    class Fake(sess.GuiMethods):
+        def __init__(self, rects):
+            self.rects, self.actions = list(rects), []
+
+        async def _gui_task(self, op, args):
+            if op == "execute_javascript":
+                return False
+            return self.rects.pop(0) if len(self.rects) > 1 else self.rects[0]
+
+        async def _gui_action(self, args):
+            self.actions.append(args)
+
+        def _gui_size(self):
+            return (1024, 768)
+
+    fake = Fake([hidden, hidden, shown, moved, moved])
+    asyncio.run(fake.click_element(1, "#menu-archive"))
+    assert [(a["action"], a["coordinate"]) for a in fake.actions] == [("left_click", [481, 257])]  # moved's centre
+
+    orig = sess.ACTIONABLE_TIMEOUT_S
+    try:
+        sess.ACTIONABLE_TIMEOUT_S = 0.3
+        # never visible (an <option> of a closed drop-down: 0x0 in every engine): once
+        # the wait is over, its centre is clicked as cua-bench's Playwright click does
+        never = Fake([hidden])
+        asyncio.run(never._click_element(1, "option[value=pro]", "ClickAction"))
+        assert [a["coordinate"] for a in never.actions] == [[300, 130]]
+        gone = Fake([None])
+        with pytest.raises(RuntimeError, match="Element not found for selector: #nothing"):
+            asyncio.run(gone._click_element(1, "#nothing", "ClickAction"))
+        assert gone.actions == []
+    finally:
+        sess.ACTIONABLE_TIMEOUT_S = orig
