@@ -17,6 +17,11 @@ reader's replay script (a copy of ``examples/agents/replay_simple.json``);
 (``examples/demo.yaml``'s agents on ``files/word_count``; the whole demo is 24
 sandboxes, its GUI half runs in tests/test_image_hints.py on an engine without
 the desktop image).
+
+docs/data.md shows usage synopses in untagged blocks (``ale data seal VARIANT_DIR...
+[--force] ...``), not commands to run: ``test_data_md_synopses_match_the_cli`` checks
+each against the CLI itself (the command, its options and their choices, its
+arguments).
 """
 
 from __future__ import annotations
@@ -400,3 +405,59 @@ def test_documented_command_works_as_shown(docker_client, fresh_clone: Ctx, comm
     assert p.returncode == 0, f"{actual}\nexit {p.returncode}\n{p.stderr[-3000:]}"
     if spec.check is not None:
         spec.check(p, fresh_clone)
+
+
+# -- docs/data.md's synopses (untagged blocks: usage lines, not commands to run) ------------
+
+
+def synopses(doc: Path) -> list[str]:
+    """The ``ale ...`` lines of ``doc``'s untagged fenced blocks."""
+    out, fence = [], None
+    for line in doc.read_text().splitlines():
+        if line.startswith("```"):
+            fence = None if fence is not None else line[3:].strip()
+        elif fence == "" and line.startswith("ale "):
+            out.append(" ".join(line.split()))
+    return out
+
+
+def _command(words: list[str]):  # a click command of ale's CLI, by its words
+    import typer.main
+
+    from ale.cli import app
+
+    cmd = typer.main.get_command(app)
+    for w in words:
+        cmd = cmd.commands[w]  # type: ignore[attr-defined]
+    return cmd
+
+
+def test_data_md_synopses_match_the_cli() -> None:
+    """Issue 27, item 6: each synopsis in docs/data.md names a real command, its
+    options exist (each documented choice among the option's choices or its help),
+    and a positional placeholder stands for a real argument."""
+    lines = synopses(ROOT / "docs" / "data.md")
+    assert len(lines) >= 4, lines  # seal, unseal, bake, validate
+    for line in lines:
+        tokens = re.findall(r"\[[^\]]*\]|\S+", line)[1:]
+        words = [t for t in tokens if re.fullmatch(r"[a-z][a-z-]*", t)]
+        head = []
+        for t in tokens:
+            if t not in words:
+                break
+            head.append(t)
+        cmd = _command(head)
+        params = {o: p for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+        for opt, value in re.findall(r"(--[a-z][a-z-]*)(?:[ =]([^\]\s]+))?", line):
+            assert opt in params, f"{line}: {opt} is not an option of ale {' '.join(head)}"
+            p = params[opt]
+            if value and "|" in value:
+                choices = getattr(getattr(p, "bare_type", None), "choices", None) or []
+                known = [str(c) for c in choices] + [str(getattr(p, "help", "") or "")]
+                for choice in value.split("|"):
+                    assert any(choice in k for k in known), f"{line}: {opt} {choice} is not among {known}"
+        placeholders = [t for t in tokens[len(head):] if re.fullmatch(r"[A-Z][A-Z_]*(\.\.\.)?", t)]
+        arguments = [p for p in cmd.params if type(p).__name__.endswith("Argument")]  # typer's own click
+        assert len(arguments) >= len(placeholders), f"{line}: {placeholders} but the command takes {arguments}"
+        for ph, arg in zip(placeholders, arguments, strict=False):
+            assert ph.endswith("...") == (arg.nargs == -1), f"{line}: {ph} vs the argument {arg.name} (nargs {arg.nargs})"

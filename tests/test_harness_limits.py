@@ -21,7 +21,7 @@ from ale.agents.registry import make_agent
 from ale.plan import AgentSpec, RunPlan
 from ale.sandbox.policy import GIB, MIB, IsolationPolicy, LimitNeeds, LimitRefused, raise_to_needs
 from ale.sandbox.usage import UsageMonitor, cgroup_dirs, limit_reached
-from tests.conftest import EXAMPLES, TOOLS_IMAGE
+from tests.conftest import EXAMPLES, TOOLS_IMAGE, require
 
 NEEDS = LimitNeeds(pids=128, memory_bytes=1 * GIB, tmp_bytes=256 * MIB)
 
@@ -125,8 +125,7 @@ def test_usage_monitor_reads_a_real_containers_cgroup(docker_client, label):
     try:
         c.reload()
         mon = UsageMonitor(c.attrs["State"]["Pid"])
-        if not mon.available and os.geteuid() != 0:
-            pytest.skip(f"the cgroup is not readable without root: {mon.reason}")
+        require(mon.available or os.geteuid() == 0, f"the cgroup is not readable without root: {mon.reason}")
         assert mon.available, mon.reason
         dirs = cgroup_dirs(c.attrs["State"]["Pid"])
         assert dirs["pids"].is_dir() and dirs["memory"].is_dir()

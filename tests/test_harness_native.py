@@ -23,7 +23,7 @@ from ale.runs.lifecycle import execute_run
 from ale.sandbox.docker import DockerProvider
 from ale.sandbox.policy import IsolationPolicy
 from ale.status import RunStatus
-from tests.conftest import EXAMPLES, TOOLS_IMAGE
+from tests.conftest import EXAMPLES, TOOLS_IMAGE, require
 from tests.fake_model_api import FakeModelAPI
 from tests.test_agents_support import box  # noqa: F401 - a fixture
 
@@ -327,8 +327,8 @@ def test_claude_code_bridge_mode_is_the_command_design_with_the_gateway_limits(b
     from ale.agents.harness import harness_prefix
     from tests.test_agents_support import make_ctx
 
-    if not (harness_prefix() / "claude" / "node_modules" / ".bin" / "claude").exists():
-        pytest.skip(f"Claude Code is not installed under {harness_prefix()} (scripts/setup.sh)")
+    require((harness_prefix() / "claude" / "node_modules" / ".bin" / "claude").exists(),
+            f"Claude Code is not installed under {harness_prefix()} (scripts/setup.sh)")
     agent = make_agent(AgentSpec(name="claude-code", config={"mode": "bridge", "model": "claude-fake-1",
                                                               "ALE_GATEWAY_ANTHROPIC_UPSTREAM": fake_api.url}))
     assert agent_evidence(AgentSpec(name="claude-code", config={"mode": "bridge"}))["details"]["mode"] == "bridge"

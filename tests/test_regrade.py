@@ -184,3 +184,65 @@ def test_map_task_finds_the_same_task_in_another_tree(tmp_path: Path) -> None:
 
     with pytest.raises(RegradeRefused):
         map_task("/somewhere/else/tasks/demo/other", tree)
+
+
+def test_an_experiment_of_a_task_whose_start_writes_its_input_regrades_every_run(tmp_path_factory, docker_client,
+                                                                                  tmp_path: Path) -> None:
+    """``secrets/echo_secret``: load() draws a fresh secret, start() writes it into the
+    input and the reference. Run again, start() would write another one; the run keeps
+    what start() wrote (start/, signed) and the regrade stages it from there (issue 27,
+    item 4)."""
+    import os
+    import subprocess
+    import sys
+
+    from ale.runs import start_writes
+    from ale.sandbox.docker import remove_containers
+    from tests.conftest import EXAMPLES
+
+    base = tmp_path_factory.mktemp("echo-secret")
+    shutil.copytree(EXAMPLES / "secrets" / "echo_secret", base / "tasks" / "secrets" / "echo_secret")
+    shutil.copytree(EXAMPLES.parent / "data" / "tasks" / "secrets", base / "data" / "tasks" / "secrets")
+    card = base / "tasks" / "secrets" / "echo_secret" / "task_card.json"
+    card.write_text(card.read_text().replace('"local:../../../data"', f'"local:{base / "data"}"'))
+    name = f"rg-secret-{os.getpid()}"
+    (base / "exp.yaml").write_text(f"name: {name}\ntasks_root: tasks\nagents: [{{name: oracle}}, {{name: nop}}]\n"
+                                   "tasks: [{path: secrets/echo_secret}]\nrepeats: 2\nconcurrency: 2\noutput: out\n")
+    basetemp = tmp_path_factory.getbasetemp()
+    env = {**os.environ, "ALE_CONFIG_DIR": str(basetemp / "ale-config"), "ALE_CACHE_DIR": str(basetemp / "ale-cache")}
+    res = subprocess.run([sys.executable, "-m", "ale.cli_exp", "run", str(base / "exp.yaml"), "--plain"],
+                         capture_output=True, text=True, timeout=900, env=env)
+    try:
+        assert res.returncode == 0, res.stderr[-3000:]
+        exp = base / "out"
+        runs = sorted(p for p in (exp / "runs").iterdir() if not p.name.startswith("."))
+        assert len(runs) == 4
+        secrets = set()
+        for run in runs:
+            kept = (run / start_writes.PUBLIC).rglob("secret.txt")
+            (secret,) = kept  # what start() wrote into the input, kept in the run folder
+            secrets.add(secret.read_text())
+            assert (run / start_writes.REFERENCE / "expected.txt").read_text() == secret.read_text()
+            manifest = json.loads((run / layout.MANIFEST).read_text())
+            assert f"{start_writes.REFERENCE}/expected.txt" in json.dumps(manifest)  # signed
+        assert len(secrets) == 4  # a fresh secret per run: start() run again could not reproduce one
+
+        res = runner.invoke(app, ["regrade", str(exp), "--reason", "echo_secret from the record", "--json"])
+        assert res.exit_code == 0, res.output
+        done = json.loads(res.stdout)
+        assert len(done["regraded"]) == 4 and not done["refused"], done
+        for run in runs:
+            grading = latest_grading(run)
+            want = 1.0 if "-oracle-" in run.name else 0.0
+            assert (grading.status, grading.score) == (RunStatus.SCORED, want), run.name
+            assert verify_run_dir(run).valid
+            events = (rg.regrade_dir(run, 1) / layout.EVENTS).read_text()
+            assert "the run's record (start/)" in events
+
+        # a kept write edited afterwards: the run no longer verifies, nothing regrades
+        run = runs[0]
+        (next((run / start_writes.PUBLIC).rglob("secret.txt"))).write_text("ALE-SECRET-forged\n")
+        code, out = _regrade(str(run))
+        assert code == 1 and "does not verify" in out, out
+    finally:
+        remove_containers(docker_client, experiment=name)

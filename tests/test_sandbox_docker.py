@@ -91,7 +91,8 @@ def require_runtime(docker_client, runtime: str) -> None:
     if runtime in have:
         return
     if runtime == GVISOR and not runsc_installable():
-        pytest.skip("gVisor (runsc) cannot be installed here: no runsc binary and no Debian package")
+        require(False, "gVisor (runsc) cannot be installed here: no runsc binary and no Debian package "
+                       "(scripts/setup.sh installs it on Debian 12 and fails without it)")
     require(False, f"the Docker engine lacks the runtime {runtime!r} (has {have}): {install_hint(runtime)}")
 
 

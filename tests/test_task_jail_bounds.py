@@ -21,6 +21,7 @@ import pytest
 from ale.tasks import jail
 from ale.tasks.jail import MiB, TaskBounds, TaskCgroup, cgroup_mounts, make_cgroup, own_cgroups
 from ale.tasks.process import TaskCallFailed, TaskProcess, TaskProcessError
+from tests.conftest import require
 from tests.test_ale_tree import evaluate_only_task  # the one evaluate-only task writer
 
 
@@ -49,8 +50,10 @@ JAIL = shutil.which("bwrap") is not None and jail.jail_enabled()
 CGROUP = make_cgroup(f"ale-probe-{os.getpid()}", small())[0]
 if CGROUP is not None:
     CGROUP.remove()
-needs_jail = pytest.mark.skipif(not JAIL, reason="no bubblewrap, or ALE_TASK_SANDBOX=off")
-needs_cgroup = pytest.mark.skipif(CGROUP is None or not JAIL, reason="no cgroup can be made here (rlimits only)")
+# Capabilities (tests/conftest.py): skipped locally without them, failures under ALE_CI=1,
+# where CI runs as root with bubblewrap installed and can make a cgroup.
+needs_jail = pytest.mark.requires(JAIL, "no bubblewrap, or ALE_TASK_SANDBOX=off")
+needs_cgroup = pytest.mark.requires(CGROUP is not None and JAIL, "no cgroup can be made here (rlimits only)")
 
 
 def run(coro: Any, limit: float = 90) -> Any:
@@ -121,8 +124,7 @@ def test_a_fork_bomb_is_contained_and_a_concurrent_task_process_is_unaffected(tm
 def test_rlimits_stand_in_where_no_cgroup_can_be_made(tmp_path: Path) -> None:
     """Without a cgroup (``ALE_TASK_CGROUP=off``, or none the host lets us make):
     RLIMIT_NPROC (for the unprivileged uid) and RLIMIT_DATA, recorded as such."""
-    if not JAIL:
-        pytest.skip("no bubblewrap")
+    require(JAIL, "no bubblewrap, or ALE_TASK_SANDBOX=off")
     d = candidate(tmp_path, "fallback", """
         import json, os, sys
         out = {}
@@ -408,8 +410,7 @@ def test_a_dead_harnesss_task_cgroups_are_swept() -> None:
 def test_a_task_folder_another_uid_cannot_read_keeps_the_harness_uid(tmp_path: Path) -> None:
     """Dropping to the unprivileged uid must not break a task whose files only root
     reads: the process keeps the harness's uid, and the record says why."""
-    if os.geteuid() != 0:
-        pytest.skip("the uid is dropped only when ale runs as root")
+    require(os.geteuid() == 0, "the uid is dropped only when ale runs as root (CI runs as root)")
     d = evaluate_only_task(tmp_path, "private", "return os.getuid()")
     (d / "main.py").chmod(0o600)
     value, evidence, _ = run(grade(d, small()))

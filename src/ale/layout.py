@@ -37,6 +37,9 @@ TASK_LOG = "task.log"  # what the task process printed (only when it printed any
 EVIDENCE_DIR = "evidence"
 AGENT_DIR = "agent"  # what the agent's side wrote on the controller (outside the sandbox)
 GATEWAY_DIR = f"{AGENT_DIR}/gateway"  # the model gateway's record of the agent's model calls
+START_DIR = "start"  # what the task's start() wrote, kept for a regrade (ale.runs.start_writes)
+START_PUBLIC = f"{START_DIR}/public"  # ... into the public package (evidence/start-writes.json lists it)
+START_REFERENCE = f"{START_DIR}/reference"  # ... into the reference (evidence/reference-check.json's kept)
 
 
 class Agent:
@@ -84,6 +87,7 @@ class Evidence:
     INSPECT_BEFORE = "inspect-before.json"
     IMAGE = "image.json"
     INPUT_AFTER_START = "input-after-start.json"
+    START_WRITES = "start-writes.json"  # what start() added to the public package, kept under start/public/
     WORKSPACE_EMPTY = "workspace-empty.json"
     REFERENCE_COMMIT = "reference-commit.json"
     AGENT = "agent.json"
@@ -101,6 +105,12 @@ class Evidence:
     GRADING_ATTEMPTS = "grading-attempts.json"  # each evaluate() attempt: times, scores or error
     DESKTOP = "desktop.json"  # a desktop task's desktop: its spec, image, tool resolution, start
     CUA = "cua.json"  # a cua-compatible image's computer-server: its start, tunnel, rights beside the candidate's
+    SCREENS = "screens.json"  # a desktop run's screen after start() and at the end of the agent's turn (the PNGs beside)
+
+    @staticmethod
+    def screen(moment: str) -> str:
+        """``screen-after-start.png`` / ``screen-end-of-turn.png``: the whole screen, as the desktop captured it."""
+        return f"screen-{moment.replace('_', '-')}.png"
 
     @staticmethod
     def probes(phase: str) -> str:

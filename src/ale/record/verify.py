@@ -255,6 +255,8 @@ class _Verifier:
         self.guarded("times", self.verify_times)
         self.guarded("sandbox_stopped", self.verify_sandbox_stopped)
         self.guarded("stop", self.verify_stop)
+        self.guarded("screens", self.verify_screens)
+        self.guarded("start_writes", self.verify_start_writes)
         self.guarded("environment", self.verify_environment)
         self.guarded("records", self.verify_records, result)
         self.guarded("gateway", self.verify_model_gateway, result)
@@ -843,6 +845,48 @@ class _Verifier:
             ok = survivors == []
             self.check("stop.no_survivor", ok, [], survivors,
                        "" if ok else f"{rel}: candidate tasks outlived the end of the turn", area="isolation")
+
+    def verify_screens(self) -> None:
+        """A desktop run's screens (``evidence/screens.json``): each recorded picture is
+        the file beside it, a PNG of the size and digest the record gives."""
+        rel = layout.evidence_path(Evidence.SCREENS)
+        doc = self.load(rel)
+        if doc is None:
+            return
+        for moment, shot in sorted(_as_dict(doc).items()):
+            shot = _as_dict(shot)
+            if "error" in shot and "file" not in shot:
+                self.notes.append(f"{rel}: the screen {moment} was not captured ({str(shot['error'])[:200]})")
+                continue
+            want = layout.evidence_path(Evidence.screen(str(moment)))
+            path = self.run_dir / want
+            got = ev.sha256_file(path) if shot.get("file") == want and path.is_file() and not path.is_symlink() else None
+            ok = got is not None and got == shot.get("sha256")
+            self.check(f"screens.{moment}", ok, shot.get("sha256"), got,
+                       "" if ok else f"{rel}: the screen {moment} is not the file {want} it records", area="record")
+
+    def verify_start_writes(self) -> None:
+        """What a run kept of start()'s writes (``start/``): each file listed in
+        ``evidence/start-writes.json`` (the public package's) and in
+        ``reference-check.json``'s ``kept`` (the reference's) is there, as recorded,
+        and nothing else is."""
+        START_DIR, PUBLIC, REFERENCE = layout.START_DIR, layout.START_PUBLIC, layout.START_REFERENCE
+        public = self.load(layout.evidence_path(Evidence.START_WRITES))
+        check = self.load(layout.evidence_path(Evidence.REFERENCE_CHECK))
+        kept = _as_dict(_as_dict(check).get("kept")) if check is not None else {}
+        listed: dict[str, Any] = {}
+        if public is not None:
+            listed.update({f"{PUBLIC}/{k}": v for k, v in _as_dict(_as_dict(public).get("files")).items()})
+        listed.update({f"{REFERENCE}/{k}": v for k, v in _as_dict(kept.get("files")).items()})
+        present = {r for r in self._present if r.startswith(START_DIR + "/")}
+        if not listed and not present:
+            return
+        wrong = sorted(r for r, f in listed.items()
+                       if r not in present or ev.sha256_file(self.run_dir / r) != _as_dict(f).get("sha256"))
+        stray = sorted(present - set(listed))
+        ok = not wrong and not stray
+        self.check("start_writes.kept", ok, f"{len(listed)} file(s) as recorded", {"differ": wrong[:10], "unlisted": stray[:10]},
+                   "" if ok else f"{START_DIR}/ differs from what the run recorded of start()'s writes", area="input")
 
     def verify_sandbox_stopped(self) -> None:
         """A sandbox recorded as stopped during the agent's turn (its after-probes could

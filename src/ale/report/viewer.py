@@ -259,9 +259,9 @@ class _Links:
         safe = _safe_rel(name)
         return None if safe is None else self.base + quote(safe)
 
-    def image(self, name: Any) -> str | None:
+    def image(self, name: Any, under: str = layout.TRAJECTORY_FILES) -> str | None:
         safe = _safe_rel(name)
-        if safe is None or not safe.startswith(layout.TRAJECTORY_FILES + "/"):
+        if safe is None or not safe.startswith(under + "/"):
             return None
         path = self.run_dir / safe
         try:
@@ -395,6 +395,8 @@ pre{background:#f7f7f7;border:1px solid #e5e5e5;padding:6px 8px;margin:4px 0;whi
 .turn{background:#f5f8ff;border-color:#c7d2fe} .step.failed{border-color:#f5b5b5;background:#fffafa}
 .step h3,.turn h3{font-size:14px;margin:0 0 4px} .step h3 .tool{font-family:ui-monospace,Menlo,monospace}
 .step img{max-width:min(100%,1024px);border:1px solid #ccc;margin:4px 0;display:block}
+.screens{display:flex;flex-wrap:wrap;gap:16px}.screens figure{margin:0;max-width:min(100%,640px)}
+.screens img{max-width:100%;border:1px solid #ccc;display:block}
 .controls{margin:6px 0 4px} .controls>*{margin-right:10px}
 .label{font-size:12px;color:var(--muted);margin-top:4px}
 details>summary{cursor:pointer}
@@ -713,6 +715,32 @@ def _section_task_log(d: RunData, links: _Links) -> list[str]:
     return out + [f"<pre id='task-log-text'>{esc(shown)}</pre></section>"]
 
 
+SCREEN_MOMENTS = (("after_start", "after start()"), ("end_of_turn", "at the end of the agent's turn (before the kill)"))
+
+
+def _section_screens(d: RunData, links: _Links) -> list[str]:
+    """A desktop run's screen after start() and at the end of the agent's turn
+    (``evidence/screens.json``, the PNGs beside it, signed with the run)."""
+    screens = _read_json(d.run_dir / layout.evidence_path(layout.Evidence.SCREENS))
+    if not isinstance(screens, dict):
+        return []
+    out = ['<section id="screens"><h2>Screen</h2><div class="screens">']
+    for moment, label in SCREEN_MOMENTS:
+        shot = screens.get(moment)
+        out.append(f'<figure id="screen-{esc(moment.replace("_", "-"))}"><figcaption>{esc(label)}</figcaption>')
+        if not isinstance(shot, dict):
+            out.append("<p class='muted'>not recorded (the run ended before)</p></figure>")
+            continue
+        src = links.image(shot.get("file"), under=layout.EVIDENCE_DIR)
+        if src is None:
+            out.append(f"<p class='bad'>no picture: {esc(shot.get('error') or 'its file is missing')}</p></figure>")
+            continue
+        out.append(f"<img class='screenshot' alt='the screen {esc(label)}' src='{html.escape(src, quote=True)}'>"
+                   f"<p class='muted'>{esc(shot.get('width'))}x{esc(shot.get('height'))}, {esc(shot.get('at'))}, "
+                   f"sha256 <code>{esc(str(shot.get('sha256') or '')[:16])}</code></p></figure>")
+    return out + ["</div></section>"]
+
+
 def _section_files(links: _Links) -> list[str]:
     names = (layout.RESULT, layout.PLAN, layout.TRAJECTORY, layout.EVENTS, layout.DELIVERABLES, layout.MANIFEST,
              layout.ATTESTATION, layout.EVIDENCE_DIR, layout.AGENT_DIR)
@@ -737,10 +765,12 @@ def render_run(data: RunData, page: Path, *, back: tuple[str, str] | None = None
                + (f" · <a href='{html.escape(back[0], quote=True)}'>{esc(back[1])}</a>" if back else "") + "</div>"
                + (f"<div class='reason' id='header-reason'>{esc(reason)}</div>" if reason else "") + "</header>")
     out.append("<nav>" + "".join(f"<a href='#{k}'>{v}</a>" for k, v in (
-        ("task", "task & prompt"), ("timeline", "timeline"), ("scores", "scores"), ("verdict", "evidence"),
+        ("task", "task & prompt"), ("timeline", "timeline"), ("scores", "scores"),
+        *((("screens", "screen"),) if (data.run_dir / layout.evidence_path(layout.Evidence.SCREENS)).is_file() else ()),
+        ("verdict", "evidence"),
         ("trajectory", "trajectory"), ("deliverables", "deliverables"), ("task-log", layout.TASK_LOG), ("files", "files"))) + "</nav><main>")
-    out += _section_task(data) + _section_timeline(data) + _section_scores(data) + _section_verdict(data)
-    out += _section_steps(data, payload) + _section_deliverables(data, links) + _section_task_log(data, links)
+    out += _section_task(data) + _section_timeline(data) + _section_scores(data) + _section_screens(data, links)
+    out += _section_verdict(data) + _section_steps(data, payload) + _section_deliverables(data, links) + _section_task_log(data, links)
     out += _section_files(links)
     out.append(f"<p class='muted'>written by ale {esc(__version__)} (ale view) at {esc(datetime.now().astimezone().isoformat(timespec='seconds'))}</p></main>")
     out.append(f'<script type="application/json" id="ale-data">{json_for_script(payload)}</script>')

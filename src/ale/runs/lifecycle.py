@@ -57,7 +57,7 @@ from ale.plan import RunPlan
 from ale.record import evidence as ev
 from ale.record.signing import load_or_create_signing_key
 from ale.result import RunResult
-from ale.runs import software
+from ale.runs import software, start_writes
 from ale.runs.extensions import make_extension
 from ale.runs.staging_step import public_tree, stage_input
 from ale.runs.state import LiveHandles, Prepared, RunFolder, RunRecord, RunState, now
@@ -291,6 +291,8 @@ async def run_task_setup(state: RunState) -> None:
         [Route(v.input_dir, state.folder.input_host, writable=True), Route(v.reference_dir, state.folder.setup_reference_host, writable=True)],
         factory, gui=container if state.extension.computer is not None else None,
     )
+    # What start() changes in the public package is kept in the run folder (start_writes).
+    state.record.public_before_start = await asyncio.to_thread(start_writes.listing, state.folder.public_host)
     await state.prep.process.call("start", v.index, session, timeout=state.plan.limits.grading_timeout_s)
 
 
@@ -340,6 +342,11 @@ async def seal_input_and_workspace(state: RunState) -> None:
     with state.record.cost("evidence"):
         tree = await asyncio.to_thread(public_tree, state)
         _seal_input_and_workspace(state, tree)
+        before = state.record.public_before_start
+        if before is not None:  # start() ran: keep what it added or changed, for a regrade
+            kept = await asyncio.to_thread(start_writes.keep_public, state.folder.run_dir, state.folder.public_host,
+                                           before, tree)
+            state.record.store.write_json(Evidence.START_WRITES, kept)
 
 
 def _seal_input_and_workspace(state: RunState, tree: dict) -> None:
@@ -598,11 +605,15 @@ async def stage_reference(state: RunState) -> None:
     # only; what is meant to run (execute bits, #!, ELF) stays runnable on its read-only mount.
     restore_runnable(dest)
     staged_tree = await asyncio.to_thread(ev.hash_tree, dest)  # off the loop: a reference may be large
+    # start()'s reference writes, kept in the run folder (the candidate's turn is over) for a regrade
+    kept = await asyncio.to_thread(start_writes.keep_reference, state.folder.run_dir, state.folder.setup_reference_host,
+                                   setup_tree) if state.record.public_before_start is not None else None
     state.record.store.write_json(
         Evidence.REFERENCE_CHECK,
         {
             "source_sha256": None if state.record.commitment is None else state.record.commitment.sha256,
             "setup_written_digest": setup_tree["digest"],
+            **({"kept": kept} if kept is not None else {}),
             "staged_tree": staged_tree,
             "unpacked_at": now().isoformat(),
         },
@@ -764,6 +775,41 @@ async def record_cua(state: RunState) -> None:
         state.record.store.write_json(Evidence.CUA, await record())
 
 
+# A desktop run's screen, recorded at these moments (evidence/screens.json, the PNGs beside).
+SCREEN_AFTER_START, SCREEN_END_OF_TURN = "after_start", "end_of_turn"
+SCREENSHOT_BOUND_S = 30.0
+
+
+async def record_screen(state: RunState, moment: str) -> None:
+    """The whole screen of a desktop run (the desktop's or a cua sandbox's), as its own
+    evidence file; a screen that cannot be captured is recorded with why, and never
+    fails the run. A run without a desktop records nothing."""
+    computer = state.extension.computer
+    if computer is None or state.live.sandbox is None:
+        return
+    from ale.sandbox.computer import png_size
+
+    entry: dict[str, Any] = {"at": now().isoformat()}
+    t0 = time.monotonic()
+    try:
+        _, png = await asyncio.wait_for(computer.desktop.request("screenshot", timeout=SCREENSHOT_BOUND_S),
+                                        SCREENSHOT_BOUND_S + 5)
+        width, height = png_size(png)
+        name = Evidence.screen(moment)
+        ev.write_new(state.record.store.path(name), png, durable=state.record.store.durable)
+        entry.update(file=layout.evidence_path(name), sha256=ev.sha256_bytes(png), bytes=len(png), width=width, height=height)
+    except Exception as e:  # the desktop may be gone (the candidate's doing, or the sandbox stopped)
+        entry["error"] = f"{type(e).__name__}: {e}"[:2000]
+    entry["seconds"] = round(time.monotonic() - t0, 4)
+    state.record.screens[moment] = entry
+    state.record.events.append("screen.recorded", moment=moment, **{k: entry[k] for k in ("sha256", "error") if k in entry})
+
+
+async def _task_start_step(state: RunState) -> None:
+    await run_task_setup(state)
+    await record_screen(state, SCREEN_AFTER_START)
+
+
 async def _verify_before_step(state: RunState) -> None:
     await verify_running(state, "before")
     await seal_input_and_workspace(state)
@@ -772,7 +818,12 @@ async def _verify_before_step(state: RunState) -> None:
 
 async def _agent_step(state: RunState) -> None:
     state.live.agent_started = True
-    await run_agent(state)
+    try:
+        await run_agent(state)
+    except Exception:
+        await record_screen(state, SCREEN_END_OF_TURN)
+        raise
+    await record_screen(state, SCREEN_END_OF_TURN)  # as the agent's turn left it, before anything of it is killed
     record_model_gateway(state)
 
 
@@ -934,7 +985,7 @@ Step = Callable[[RunState], Awaitable[None]]
 STEPS: dict[Phase, Step] = {
     Phase.STAGE_INPUT: stage_input,
     Phase.PROVISION: _provision_step,
-    Phase.TASK_START: run_task_setup,
+    Phase.TASK_START: _task_start_step,
     Phase.VERIFY_BEFORE: _verify_before_step,
     Phase.AGENT: _agent_step,
     Phase.STOP: _stop_step,
@@ -1128,6 +1179,8 @@ def _finish_record(state: RunState, result: RunResult) -> None:
     if state.record.workspace_at_creation is not None and not state.record.store.path(Evidence.WORKSPACE_EMPTY).exists():
         # The run stopped before the agent's start: keep the creation proof alone.
         state.record.store.write_json(Evidence.WORKSPACE_EMPTY, {"at_creation": state.record.workspace_at_creation})
+    if state.record.screens:
+        state.record.store.write_json(Evidence.SCREENS, state.record.screens)
     state.record.store.write_json(Evidence.CHECKS, state.record.checks)
     state.record.store.write_json(Evidence.PHASES, [p.model_dump(mode="json") for p in state.record.phases])
     state.record.events.append("run.end", status=result.status.value, score=result.score)

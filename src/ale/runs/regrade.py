@@ -4,9 +4,11 @@ A regrade re-runs the GRADE phase of a finished run, with the task code as it is
 now (or the same task in another tree, ``--tasks``), and nothing else:
 
 1. the run must verify (``ale verify``), regrades before this one included;
-2. the input is staged again from the run's data source (``plan.json``), the task's
-   ``start()`` re-run when it has one (its commands in a grading sandbox, its input
-   and reference writes on the host), and the public package's digest compared with
+2. the input is staged again from the run's data source (``plan.json``) and what the
+   run's ``start()`` wrote is laid over it from the run's signed folder (``start/``,
+   ``ale.runs.start_writes``; a folder written before those were kept has ``start()``
+   re-run instead: its commands in a grading sandbox, its writes on the host), and
+   the public package's digest compared with
    the one the run committed (``evidence/input-after-start.json``); the reference's
    commitment likewise (``evidence/reference-commit.json``). A difference refuses
    the regrade, naming the file: the regrade would not grade what the run graded;
@@ -49,7 +51,7 @@ from ale.record import regrades as rg
 from ale.record.signing import load_or_create_signing_key
 from ale.record.verify import verify_run_dir
 from ale.result import RunResult
-from ale.runs import lifecycle
+from ale.runs import lifecycle, start_writes
 from ale.runs.extensions import make_extension
 from ale.runs.state import LiveHandles, Prepared, RunFolder, RunRecord, RunState, now
 from ale.runs.store import iter_results, read_result
@@ -298,8 +300,19 @@ async def _grade_again(
         _make_dirs(folder)
         try:
             await lifecycle.stage_input(state)
-            if task.has("start"):
+            kept = start_writes.kept(run_dir) if task.has("start") else None
+            if kept is not None:  # what start() wrote in the run, from its signed folder
+                start_from = f"the run's record ({start_writes.START_DIR}/)"
+                try:
+                    await asyncio.to_thread(start_writes.apply, run_dir, *kept, folder.public_host, folder.setup_reference_host)
+                except start_writes.KeptWritesError as e:
+                    raise RegradeRefused(f"{run_dir}: {e}") from e
+            elif task.has("start"):
+                start_from = "start() run again"
                 await lifecycle.start_in_grading_sandbox(state, f"{state.plan.run_id}-regrade-start", command_timeout=state.plan.limits.grading_timeout_s)
+            else:
+                start_from = "no start()"
+            record.events.append("regrade.start_writes", source=start_from)
             _compare_input(run_dir, folder)
             await lifecycle.commit_reference(state)
             committed = _compare_reference(run_dir, record)

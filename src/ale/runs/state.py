@@ -144,6 +144,8 @@ class RunRecord:
     workspace_at_creation: dict | None = None  # listing + inode, proof the workspace began empty
     inspect_before: dict | None = None  # the raw capture at create, diffed with the one after exit
     input_after_start: dict | None = None  # the input's tree hash once start() has run
+    public_before_start: dict | None = None  # the public package's stat listing before start() (start_writes)
+    screens: dict[str, dict[str, Any]] = field(default_factory=dict)  # a desktop run's screenshots by moment (screens.json)
     commitment: ReferenceCommitment | None = None  # the data source's reference, committed before the agent
     reference_commit: dict | None = None  # what was committed before the agent started
     invalid_attribution: InvalidAttribution | None = None  # set by a phase that knows better than agent_started

@@ -27,6 +27,10 @@ from ale.sandbox.tools import TRUNCATION_MARKER, ToolBox, ToolRefused
 
 # cua-bench's action classes (by name, as the task process sends them) -> the
 # computer tool's actions. Coordinates are screen pixels (``screen: True``).
+# click_element()'s wait for its element to be visible and stable (Playwright's
+# actionability; its default is 30 s), and how often it looks.
+ACTIONABLE_TIMEOUT_S = 5.0
+ACTIONABLE_POLL_S = 0.05
 # Scroll an element into the window's view when it is not wholly inside it (an
 # element below the fold has screen coordinates off the window, or the screen).
 SCROLL_INTO_VIEW_JS = """(() => { const e = document.querySelector(%s); if (!e) return false;
@@ -113,11 +117,41 @@ class GuiMethods:
                 return rect
             await asyncio.sleep(max(0.1, float(timeout) / 2))
 
+    async def _actionable_rect(self, pid: int | str, selector: str, timeout: float | None = None) -> Any:
+        """The element's screen rectangle once it is visible (a box of some size) and
+        stable (the same on two reads in a row), as Playwright waits before a click.
+        When it never is within ``timeout``: the last rectangle the page gave (an
+        ``<option>`` of a closed drop-down has a 0x0 box at the page's corner in every
+        engine, and cua-bench's Playwright click clicks its centre all the same), or
+        None when the element was not found.
+
+        The page learns of an earlier click or key through the display (X events via
+        the window's UI process), while this reads it through another channel (a
+        JavaScript evaluation): the two are not ordered, so an element an earlier
+        action shows (a context menu) may still be hidden here, its rectangle all
+        zeros, and a click at its centre would land in the window's corner. Under
+        load that gap grows (issue 27, item 8)."""
+        import asyncio
+        import time
+
+        deadline = time.monotonic() + (ACTIONABLE_TIMEOUT_S if timeout is None else timeout)
+        last = None
+        while True:
+            rect = await self._gui_task("get_element_rect", {"pid": pid, "selector": selector, "space": "screen"})
+            visible = isinstance(rect, dict) and float(rect.get("width") or 0) > 0 and float(rect.get("height") or 0) > 0
+            if visible and rect == last:
+                return rect
+            last = rect if visible else None
+            if time.monotonic() >= deadline:
+                return rect
+            await asyncio.sleep(ACTIONABLE_POLL_S)
+
     async def _click_element(self, pid: int | str, selector: str, kind: str) -> None:
         # Playwright's click, as cua-bench's "Playwright-like" API says: an element
-        # outside the window's viewport is scrolled into view first.
+        # outside the window's viewport is scrolled into view first, and the click
+        # waits until the element is visible and stable.
         await self._gui_task("execute_javascript", {"pid": pid, "javascript": SCROLL_INTO_VIEW_JS % json.dumps(selector)})
-        rect = await self.get_element_rect(pid, selector, space="screen")
+        rect = await self._actionable_rect(pid, selector)
         if not rect:
             raise RuntimeError(f"Element not found for selector: {selector}")
         x, y = int(rect["x"] + rect["width"] / 2), int(rect["y"] + rect["height"] / 2)
