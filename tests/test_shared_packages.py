@@ -233,3 +233,16 @@ def test_a_grading_probe_releases_the_shared_package(tmp_path, docker_client, ca
     assert _in_use_elsewhere(cache) == [], "the probe still holds the shared package's lock"
     (entry,) = entries(cache)
     assert packages.evict(cache, limit=0) == [entry.name], "an entry no run uses is evicted"
+
+
+def test_a_regrade_releases_the_shared_package(tmp_path, docker_client, cache) -> None:
+    """``ale regrade`` stages the input again from the shared package and lets go of
+    it when it ends, as a run and a grading probe do."""
+    from ale.runs.regrade import regrade_run
+
+    task = tree(tmp_path)
+    run(task, tmp_path, docker_client)
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir() and not p.name.startswith(".")]
+    outcome = asyncio.run(regrade_run(run_dir, reason="lock test", provider=DockerProvider(docker_client)))
+    assert outcome.new["score"] == 1.0, outcome
+    assert len(entries(cache)) == 1 and _in_use_elsewhere(cache) == [], "the regrade still holds the shared package's lock"

@@ -350,6 +350,7 @@ async def _grade_again(
         # the last process to close writes task.log into the regrade's folder: the last attempt's
         for p in {id(x): x for x in (state.prep.process, process, state.live.task_process) if x is not None}.values():
             await p.close()
+        lifecycle.release_package(state)  # the shared public package it staged from: the cache may evict it
 
 
 def _make_dirs(folder: RunFolder) -> None:
