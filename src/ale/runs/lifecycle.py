@@ -544,6 +544,9 @@ async def collect_deliverables(state: RunState) -> None:
         state.folder.workspace_host, state.folder.run_dir / layout.DELIVERABLES_DIR, max_files=lim.deliverable_max_files,
         max_bytes=lim.deliverable_max_bytes, owner=(state.plan.policy.uid, state.plan.policy.gid) if os.geteuid() == 0 else None,
         mount_point=state.variant.output_dir,
+        # One path budget for every copy: the grader's working copies and the output
+        # folder in the grading sandbox are longer bases than the run folder may be.
+        also_under=[*state.folder.copy_bases(lim.grading_attempts), state.variant.output_dir],
     )
     ev.write_json_new(state.folder.run_dir / layout.DELIVERABLES, json.loads(manifest.model_dump_json()))
     state.record.events.append("deliverables.collected", files=len(manifest.files), skipped=len(manifest.skipped), digest=manifest.digest)
@@ -622,7 +625,7 @@ async def grade(state: RunState, process: TaskProcess, *, attempt: int = 1) -> l
             software_host=None if state.folder.software_host is None else state.folder.software_host.resolve(),
             software_dir=f"{v.public_root}/software" if state.folder.software_host is not None else None,
             task_dir=v.task_dir,
-            scratch_host=state.folder.grading_scratch if attempt == 1 else state.folder.grading_scratch.with_name(f"grading-{attempt}"),
+            scratch_host=state.folder.grading_scratch_for(attempt),
         ),
         command_timeout=plan.limits.grading_timeout_s,  # ALE graders run commands for up to about an hour
         gui=state.extension.grading_gui(state),
@@ -636,6 +639,18 @@ async def grade(state: RunState, process: TaskProcess, *, attempt: int = 1) -> l
         return await state.live.grader.grade(evaluate)
     finally:
         await state.live.grader.close()
+        _warn_copy_problems(state, state.live.grader.copy_problems, attempt)
+
+
+def _warn_copy_problems(state: RunState, problems: list[str], attempt: int) -> None:
+    """The grader's working copy left entries out (the harness's copy failed, never
+    the candidate's work): graded without them, recorded and warned about."""
+    if not problems:
+        return
+    state.record.events.append("grading.copy_incomplete", attempt=attempt, problems=problems[:50], count=len(problems))
+    state.record.warnings.append(
+        f"grading: the grader's working copy left out {len(problems)} entr{'y' if len(problems) == 1 else 'ies'} of the "
+        f"deliverables (the harness's copy, not the candidate's: graded without them), first: {problems[0]}")
 
 
 # -- the run -------------------------------------------------------------------
