@@ -108,7 +108,7 @@ def working_copy(src: Path, dest: Path, *, owner: tuple[int, int] | None, proble
     said in ``problems``, and the rest is copied (the grader grades what was copied).
     Only a ``dest`` that cannot be made at all raises (``OSError``)."""
     problems = problems if problems is not None else []
-    dest.mkdir(mode=0o755)
+    dest.mkdir(mode=0o755, parents=True)
     src_fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
-from docker.types import LogConfig
+from docker.types import LogConfig, Ulimit
 from docker.types import Mount as DockerMount
 
 from ale.defaults import DEFAULT_TOOLS_IMAGE, DESKTOP_UID, TOOLS_REPO
@@ -171,6 +171,8 @@ def container_create_kwargs(
         memswap_limit=policy.memory_swap_bytes,
         nano_cpus=policy.nano_cpus,
         tmpfs={t.path: t.options for t in policy.tmpfs},
+        sysctls=dict(policy.sysctls) or None,
+        ulimits=[Ulimit(name=n, soft=soft, hard=hard) for n, (soft, hard) in policy.ulimits.items()] or None,
         log_config=LogConfig(type="json-file", config={"max-size": policy.log_max_size}),
         mounts=[
             DockerMount(
