@@ -78,6 +78,7 @@ from ale.sandbox.desktop import (
     desktop_spec,
 )
 from ale.sandbox.halt import STOP_BOUND_S
+from ale.sandbox.host_kernel import core_pattern_warning
 from ale.sandbox.providers import make_provider
 from ale.sandbox.scratch import mount_workspace_tmpfs, release_scratch
 from ale.sandbox.session import ContainerSession, Route, RoutedSession
@@ -1087,7 +1088,12 @@ def _record_static_evidence(state: RunState) -> None:
         },
     )
     try:
-        state.record.store.write_json(Evidence.ENGINE, state.prep.provider.engine_record())
+        engine = state.prep.provider.engine_record()
+        state.record.store.write_json(Evidence.ENGINE, engine)
+        pipe = core_pattern_warning(engine)
+        if pipe:
+            state.record.warnings.append(pipe)
+            state.record.events.append("engine.core_pattern_pipe", core_pattern=engine.get("core_pattern"))
     except SandboxError as e:
         state.record.store.write_json(Evidence.ENGINE, {"error": str(e)})
 

@@ -42,6 +42,7 @@ from ale.sandbox.base import (
 from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE, DESKTOP_REPO
 from ale.sandbox.docker_images import DockerImageStore
 from ale.sandbox.halt import STOP_BOUND_S, HostUnreachable, StopOutcome, find_cgroup, stop_cgroup
+from ale.sandbox.host_kernel import core_pattern_record
 from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.runtimes import (
     DEFAULT_RUNTIME,
@@ -668,6 +669,7 @@ class DockerProvider:
                 "driver": info.get("Driver"),
                 "default_runtime": info.get("DefaultRuntime"),
                 "runtimes": sorted(info.get("Runtimes") or {}),
+                **core_pattern_record(),
             }
         except docker.errors.DockerException as e:
             raise SandboxError(f"docker info failed: {e}") from e
