@@ -289,3 +289,27 @@ def test_names_a_folding_run_folder_would_merge_are_stored_under_safe_names(dock
     plan = _plan(tmp_path, [_py(BUILD_NAMES), _shell(WRONG)])
     result, m = _run(docker_client, plan)
     assert m.folding == {"case": False, "unicode": False} and not [f for f in m.files if f.stored_as]
+
+
+# -- the harness's own copy fails --------------------------------------------------------
+def test_an_entry_the_graders_copy_cannot_hold_is_warned_about_never_a_grading_failure(docker_client, tmp_path, monkeypatch):
+    """Item 2: a failure of the harness's own working copy (here every copy of one
+    file fails, as a full scratch disk or a folding scratch folder would make it) is
+    never the grading's: the grader grades what was copied, the run warns, and the
+    signed deliverables are whole."""
+    real = grader_mod.copy_keeping_holes
+
+    def failing(src, dst, **kw):
+        if os.fstat(src).st_size == len(b"the harness cannot copy me"):
+            raise OSError(28, "No space left on device")
+        return real(src, dst, **kw)
+
+    monkeypatch.setattr(grader_mod, "copy_keeping_holes", failing)
+    plan = _plan(tmp_path, [_shell("printf 'the harness cannot copy me' > /workspace/extra.txt"), _shell(WRONG)])
+    result, m = _run(docker_client, plan)
+    assert result.status.value == "scored" and result.attempt == 1, (result.status, result.error)
+    assert {f.path for f in m.files} == {"answer.json", "extra.txt"}
+    warnings = result.extra.get("warnings", [])
+    assert any("working copy left out 1 entry" in w and "extra.txt" in w for w in warnings), warnings
+    events = [json.loads(line) for line in (plan.run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e for e in events if e.get("type") == "grading.copy_incomplete"], [e.get("type") for e in events]
