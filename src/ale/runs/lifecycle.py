@@ -817,10 +817,19 @@ async def _judged_if_stopped(state: RunState) -> bool:
     return True
 
 
+# How long the stop step's first look at the engine may take before the host-side
+# stop goes ahead anyway: a candidate can wedge the engine on its container (an exec's
+# process stopped as it starts); the host-side stop kills that process and frees it.
+FIRST_LOOK_S = 5.0
+
+
 async def _end_turn_and_probe(state: RunState, doc: dict[str, Any]) -> None:
-    if await _judged_if_stopped(state):
-        doc["judged"] = "stopped before the stop step"
-        return
+    try:
+        if await asyncio.wait_for(_judged_if_stopped(state), FIRST_LOOK_S):
+            doc["judged"] = "stopped before the stop step"
+            return
+    except TimeoutError:
+        doc["engine_waited"] = f"the engine did not answer within {FIRST_LOOK_S:g}s: the host-side stop went ahead"
     await record_cua(state)  # before the stop ends the computer-server and its tunnel
     halt = await state.sandbox.halt(keep_uids=(DESKTOP_UID,), bound_s=STOP_BOUND_S)
     doc["halt"] = halt.to_dict()
