@@ -313,3 +313,48 @@ def test_an_entry_the_graders_copy_cannot_hold_is_warned_about_never_a_grading_f
     assert any("working copy left out 1 entry" in w and "extra.txt" in w for w in warnings), warnings
     events = [json.loads(line) for line in (plan.run_dir / "events.jsonl").read_text().splitlines()]
     assert [e for e in events if e.get("type") == "grading.copy_incomplete"], [e.get("type") for e in events]
+
+
+# -- an exec the candidate stops as it starts -------------------------------------------
+STOPPER = r'''
+import os, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGINT, signal.SIG_IGN)
+me = os.getpid()
+while not os.path.exists("/tmp/go"):
+    time.sleep(0.002)
+while True:
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) in (1, me):
+            continue
+        try:
+            if b"/tmp/go" in open(f"/proc/{p}/cmdline", "rb").read():
+                continue
+        except OSError:
+            pass
+        try:
+            os.kill(int(p), signal.SIGSTOP)
+        except OSError:
+            pass
+    time.sleep(0.001)
+'''
+
+
+def test_an_exec_the_candidate_stops_as_it_starts_never_wedges_the_run(docker_client, tmp_path):
+    """A process that SIGSTOPs every other process, from the agent's last command on:
+    the command's child stops, its timeout comes, and the harness's own cleanup exec
+    (as the candidate's uid) is stopped as it starts, which holds the engine's lock on
+    the container (inspect, exec, rm -f all wait). The host-side kill at the command's
+    host deadline frees it: the run ends, graded and verified, within about a minute
+    (it never ended before)."""
+    daemon = _shell(f"cat > /tmp/s.py <<'ALE_EOF'\n{STOPPER}\nALE_EOF\n"
+                    "setsid nohup python3 /tmp/s.py >/dev/null 2>&1 < /dev/null & sleep 0.3; echo started")
+    last = {"tool": "shell", "args": {"command": WRONG + "; touch /tmp/go; sleep 3; echo done", "timeout": 5}}
+    plan = _plan(tmp_path, [daemon, last])
+    import time
+
+    started = time.monotonic()
+    result, _ = _run(docker_client, plan)
+    took = time.monotonic() - started
+    assert took < 120, took
+    stop = json.loads((plan.run_dir / "evidence" / "stop.json").read_text())
+    assert stop["within_bound"] and stop["halt"]["survivors"] == [], stop
