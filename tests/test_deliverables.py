@@ -199,3 +199,22 @@ def test_printed_names_have_their_controls_escaped():
     assert printable(name) == "o\\x1b]52;c;aGk=\\x07\\x9b2J\u2028x\\ud800"
     assert terminal_safe("a\nb\tc\x1b") == "a\nb\tc\\x1b"
     assert display_name(b"\xff\x1b") == "\\xff\\x1b"
+
+
+def test_any_renderable_a_console_prints_has_its_controls_escaped():
+    import io
+
+    from rich.table import Table
+
+    from ale.cli_output import SafeConsole
+
+    buf = io.StringIO()
+    console = SafeConsole(file=buf, force_terminal=True, width=80)
+    table = Table()
+    table.add_column("name")
+    table.add_row("o\x1b]52;c;aGk=\x9b2J")
+    console.print(table)
+    console.print("[bold]styled[/] \x1b[31m")
+    out = buf.getvalue()
+    assert "\x1b]52" not in out and "\x9b" not in out and "\x1b[31m" not in out
+    assert "\\x1b]52" in out and "\\x9b2J" in out and "\x1b[1m" in out  # rich's own styles stay

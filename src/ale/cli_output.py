@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.segment import Segment
 from rich.text import Text
 
 from ale.lossless import printable
@@ -42,6 +43,13 @@ class SafeConsole(Console):
                 o = Text(terminal_safe(o.plain), style=o.style)  # its spans are lost: its text is kept
             safe.append(o)
         super().print(*safe, **kwargs)
+
+    def _render_buffer(self, buffer: Any) -> str:
+        # Every segment's text, whatever made it (a table cell, a Text, a renderable),
+        # is escaped before rich adds its own styles; rich's control segments (cursor
+        # movement it emits itself) are kept.
+        return super()._render_buffer(
+            Segment(seg.text if seg.control else terminal_safe(seg.text), seg.style, seg.control) for seg in buffer)
 
 
 err = SafeConsole(stderr=True, soft_wrap=True, highlight=False)
