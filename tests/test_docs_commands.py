@@ -218,7 +218,8 @@ COMMANDS: dict[str, Run | Skip] = {
     "ale image build --base debian-bootstrap": Run(_contains("tools image:", "stderr")),
     "docker create --name RUN --network none --read-only --cap-drop ALL --security-opt no-new-privileges --ipc private "
     "--cgroupns private --pids-limit 256 --memory 8g --memory-swap 8g --cpus 2 --user 1000:1000 --tmpfs "
-    "/tmp:rw,exec,nosuid,nodev,size=1g --log-opt max-size=10m --mount type=bind,src=RUN_INPUT,dst=/input,readonly "
+    "/tmp:rw,exec,nosuid,nodev,size=1g --sysctl kernel.shm_rmid_forced=1 --sysctl kernel.shmmax=67108864 "
+    "--sysctl kernel.shmall=16384 --ulimit core=0 --log-opt max-size=10m --mount type=bind,src=RUN_INPUT,dst=/input,readonly "
     "--mount type=bind,src=RUN_WORKSPACE,dst=/workspace --workdir /workspace ale-tools:latest sleep infinity":
         Run(needs=("container",)),
     "ale verify-container RUN --input RUN_INPUT --workspace RUN_WORKSPACE [--policy policy.yaml] --save-inspect inspect.json":

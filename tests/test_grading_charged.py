@@ -175,7 +175,7 @@ def test_a_sandbox_killed_by_its_candidate_is_graded_as_left(docker_client, tmp_
 
 def test_a_fitted_tmp_cannot_bring_the_sandbox_down(docker_client, tmp_path) -> None:
     policy = IsolationPolicy(memory_bytes=256 * MIB)  # /tmp fitted: with /dev/shm, half the memory at most
-    assert policy.tmpfs[0].size_bytes == 64 * MIB
+    assert policy.tmpfs[0].size_bytes == 48 * MIB  # 128 MiB, less /dev/shm (64) and SysV (16)
     d = task(tmp_path, SCORE_ANSWER)
     p = plan(d, tmp_path, [shell("head -c 400m /dev/zero > /tmp/fill; df -m /tmp | tail -1"),
                            write("/workspace/answer.json", "left before")], policy=policy)
@@ -189,9 +189,9 @@ def test_tmpfs_are_sized_to_the_memory_and_an_operator_policy_that_does_not_fit_
 
     for mem in (256 * MIB, 1 * GIB, 8 * GIB):
         p = IsolationPolicy(memory_bytes=mem)
-        assert sum(t.size_bytes or 0 for t in p.tmpfs) + SHM_BYTES <= mem // 2 and p.tmpfs_problem() is None
+        assert sum(t.size_bytes or 0 for t in p.tmpfs) + SHM_BYTES + p.sysv_shm_bytes <= mem // 2 and p.tmpfs_problem() is None
     assert IsolationPolicy().tmpfs[0].size_bytes == GIB  # the default 8 GiB keeps its 1 GiB /tmp
     f = tmp_path / "policy.json"
     f.write_text(json.dumps({"memory_bytes": GIB, "tmpfs": [{"path": "/tmp", "options": "rw,size=1g"}]}))
-    with pytest.raises(ValueError, match="size= that fits in 448 MiB"):
+    with pytest.raises(ValueError, match="size= that fits in 384 MiB"):  # 512, less /dev/shm and SysV (64 each)
         IsolationPolicy.load(f)

@@ -53,7 +53,7 @@ def test_limits_left_to_their_default_are_raised_to_the_needs_and_tmp_refitted()
                       "tmp_bytes": {"from": 192 * MIB, "to": tmp}}
     # Only /tmp short: memory is raised as far as /tmp needs it (tmpfs take at most half of it), no further.
     fitted, raised = raise_to_needs(_defaults(memory_bytes=256 * MIB), LimitNeeds(tmp_bytes=256 * MIB), who="x", host_memory=16 * GIB)
-    assert set(raised) == {"memory_bytes", "tmp_bytes"} and fitted.memory_bytes == 640 * MIB and fitted.tmpfs_problem() is None
+    assert set(raised) == {"memory_bytes", "tmp_bytes"} and fitted.memory_bytes == 768 * MIB and fitted.tmpfs_problem() is None
 
 
 def test_a_limit_an_operator_states_is_never_raised_the_refusal_names_it_and_the_fix():

@@ -62,14 +62,16 @@ def test_a_new_run_folder_has_the_shape_of_an_old_one(docker_client, tmp_path) -
     # ... and, as root, the shared package its overlay sits on (ale.runs.packages).
     staged = [k for k in new.pop("evidence/input-staged.json") if k != "shared_package"]
     assert staged == sorted([*old.pop("evidence/input-staged.json"), "layout", "location"])
-    # The deliverables manifest records its folders, limits and how the walk ended.
+    # The deliverables manifest records its folders, limits and how the walk ended, and
+    # how the run folder compares names (case and Unicode folding, probed).
     assert new.pop("deliverables.json") == sorted([*old.pop("deliverables.json"), "directories", "entries_visited",
-                                                   "limits", "seconds", "stopped"])
+                                                   "folding", "limits", "seconds", "stopped"])
     # Since the wave of 2026-12: the run's software (environment.json), and each grading attempt.
     # The prompt the agent received is part of the signed record (agent/prompt.txt).
     # The end of the turn, done from the host, and its bound (evidence/stop.json).
+    # What start() changed in the public package (evidence/start-writes.json), for a regrade.
     for name in (added, "evidence/environment.json", "evidence/grading-attempts.json", "agent/prompt.txt",
-                 "evidence/stop.json"):
+                 "evidence/stop.json", "evidence/start-writes.json"):
         assert (name.endswith(".txt") or new.pop(name)) and name in new["files"] and name in new["manifest.json"], name
         new["files"].remove(name)
         new["manifest.json"].remove(name)
@@ -80,5 +82,13 @@ def test_a_new_run_folder_has_the_shape_of_an_old_one(docker_client, tmp_path) -
     new["manifest.json"].remove("task.log")
     new.pop("task.log", None)
     # The engine's registered OCI runtimes (the gVisor tier).
-    assert new.pop("evidence/engine.json") == sorted([*old.pop("evidence/engine.json"), "runtimes"])
+    # The policy bounds SysV shared memory and core files (read as off in a record made before).
+    assert new.pop("evidence/policy.json") == sorted([*old.pop("evidence/policy.json"), "no_core_dumps",
+                                                      "sysv_shm_limits"])
+    # ... and the host kernel's core_pattern (a pipe runs a handler as root for a sandbox's crash).
+    assert new.pop("evidence/engine.json") == sorted([*old.pop("evidence/engine.json"), "runtimes", "core_pattern",
+                                                      "core_pattern_pipe"])
+    # What start() wrote into the reference is kept (copied once the candidate's sandbox
+    # is gone) and listed, so a regrade needs no second start() (ale.runs.start_writes).
+    assert new.pop("evidence/reference-check.json") == sorted([*old.pop("evidence/reference-check.json"), "kept"])
     assert new == old

@@ -27,13 +27,18 @@ from tests.conftest import REPO, TOOLS_IMAGE
 pytestmark = pytest.mark.docker
 
 # The seed's template, as written (the values a policy states; `cpus` is the
-# policy's for this host: Docker refuses more CPUs than the host has).
+# policy's for this host: Docker refuses more CPUs than the host has), with the two
+# settings the policy added since (issue 33): SysV shared memory bounded and removed
+# with its owner, and no core files. Without them a container is looser than the
+# policy (dev.sysctls, limits.ulimits fail; see the last test).
+SEED_EXTRA = ("  --sysctl kernel.shm_rmid_forced=1 --sysctl kernel.shmmax=67108864 --sysctl kernel.shmall=16384\n"
+              "  --ulimit core=0\n")
 TEMPLATE = """docker create --name RUN
   --network none --read-only --cap-drop ALL
   --security-opt no-new-privileges --ipc private --cgroupns private
   --pids-limit 256 --memory 8g --memory-swap 8g --cpus CPUS
   --user 1000:1000 --tmpfs /tmp:rw,nosuid,nodev,size=1g
-  --log-opt max-size=10m
+""" + SEED_EXTRA + """  --log-opt max-size=10m
   --mount type=bind,src=RUN_PUBLIC,dst=TASK_DIR,readonly
   --mount type=bind,src=RUN_WORKSPACE,dst=TASK_DIR/output
   --workdir OUTPUT_DIR ale-tools sleep infinity"""
@@ -138,3 +143,13 @@ def test_lower_limits_pass_inside_and_out(folders: Folders) -> None:
     noted = {line.split("] ", 1)[1].split(":", 1)[0] for line in doc["stricter"]}
     assert {"mem.limit", "mem.swap_eq_mem", "pids.limit", "cpu.limit", "fs.tmpfs",
             "probe.cgroup_pids", "probe.cgroup_memory", "probe.cgroup_cpu"} <= noted, doc["stricter"]
+
+
+def test_the_seed_template_without_the_sysv_and_core_settings_is_looser(folders: Folders) -> None:
+    name = f"ale-template-{uuid.uuid4().hex[:8]}"
+    create(template_argv(name, folders, replace={SEED_EXTRA: ""}))
+    doc = json.loads(verify(name, folders, "--json").stdout)
+    assert not doc["ok"]
+    failed = {c["id"] for c in doc["checks"] if c["ok"] is False}
+    assert failed == {"dev.sysctls", "limits.ulimits"}, failed
+

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
-from ale.cli_output import err, fail, software_progress
+from ale.cli_output import SafeConsole, err, fail, software_progress
 from ale.defaults import DEFAULT_INPUT_DIR, DEFAULT_OUTPUT_DIR, DEFAULT_TOOLS_IMAGE
+from ale.lossless import printable
 from ale.result import reason_line
 from ale.status import RunStatus
 
@@ -27,7 +27,7 @@ task_app = typer.Typer(no_args_is_help=True, help="Check task folders before pub
 app.add_typer(image_app, name="image")
 app.add_typer(task_app, name="task")
 
-out = Console()
+out = SafeConsole()
 # Statuses that end `ale run` with exit 1 (printed red): no valid outcome for the agent.
 FAILED_RUN = frozenset({RunStatus.INVALID_EVALUATION_ENVIRONMENT, RunStatus.GRADING_FAILED, RunStatus.INFRASTRUCTURE_ERROR})
 
@@ -168,15 +168,16 @@ def _print_result(result, run_dir: Path) -> None:
     colour = "green" if result.status is RunStatus.SCORED else "red" if result.status in FAILED_RUN else "yellow"
     score = "-" if result.score is None else f"{result.score:.3f}"
     # Task ids, violations and errors are any text (a grader's "[name]" or "[/path]"): never markup.
+    # ... and may hold a recorded name: every control escaped, line breaks too (one line each).
     err.print(f"[bold {colour}]{result.status.value}[/]  score={score}  scores={result.scores}  "
-              f"task={escape(str(result.task_id))} variant={result.variant} agent={escape(str(result.agent))}")
+              f"task={escape(printable(str(result.task_id)))} variant={result.variant} agent={escape(printable(str(result.agent)))}")
     for v in result.violations:
-        err.print(f"  [red]violation[/] {escape(v)}")
+        err.print(f"  [red]violation[/] {escape(printable(v))}")
     for w in result.extra.get("warnings", []):
-        err.print(f"  [yellow]warning[/] {escape(str(w))}")
+        err.print(f"  [yellow]warning[/] {escape(printable(str(w)))}")
     why = reason_line(result)
     if why:
-        err.print(f"  [yellow]why: {escape(why)}[/]")
+        err.print(f"  [yellow]why: {escape(printable(why))}[/]")
     print(run_dir)
 
 

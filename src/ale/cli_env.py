@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from ale.cli_output import SafeConsole
 from ale.defaults import DEFAULT_TOOLS_IMAGE
 
 env_app = typer.Typer(no_args_is_help=True, help="Task environments: each task's software, built before its runs.")
-err = Console(stderr=True, soft_wrap=True)
+err = SafeConsole(stderr=True, soft_wrap=True)
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:

@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ale import layout
-from ale.cli_output import err, fail
+from ale.cli_output import SafeConsole, err, fail
 from ale.status import RunStatus
 
 exp_app = typer.Typer(no_args_is_help=True, help="Run experiments: agents × tasks × repeats, resumable.")
@@ -153,7 +153,7 @@ def status_command(exp_dir: Annotated[Path, typer.Argument(help="The experiment'
 def wide_console() -> Console:
     """A console for tables: the terminal's width, or (piped, redirected) wide
     enough that no table is cut (rich's default there is 80 columns)."""
-    return Console() if sys.stdout.isatty() else Console(width=100_000)
+    return SafeConsole() if sys.stdout.isatty() else SafeConsole(width=100_000)
 
 
 def print_not_scored(console: Console, rows: list) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from ale.cli_output import SafeConsole
 from ale.record.verify import VerifyReport, verify_run_dir
 
 
@@ -20,7 +21,7 @@ def verify_command(run_dir: Path, json_out: bool, public_key: Path | None,
     if json_out:
         print(json.dumps(report.model_dump(mode="json"), indent=2, default=str))
     else:
-        print_report(report, Console(soft_wrap=True))
+        print_report(report, SafeConsole(soft_wrap=True))
     return report.exit_code
 
 
@@ -74,7 +75,7 @@ def verify_experiment_command(exp_dir: Path, json_out: bool, public_key: Path | 
     if json_out:
         print(json.dumps(result.to_dict(), indent=2, default=str))
         return result.exit_code
-    console = Console(soft_wrap=True)
+    console = SafeConsole(soft_wrap=True)
     ok = sum(result.runs.values())
     if not result.usable:
         console.print(f"[bold red]UNUSABLE[/] {escape(str(exp_dir))}: {escape(result.problems[0])}")

@@ -67,6 +67,24 @@ def name_fields(raw: bytes) -> tuple[str, str | None]:
         return raw.decode("utf-8", "backslashreplace"), b64(raw)
 
 
+# C0 controls, DEL and C1 controls: a terminal acts on them (ESC starts a sequence;
+# OSC 52 writes the clipboard; C1's CSI and OSC need no ESC at all).
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+
+
+def printable(s: str) -> str:
+    """``s`` safe to print on a terminal: every C0 and C1 control and DEL written
+    ``\\xNN`` and every lone surrogate ``\\udXXX``; a backslash stays as it is.
+    For showing a recorded name (or any text a candidate chose) to an operator; the
+    records keep the exact value."""
+    return display(s).translate(_CONTROLS)
+
+
+def display_name(raw: bytes) -> str:
+    """A name given as bytes, printable (``name_fields``'s display form, ``printable``)."""
+    return printable(name_fields(raw)[0])
+
+
 def name_bytes(path: str, path_b64: str | None) -> bytes:
     """The exact bytes a ``(path, path_b64)`` pair records (inverse of ``name_fields``)."""
     if path_b64 is not None:

@@ -58,7 +58,7 @@ class RunPlan(BaseModel):
     # The qemu provider's base disk for this task's vm.snapshot (an operator's
     # environment.vm_images entry: a .qcow2 path, or a published folder or URL,
     # ale.data.vm_disks); None: ale's own Linux guest (ale image build --vm).
-    vm_image: str | None = None
+    vm_image: str | None = Field(None, exclude_if=lambda v: v is None)  # left out of plan.json when unset
     # The judge credentials evaluate() gets: names <NAME> of ALE_JUDGE_<NAME> in the
     # controller's environment (values never enter the plan). None: every one.
     judge_env: tuple[str, ...] | None = None

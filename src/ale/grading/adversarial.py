@@ -51,10 +51,10 @@ from typing import Any, Protocol
 from ale import layout
 from ale.data.base import DataError
 from ale.data.sources import open_source
-from ale.grading.grader import SCORE_EPSILON, is_invalid_scores
+from ale.grading.grader import is_invalid_scores
 from ale.layout import Evidence
 from ale.plan import AgentSpec, RunPlan, new_run_id
-from ale.result import RunResult
+from ale.result import SCORE_EPSILON, RunResult
 from ale.status import RunStatus
 from ale.tasks.loader import TaskVariant
 

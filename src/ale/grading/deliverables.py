@@ -31,8 +31,13 @@ Limits (all recorded in the manifest's ``limits``):
 - ``time_limit_s`` of wall-clock time (default 120 s), checked per entry and per
   MiB copied; what is left when it passes is skipped with "time limit".
 - Paths: the walk holds one directory descriptor per level (openat), so depth
-  and PATH_MAX never matter on the workspace side; a copy whose path under the
-  destination would not fit PATH_MAX is skipped ("path too long").
+  and PATH_MAX never matter on the workspace side; a copy whose path would not
+  fit PATH_MAX under the destination *or under any folder it will be copied or
+  read under later* (``also_under``: the grader's working copy, the output
+  folder in the grading sandbox) is skipped ("path too long"): one budget for
+  every copy the harness makes.
+- Holes stay holes (``ale.grading.copying``): a sparse file's copy takes the
+  disk its data takes; its apparent size counts against ``max_bytes``.
 
 Names are recorded losslessly (``ale.lossless``): ``path`` is the exact
 relative path when it is valid UTF-8; otherwise it is the display form (each
@@ -40,23 +45,31 @@ undecodable byte written ``\\xNN``) and ``path_b64`` holds the exact bytes. A
 name that is not valid UTF-8 or holds a backslash cannot be kept as a file name
 in the signed run folder; such an entry is stored under a safe name
 (``_ale-name-<sha256 of the name, 16 hex>``, unique in its folder) and
-``stored_as`` says where, relative to the deliverables folder. The listing
+``stored_as`` says where, relative to the deliverables folder. So is a name the
+run folder would fold (case, Unicode normalization: probed on the destination)
+onto a name kept before it in the same folder, and one whose creation finds its
+name taken all the same. The listing
 ``digest`` is over the stored paths, i.e. over the tree the grader reads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import stat
 import time
+import unicodedata
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from ale.data.hashing import tree_digest
+from ale.grading.copying import CopyLimit, CopyWriteError, SourceReadError, copy_keeping_holes
 from ale.lossless import name_fields
 
 DEFAULT_MAX_DEPTH = 256
@@ -64,7 +77,6 @@ DEFAULT_MAX_ENTRIES = 100_000
 DEFAULT_TIME_LIMIT_S = 120.0
 PATH_MAX = 4096  # Linux: bytes of a path including its terminating NUL
 SAFE_NAME_PREFIX = "_ale-name-"
-_CHUNK = 1 << 20
 
 
 class DeliverablesWriteError(OSError):
@@ -139,6 +151,7 @@ class DeliverablesManifest(BaseModel):
     entries_visited: int | None = None
     stopped: str | None = None  # why the walk ended early ("time limit", "entry limit"), None if it did not
     seconds: float | None = None
+    folding: dict[str, bool] | None = None  # how the run folder compares names (``probe_folding``)
 
 
 def listing_digest(files: list[DeliverableFile]) -> str:
@@ -174,6 +187,63 @@ def _safe_name(raw: bytes, taken: set[bytes]) -> bytes:
         n += 1
         name = f"{base}-{n}".encode()
     return name
+
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Folding:
+    """How the run folder compares names: whether it folds case (macOS, ext4 casefold,
+    a Windows share) and Unicode normalization (APFS, ext4 casefold), as probed
+    (``probe_folding``). Names that fold to the same key cannot both be kept there."""
+
+    case: bool = False
+    unicode: bool = False
+
+    def key(self, name: bytes) -> bytes:
+        if not (self.case or self.unicode):
+            return name
+        try:
+            text = name.decode("utf-8")
+        except UnicodeDecodeError:
+            return name
+        # Wider than any one file system folds: a name kept under a safe name more
+        # than needed costs nothing; two names on one file cost the copy.
+        text = unicodedata.normalize("NFKD", text)
+        if self.case:
+            text = unicodedata.normalize("NFKD", text.casefold())
+        return text.encode("utf-8")
+
+    def to_dict(self) -> dict[str, bool]:
+        return {"case": self.case, "unicode": self.unicode}
+
+
+_PROBE = "_ale-fold-probe-"
+
+
+def probe_folding(dir_fd: int) -> Folding:
+    """Whether the folder open as ``dir_fd`` (the harness's own, empty) folds case or
+    Unicode normalization: a probe file is made under one spelling and looked up
+    under another, then removed."""
+
+    def folds(made: str, looked_up: str) -> bool:
+        try:
+            fd = os.open(made, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
+        except OSError:
+            return False
+        os.close(fd)
+        try:
+            os.stat(looked_up, dir_fd=dir_fd, follow_symlinks=False)
+            return True
+        except OSError:
+            return False
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(made, dir_fd=dir_fd)
+
+    return Folding(case=folds(_PROBE + "Aa", _PROBE + "aA"),
+                   unicode=folds(_PROBE + "\u00e9", _PROBE + "e\u0301"))
 
 
 def _strerror(e: BaseException) -> str:
@@ -227,6 +297,11 @@ class _Extractor:
         self.visited = 0
         self.timed_out = False
         self.entry_limited = False
+        self.folding: Folding = Folding()
+
+    def fold(self, name: bytes) -> bytes:
+        """The name as the run folder compares names (see ``Folding``)."""
+        return self.folding.key(name)
 
     # -- recording ------------------------------------------------------------
     def skip(self, rel: bytes, reason: str, kind: str | None = None, size: int | None = None,
@@ -272,14 +347,23 @@ class _Extractor:
         # name: when a cap is reached, what an environment holds gives way to the
         # answers beside it, wherever they sort.
         names.sort(key=lambda n: (n in folders, n in folders and _bulky(n), n))
-        taken = {n for n in names if not _needs_safe_name(n)}
+        # A name keeps its name unless it cannot be a file name in the signed folder, or
+        # the run folder folds it (case, Unicode) onto a name kept before it in this order.
+        kept: set[bytes] = set()  # the kept names, as the run folder compares them
+        keep = []
         for n in names:
-            if _needs_safe_name(n):
-                s = _safe_name(n, taken)
-                taken.add(s)
-                frame.entries.append((n, s))
-            else:
+            key = self.fold(n)
+            ok = not _needs_safe_name(n) and key not in kept
+            if ok:
+                kept.add(key)
+            keep.append(ok)
+        for n, ok in zip(names, keep, strict=True):
+            if ok:
                 frame.entries.append((n, n))
+            else:
+                s = _safe_name(n, kept)
+                kept.add(s)
+                frame.entries.append((n, s))
         frame.entries.reverse()  # popped from the end, so handled in sorted order
         if more:
             if self.timed_out:
@@ -302,7 +386,7 @@ class _Extractor:
         kind = _kind(st.st_mode)
         if len(stored) > self.limits.max_path_bytes:
             self.skip(rel, f"path too long: its copy would need {len(stored)} bytes under the deliverables "
-                           f"folder, the limit is {self.limits.max_path_bytes}", kind=kind, limit="path")
+                           f"folder and the copies made of it, the limit is {self.limits.max_path_bytes}", kind=kind, limit="path")
             return None
         if kind == "dir":
             return self.enter(frame, name, rel, stored, st)
@@ -384,7 +468,12 @@ class _Extractor:
         try:
             if not stat.S_ISDIR(os.fstat(fd).st_mode) or os.fstat(fd).st_ino != st.st_ino:
                 raise _Changed
-            self._mkdir(stored)
+            try:
+                self._mkdir(stored)
+            except DeliverablesWriteError as e:
+                if e.errno != errno.EEXIST:
+                    raise
+                stored, _ = self._fresh(rel, stored, self._mkdir)
             sub = _Frame(fd=fd, rel=rel, stored=stored, depth=frame.depth + 1)
             self.list_dir(sub)
         except _Changed:
@@ -415,7 +504,14 @@ class _Extractor:
                 self.skip(rel, "changed while copying", kind="file")
                 return
             mode = stat.S_IMODE(st.st_mode)
-            dst = self._create(stored)
+            try:
+                dst = self._create(stored)
+            except DeliverablesWriteError as e:
+                if e.errno != errno.EEXIST:
+                    raise
+                # The name collides in the run folder although the probe saw no folding
+                # (a folder's own casefold attribute): the copy takes a safe name.
+                stored, dst = self._fresh(rel, stored, self._create)
             try:
                 outcome = self._copy_hashing(src, dst, self.limits.max_bytes - self.total)
                 if not isinstance(outcome, _Abandoned):
@@ -435,33 +531,26 @@ class _Extractor:
                                           stored_as=None if stored == rel else stored.decode()))
 
     def _copy_hashing(self, src: int, dst: int, limit: int) -> tuple[str, int] | _Abandoned:
-        """(sha256, size) of what was copied, or why the copy was abandoned."""
+        """(sha256, size) of what was copied (holes kept as holes: ``ale.grading.copying``),
+        or why the copy was abandoned."""
         h = hashlib.sha256()
-        n = 0
-        while True:
-            if self.out_of_time():
+        try:
+            n = copy_keeping_holes(src, dst, budget=limit, hasher=h, out_of_time=self.out_of_time)
+        except CopyLimit as e:
+            if e.limit == "time":
                 return _Abandoned(f"time limit of {self.limits.time_limit_s:g} s reached while copying", "time")
-            try:
-                chunk = os.read(src, _CHUNK)
-            except OSError as e:
-                return _Abandoned(f"read error: {_strerror(e)}")
-            if not chunk:
-                return h.hexdigest(), n
-            n += len(chunk)
-            if n > limit:
-                return _Abandoned(f"total size cap of {self.limits.max_bytes} bytes reached", "bytes")
-            h.update(chunk)
-            view = memoryview(chunk)
-            try:
-                while view:
-                    view = view[os.write(dst, view):]
-            except OSError as e:
-                raise DeliverablesWriteError(e.errno, f"cannot write the deliverables copy: {e.strerror}") from e
+            return _Abandoned(f"total size cap of {self.limits.max_bytes} bytes reached", "bytes")
+        except SourceReadError as e:
+            return _Abandoned(f"read error: {_strerror(e)}")
+        except CopyWriteError as e:
+            raise DeliverablesWriteError(e.errno, f"cannot write the deliverables copy: {e.strerror}") from e
+        return h.hexdigest(), n
 
     # -- the destination (ours: written only here, so paths are safe) -------------------
     def _mkdir(self, stored: bytes) -> None:
         try:
             os.mkdir(stored, 0o755, dir_fd=self.dest_fd)
+            return None
         except OSError as e:
             raise DeliverablesWriteError(e.errno, f"cannot create {stored!r} in the deliverables copy: {e.strerror}") from e
 
@@ -470,6 +559,21 @@ class _Extractor:
             return os.open(stored, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=self.dest_fd)
         except OSError as e:
             raise DeliverablesWriteError(e.errno, f"cannot create {stored!r} in the deliverables copy: {e.strerror}") from e
+
+    def _fresh(self, rel: bytes, stored: bytes, make: Callable[[bytes], _T]) -> tuple[bytes, _T]:
+        """``make`` under a safe name in the same folder, for an entry whose stored name
+        turned out to be taken: (the stored path it got, what ``make`` returned)."""
+        parent, _, _ = stored.rpartition(b"/")
+        base = SAFE_NAME_PREFIX + hashlib.sha256(rel).hexdigest()[:16]
+        for n in range(1, 101):
+            name = (base if n == 1 else f"{base}-{n}").encode()
+            candidate = parent + b"/" + name if parent else name
+            try:
+                return candidate, make(candidate)
+            except DeliverablesWriteError as e:
+                if e.errno != errno.EEXIST:
+                    raise
+        raise DeliverablesWriteError(errno.EEXIST, f"no free name for {rel!r} in the deliverables copy")
 
     def _unlink(self, stored: bytes) -> None:
         try:
@@ -526,10 +630,18 @@ class _Changed(Exception):
     pass
 
 
+def path_budget(*bases: str | Path) -> int:
+    """The longest relative path (bytes) a copy may have under every one of ``bases``
+    and still fit ``PATH_MAX`` as an absolute path: one budget for every copy."""
+    longest = max((len(os.fsencode(os.path.abspath(b))) for b in bases), default=0)
+    return max(0, PATH_MAX - 1 - longest - 1)
+
+
 def extract_deliverables(
     workspace: Path, dest: Path, *, max_files: int, max_bytes: int, owner: tuple[int, int] | None = None,
     max_depth: int = DEFAULT_MAX_DEPTH, max_entries: int = DEFAULT_MAX_ENTRIES,
     time_limit_s: float = DEFAULT_TIME_LIMIT_S, mount_point: str | None = None,
+    also_under: Iterable[str | Path] = (),
 ) -> DeliverablesManifest:
     """Copy regular files from `workspace` into `dest` (which must not exist; its
     parent must) and return the manifest of what was copied and skipped.
@@ -543,15 +655,21 @@ def extract_deliverables(
     graders check outputs made read-only, for one). Without ``owner`` the copy
     stays readable by the harness (owner-read is added). ``mount_point`` is where
     the workspace is mounted in the sandbox: a symlink whose absolute target lies
-    under it is resolved inside the workspace like a relative one."""
+    under it is resolved inside the workspace like a relative one. ``also_under``
+    names every other folder the copy will be read or copied under (the grader's
+    working copy, the output folder in the grading sandbox): one path budget, for
+    the longest of them and ``dest`` (``path_budget``), so what fits here fits there.
+    The run folder is probed for case and Unicode folding (``probe_folding``): names
+    it would fold onto one another are stored under safe names."""
     started = time.monotonic()
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=False, mode=0o755)
-    max_path = PATH_MAX - 1 - len(os.fsencode(os.path.abspath(dest))) - 1
     limits = DeliverableLimits(max_files=max_files, max_bytes=max_bytes, max_depth=max_depth,
-                               max_entries=max_entries, time_limit_s=time_limit_s, max_path_bytes=max(0, max_path))
+                               max_entries=max_entries, time_limit_s=time_limit_s,
+                               max_path_bytes=path_budget(dest, *also_under))
     dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     x = _Extractor(dest_fd, limits, owner, started + time_limit_s, os.fsencode(mount_point) if mount_point else None)
+    x.folding = probe_folding(dest_fd)
     try:
         try:
             root_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -575,5 +693,5 @@ def extract_deliverables(
     return DeliverablesManifest(
         files=x.files, skipped=x.skipped, total_bytes=x.total, digest=listing_digest(x.files),
         directories=x.dirs, limits=limits, entries_visited=x.visited, stopped=x.stopped,
-        seconds=round(time.monotonic() - started, 4),
+        seconds=round(time.monotonic() - started, 4), folding=x.folding.to_dict(),
     )

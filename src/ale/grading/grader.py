@@ -13,14 +13,18 @@ and writes no bytecode. Commands start in ``/tmp``, never in the output folder.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import math
 import os
-import shutil
+import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ale.grading.copying import copy_keeping_holes
+from ale.lossless import display_name
 from ale.result import SCORE_EPSILON
 from ale.sandbox.base import (
     LABEL_EXPERIMENT,
@@ -92,29 +96,123 @@ class GradingInputs:
 GRADER_HOME = "/home/user"
 
 
-def working_copy(src: Path, dest: Path, *, owner: tuple[int, int] | None) -> Path:
+def working_copy(src: Path, dest: Path, *, owner: tuple[int, int] | None, problems: list[str] | None = None) -> Path:
     """A copy of ``src`` (regular files and folders only, as the deliverables are)
-    that the grading sandbox's user may change. Files keep their exact mode (graders
-    check the permissions the candidate set). As root the copy belongs to ``owner``,
-    the sandbox's user, as the candidate's files did; otherwise its folders are
-    writable by everyone, so files can be removed and made anew. Never a hard link: a
-    write must not reach ``src``."""
-    shutil.copytree(src, dest, symlinks=True, copy_function=shutil.copy2)
-    for dirpath, dirs, files in os.walk(dest):
-        for name in [*dirs, *files]:
-            path = os.path.join(dirpath, name)
-            if owner is not None:
-                os.lchown(path, *owner)
-            elif name in dirs:
-                os.chmod(path, os.lstat(path).st_mode | 0o777)
-    if owner is not None:
-        os.chown(dest, *owner)
-        os.chmod(dest, 0o755)
-    else:
-        os.chmod(dest, 0o777)
+    that the grading sandbox's user may change. Files keep their exact mode and times
+    (graders check the permissions the candidate set). As root the copy belongs to
+    ``owner``, the sandbox's user, as the candidate's files did; otherwise its folders
+    are writable by everyone, so files can be removed and made anew. Never a hard
+    link: a write must not reach ``src``.
+
+    The copy is made descriptor-relative (``openat``: no path length matters, however
+    long the base), holes kept as holes (``ale.grading.copying``). An entry that
+    cannot be copied is the harness's failure, never the candidate's: it is left out,
+    said in ``problems``, and the rest is copied (the grader grades what was copied).
+    Only a ``dest`` that cannot be made at all raises (``OSError``)."""
+    problems = problems if problems is not None else []
+    dest.mkdir(mode=0o755, parents=True)
+    src_fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        os.close(src_fd)
+        raise
+    _copy_tree_fd(src_fd, dest_fd, owner, problems)
+    try:
+        if owner is not None:
+            os.chown(dest, *owner)
+            os.chmod(dest, 0o755)
+        else:
+            os.chmod(dest, 0o777)
+    except OSError as e:
+        problems.append(f".: cannot set the owner or mode of the working copy: {e.strerror}")
     return dest.resolve()
 
 
+def _copy_tree_fd(src_fd: int, dest_fd: int, owner: tuple[int, int] | None, problems: list[str]) -> None:
+    """Copy the folder open as ``src_fd`` into the one open as ``dest_fd``; closes both."""
+    stack: list[tuple[int, int, bytes, list[bytes]]] = []
+
+    def push(s: int, d: int, rel: bytes) -> None:
+        try:
+            names = sorted(os.fsencode(n) for n in os.listdir(s))
+        except OSError as e:
+            problems.append(f"{_shown(rel)}: cannot list: {e.strerror}")
+            names = []
+        stack.append((s, d, rel, names[::-1]))
+
+    push(src_fd, dest_fd, b"")
+    try:
+        while stack:
+            s, d, rel, names = stack[-1]
+            if not names:
+                stack.pop()
+                os.close(s)
+                os.close(d)
+                continue
+            name = names.pop()
+            path = rel + b"/" + name if rel else name
+            try:
+                sub = _copy_entry(s, d, name, owner)
+            except OSError as e:
+                problems.append(f"{_shown(path)}: not copied: {e.strerror or e}")
+                continue
+            if sub is not None:
+                push(sub[0], sub[1], path)
+    finally:
+        for s, d, _, _ in stack:
+            os.close(s)
+            os.close(d)
+
+
+def _copy_entry(s: int, d: int, name: bytes, owner: tuple[int, int] | None) -> tuple[int, int] | None:
+    """Copy one entry; a folder's (source, copy) descriptors are returned to descend into."""
+    st = os.stat(name, dir_fd=s, follow_symlinks=False)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NOCTTY
+    if stat.S_ISDIR(st.st_mode):
+        os.mkdir(name, 0o755, dir_fd=d)
+        sfd = os.open(name, flags | os.O_DIRECTORY, dir_fd=s)
+        try:
+            dfd = os.open(name, flags | os.O_DIRECTORY, dir_fd=d)
+        except OSError:
+            os.close(sfd)
+            raise
+        try:
+            if owner is not None:
+                os.fchown(dfd, *owner)
+                os.fchmod(dfd, stat.S_IMODE(st.st_mode))
+            else:
+                os.fchmod(dfd, stat.S_IMODE(st.st_mode) | 0o777)
+        except OSError:
+            os.close(sfd)
+            os.close(dfd)
+            raise
+        return sfd, dfd
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file or folder")
+    sfd = os.open(name, flags | os.O_NONBLOCK, dir_fd=s)
+    try:
+        dfd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=d)
+        try:
+            copy_keeping_holes(sfd, dfd)
+            if owner is not None:
+                os.fchown(dfd, *owner)
+            os.fchmod(dfd, stat.S_IMODE(st.st_mode))
+            os.utime(dfd, ns=(st.st_atime_ns, st.st_mtime_ns))
+        except BaseException:
+            # Never a part of the candidate's file in its place: the grader sees it missing.
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=d)
+            raise
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+    return None
+
+
+def _shown(rel: bytes) -> str:
+    return display_name(rel or b".")
 
 
 class InvalidScores(GradingError):
@@ -175,6 +273,9 @@ class Grader:
         self.container: Sandbox | None = None
         self._output: Path | None = None
         self.environment_error: SandboxError | None = None  # the grading sandbox failed to start
+        # Entries of the deliverables the working copy could not hold (the harness's copy,
+        # not the candidate's work): graded without them, and warned about.
+        self.copy_problems: list[str] = []
 
     def output_host(self) -> Path:
         """The output folder evaluate() sees: with a scratch folder, a writable working
@@ -184,8 +285,13 @@ class Grader:
         if self.inputs.scratch_host is None:
             return self.inputs.deliverables_host
         if self._output is None:
-            self._output = working_copy(self.inputs.deliverables_host, self.inputs.scratch_host / "output",
-                                        owner=(self.policy.uid, self.policy.gid) if os.geteuid() == 0 else None)
+            owner = (self.policy.uid, self.policy.gid) if os.geteuid() == 0 else None
+            try:
+                self._output = working_copy(self.inputs.deliverables_host, self.inputs.scratch_host / "output",
+                                            owner=owner, problems=self.copy_problems)
+            except OSError as e:  # the harness's own scratch folder: never the candidate's failure
+                self.environment_error = SandboxError(f"the grader's working copy could not be made: {e}")
+                raise
         return self._output
 
     def workdir(self) -> str:

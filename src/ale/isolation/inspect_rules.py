@@ -800,14 +800,63 @@ def dev_none(s: InspectSubject) -> Verdict:
     return not bad, obs, f"set: {bad}" if bad else ""
 
 
-@_inspect_rule("dev.no_sysctls", area="resources", expected="empty")
-def dev_no_sysctls(s: InspectSubject) -> Verdict:
-    """No `HostConfig.Sysctls` (Docker omits an empty map, so absence is none).
+@_inspect_rule("dev.sysctls", area="resources", expected=lambda s: s.policy.sysctls)
+def dev_sysctls(s: InspectSubject) -> Verdict:
+    """`HostConfig.Sysctls` is exactly the policy's (Docker omits an empty map, so
+    absence is none): `kernel.shm_rmid_forced` 1, and `kernel.shmmax` and
+    `kernel.shmall` within the memory budget. At least as strict: lower SysV limits
+    pass and are reported.
 
-    Namespaced kernel settings change what the sandbox's network and IPC allow.
+    SysV shared memory is counted by no tmpfs size and outlives its owner unless the
+    kernel removes it; any other namespaced setting changes what the sandbox's network
+    or IPC allow.
     """
-    value = _hc(s, "Sysctls", None)
-    return _empty(value), value, ""
+    hc = _get(s.inspect, "HostConfig")
+    value = hc.get("Sysctls") if isinstance(hc, dict) else None
+    got = {} if _empty(value) else value
+    if not isinstance(got, dict):
+        raise TypeError(f"HostConfig.Sysctls is {type(got).__name__}, not a map")
+    want = s.policy.sysctls
+    got = {str(k): str(v) for k, v in got.items()}
+    if got == want:
+        return True, value, ""
+    lower = [k for k in ("kernel.shmmax", "kernel.shmall") if k in want and k in got and got[k] != want[k]]
+    if s.fit == "at_least" and set(got) == set(want) and all(got[k] == want[k] for k in want if k not in lower) \
+            and all(got[k].isdigit() and int(got[k]) < int(want[k]) for k in lower):
+        return True, value, Stricter(f"lower SysV limits: {', '.join(f'{k}={got[k]}' for k in lower)}")
+    extra = sorted(set(got) - set(want))
+    missing = sorted(set(want) - set(got))
+    differ = sorted(k for k in set(got) & set(want) if got[k] != want[k])
+    parts = [f"{label}: {keys}" for label, keys in (("not planned", extra), ("missing", missing), ("differing", differ)) if keys]
+    return False, value, "; ".join(parts)
+
+
+@_inspect_rule("limits.ulimits", area="resources", expected=lambda s: {k: list(v) for k, v in s.policy.ulimits.items()})
+def limits_ulimits(s: InspectSubject) -> Verdict:
+    """`HostConfig.Ulimits` holds the policy's limits (`core` 0, soft and hard), each
+    at most as planned.
+
+    A core dump writes a candidate process's memory to a file; a hard limit of 0 is
+    one the candidate cannot raise (no `CAP_SYS_RESOURCE`).
+    """
+    hc = _get(s.inspect, "HostConfig")
+    value = hc.get("Ulimits") if isinstance(hc, dict) else None
+    items = [] if _empty(value) else value
+    if not isinstance(items, list):
+        raise TypeError(f"HostConfig.Ulimits is {type(items).__name__}, not a list")
+    got: dict[str, tuple[Any, Any]] = {}
+    for u in items:
+        if not isinstance(u, dict):
+            raise TypeError(f"a ulimit is {type(u).__name__}, not a map")
+        got[str(u.get("Name"))] = (u.get("Soft"), u.get("Hard"))
+    problems = []
+    for name, (soft, hard) in s.policy.ulimits.items():
+        have = got.get(name)
+        if have is None:
+            problems.append(f"{name}: not set (the engine's default)")
+        elif not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= w for v, w in zip(have, (soft, hard), strict=True)):
+            problems.append(f"{name}: soft {have[0]}, hard {have[1]}, planned at most {soft}/{hard}")
+    return not problems, value, "; ".join(problems)
 
 
 # -- identity --------------------------------------------------------------------

@@ -78,6 +78,7 @@ from ale.sandbox.desktop import (
     desktop_spec,
 )
 from ale.sandbox.halt import STOP_BOUND_S
+from ale.sandbox.host_kernel import core_pattern_warning
 from ale.sandbox.providers import make_provider
 from ale.sandbox.scratch import mount_workspace_tmpfs, release_scratch
 from ale.sandbox.session import ContainerSession, Route, RoutedSession
@@ -557,6 +558,9 @@ async def collect_deliverables(state: RunState) -> None:
         state.folder.workspace_host, state.folder.run_dir / layout.DELIVERABLES_DIR, max_files=lim.deliverable_max_files,
         max_bytes=lim.deliverable_max_bytes, owner=(state.plan.policy.uid, state.plan.policy.gid) if os.geteuid() == 0 else None,
         mount_point=state.variant.output_dir,
+        # One path budget for every copy: the grader's working copies and the output
+        # folder in the grading sandbox are longer bases than the run folder may be.
+        also_under=[*state.folder.copy_bases(lim.grading_attempts), state.variant.output_dir],
     )
     ev.write_json_new(state.folder.run_dir / layout.DELIVERABLES, json.loads(manifest.model_dump_json()))
     state.record.events.append("deliverables.collected", files=len(manifest.files), skipped=len(manifest.skipped), digest=manifest.digest)
@@ -639,7 +643,7 @@ async def grade(state: RunState, process: TaskProcess, *, attempt: int = 1) -> l
             software_host=None if state.folder.software_host is None else state.folder.software_host.resolve(),
             software_dir=f"{v.public_root}/software" if state.folder.software_host is not None else None,
             task_dir=v.task_dir,
-            scratch_host=state.folder.grading_scratch if attempt == 1 else state.folder.grading_scratch.with_name(f"grading-{attempt}"),
+            scratch_host=state.folder.grading_scratch_for(attempt),
         ),
         command_timeout=plan.limits.grading_timeout_s,  # ALE graders run commands for up to about an hour
         gui=state.extension.grading_gui(state),
@@ -653,6 +657,18 @@ async def grade(state: RunState, process: TaskProcess, *, attempt: int = 1) -> l
         return await state.live.grader.grade(evaluate)
     finally:
         await state.live.grader.close()
+        _warn_copy_problems(state, state.live.grader.copy_problems, attempt)
+
+
+def _warn_copy_problems(state: RunState, problems: list[str], attempt: int) -> None:
+    """The grader's working copy left entries out (the harness's copy failed, never
+    the candidate's work): graded without them, recorded and warned about."""
+    if not problems:
+        return
+    state.record.events.append("grading.copy_incomplete", attempt=attempt, problems=problems[:50], count=len(problems))
+    state.record.warnings.append(
+        f"grading: the grader's working copy left out {len(problems)} entr{'y' if len(problems) == 1 else 'ies'} of the "
+        f"deliverables (the harness's copy, not the candidate's: graded without them), first: {problems[0]}")
 
 
 # -- the run -------------------------------------------------------------------
@@ -858,10 +874,19 @@ async def _judged_if_stopped(state: RunState) -> bool:
     return True
 
 
+# How long the stop step's first look at the engine may take before the host-side
+# stop goes ahead anyway: a candidate can wedge the engine on its container (an exec's
+# process stopped as it starts); the host-side stop kills that process and frees it.
+FIRST_LOOK_S = 5.0
+
+
 async def _end_turn_and_probe(state: RunState, doc: dict[str, Any]) -> None:
-    if await _judged_if_stopped(state):
-        doc["judged"] = "stopped before the stop step"
-        return
+    try:
+        if await asyncio.wait_for(_judged_if_stopped(state), FIRST_LOOK_S):
+            doc["judged"] = "stopped before the stop step"
+            return
+    except TimeoutError:
+        doc["engine_waited"] = f"the engine did not answer within {FIRST_LOOK_S:g}s: the host-side stop went ahead"
     await record_cua(state)  # before the stop ends the computer-server and its tunnel
     halt = await state.sandbox.halt(keep_uids=(DESKTOP_UID,), bound_s=STOP_BOUND_S)
     doc["halt"] = halt.to_dict()
@@ -1129,7 +1154,12 @@ def _record_static_evidence(state: RunState) -> None:
         },
     )
     try:
-        state.record.store.write_json(Evidence.ENGINE, state.prep.provider.engine_record())
+        engine = state.prep.provider.engine_record()
+        state.record.store.write_json(Evidence.ENGINE, engine)
+        pipe = core_pattern_warning(engine)
+        if pipe:
+            state.record.warnings.append(pipe)
+            state.record.events.append("engine.core_pattern_pipe", core_pattern=engine.get("core_pattern"))
     except SandboxError as e:
         state.record.store.write_json(Evidence.ENGINE, {"error": str(e)})
 

@@ -114,6 +114,16 @@ class RunFolder:
     def grading_scratch(self) -> Path:
         return self.scratch / "grading"
 
+    def grading_scratch_for(self, attempt: int) -> Path:
+        """The grading scratch folder of one grading attempt (its working copy is ``output/`` in it)."""
+        return self.grading_scratch if attempt == 1 else self.grading_scratch.with_name(f"grading-{attempt}")
+
+    def copy_bases(self, attempts: int) -> list[Path]:
+        """Every host folder the deliverables are copied under after the run folder's
+        own (the grader's working copy of each attempt): the deliverables get one path
+        budget, for the longest of them (``deliverables.path_budget``)."""
+        return [self.grading_scratch_for(n) / "output" for n in range(1, max(1, attempts) + 1)]
+
     @property
     def deliverables(self) -> Path:
         return self.run_dir / layout.DELIVERABLES_DIR

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
-from docker.types import LogConfig
+from docker.types import LogConfig, Ulimit
 from docker.types import Mount as DockerMount
 
 from ale.defaults import DEFAULT_TOOLS_IMAGE, DESKTOP_UID, TOOLS_REPO
@@ -43,6 +43,7 @@ from ale.sandbox.base import (
 from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE, DESKTOP_REPO
 from ale.sandbox.docker_images import DockerImageStore
 from ale.sandbox.halt import STOP_BOUND_S, HostUnreachable, StopOutcome, find_cgroup, stop_cgroup
+from ale.sandbox.host_kernel import core_pattern_record
 from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.runtimes import (
     DEFAULT_RUNTIME,
@@ -172,6 +173,8 @@ def container_create_kwargs(
         memswap_limit=policy.memory_swap_bytes,
         nano_cpus=policy.nano_cpus,
         tmpfs={t.path: t.options for t in policy.tmpfs},
+        sysctls=dict(policy.sysctls) or None,
+        ulimits=[Ulimit(name=n, soft=soft, hard=hard) for n, (soft, hard) in policy.ulimits.items()] or None,
         log_config=LogConfig(type="json-file", config={"max-size": policy.log_max_size}),
         mounts=[
             DockerMount(
@@ -202,6 +205,7 @@ class DockerSandbox:
         self.id: str = container.id
         self._uptime_offset: float | None = None
         self._removed = False
+        self._init_pid: int | None = None
 
     shares_host_filesystem = True
 
@@ -247,6 +251,23 @@ class DockerSandbox:
             if "root network namespace" in why:  # runsc registered without --network=none
                 why += f" (register runsc with {' '.join(RUNSC_ARGS)}: {install_hint('runsc')})"
             raise SandboxError(f"docker could not start {self.name}: {why}") from e
+        # The init's host pid, read once now: the host-side stop must never wait on the
+        # engine, which a candidate can wedge (a SIGSTOP to an exec's process while it
+        # starts holds the engine's lock on this container: inspect, exec, kill wait).
+        with suppress(Exception):
+            state = (await asyncio.to_thread(self.inspect)).get("State") or {}
+            if state.get("Running") and int(state.get("Pid") or 0) > 0:
+                self._init_pid = int(state["Pid"])
+
+    def _cached_init(self) -> tuple[int, Any] | None:
+        """(init's host pid, its cgroup) from the pid read at start, while that process
+        is still this container's init; None when unknown or gone."""
+        if self._init_pid is None:
+            return None
+        try:
+            return self._init_pid, find_cgroup(self._init_pid, self.id)
+        except HostUnreachable:
+            return None
 
     async def stop(self) -> None:
         """Kill the container (every process in it dies with its PID namespace) and
@@ -337,12 +358,18 @@ class DockerSandbox:
             now = time.monotonic()
             if host_deadline is not None and now > host_deadline and not forced:
                 forced = True
-                await self.kill_user_processes()
+                # From the host (no exec: a candidate can stop an exec's process as it
+                # starts, and the engine then waits on it): every candidate process dies,
+                # the stopped exec's included, and the engine is free again.
+                await self.halt(keep_uids=(DESKTOP_UID,))
                 collector.close()
             elif exited_at is None:
                 # A background child can keep the stream open after the command
                 # exited; stop waiting for it shortly after the exit.
-                state = await self._exec_state(exec_id["Id"])
+                try:  # bounded: the engine's answer must not hold up the host's deadline
+                    state = await asyncio.wait_for(self._exec_state(exec_id["Id"]), 2.0)
+                except TimeoutError:
+                    continue
                 # Not started yet (a loaded host: the pump's exec_start still queued)
                 # reads the same as ended, but without an exit code.
                 if not state.get("Running") and state.get("ExitCode") is not None:
@@ -477,12 +504,16 @@ class DockerSandbox:
         try:
             if is_gvisor(self.policy.runtime):
                 return await self._halt_in_sentry(keep_uids, bound_s, started, t0)
-            state = (await asyncio.to_thread(self.inspect)).get("State") or {}
-            if not state.get("Running"):
-                return StopOutcome("none", started, bound_s=bound_s, sandbox_stopped=True,
-                                   detail=f"the sandbox was not running ({state.get('Status')})")
-            init = int(state.get("Pid") or 0)
-            cg = await asyncio.to_thread(find_cgroup, init, self.id)
+            cached = await asyncio.to_thread(self._cached_init)
+            if cached is not None:  # no engine call: the engine may be wedged on this container
+                init, cg = cached
+            else:
+                state = (await asyncio.wait_for(asyncio.to_thread(self.inspect), bound_s)).get("State") or {}
+                if not state.get("Running"):
+                    return StopOutcome("none", started, bound_s=bound_s, sandbox_stopped=True,
+                                       detail=f"the sandbox was not running ({state.get('Status')})")
+                init = int(state.get("Pid") or 0)
+                cg = await asyncio.to_thread(find_cgroup, init, self.id)
         except HostUnreachable as e:
             remaining = await asyncio.wait_for(self.kill_user_processes(), bound_s)
             return StopOutcome("exec", started, duration_s=round(time.monotonic() - t0, 4), bound_s=bound_s,
@@ -749,6 +780,7 @@ class DockerProvider:
                 "driver": info.get("Driver"),
                 "default_runtime": info.get("DefaultRuntime"),
                 "runtimes": sorted(info.get("Runtimes") or {}),
+                **core_pattern_record(),
             }
         except docker.errors.DockerException as e:
             raise SandboxError(f"docker info failed: {e}") from e

@@ -448,6 +448,7 @@ def _run_once(client: docker.DockerClient, image: str, argv: list[str], *, timeo
     container = client.containers.create(
         image, command=argv, user="1000:1000", network_mode="none", read_only=True, cap_drop=["ALL"],
         security_opt=["no-new-privileges"], tmpfs={"/tmp": "rw,nosuid,nodev,size=64m"},
+        ulimits=[docker.types.Ulimit(name="core", soft=0, hard=0)],
         labels={LABEL_MANAGED: "1", LABEL_ROLE: RECORD_ROLE}, detach=True,
     )
     try:

@@ -52,6 +52,14 @@ HOST_MEMORY_SHARE = 0.75
 # Docker's /dev/shm (64 MiB unless told otherwise): a tmpfs too, charged to the
 # container's memory like every tmpfs page.
 SHM_BYTES = 64 * MIB
+# SysV shared memory (shmget): pages no tmpfs size counts, charged to the container's
+# memory like /dev/shm's, and kept after their owner exits unless the kernel removes
+# them (kernel.shm_rmid_forced=1). Capped in all (kernel.shmall, kernel.shmmax) at
+# this many bytes, or a sixteenth of the memory limit if less, inside the memory
+# budget below beside /dev/shm and every tmpfs.
+SYSV_SHM_BYTES = 64 * MIB
+SYSV_SHM_SHARE = 16
+SHM_PAGE = 4096  # kernel.shmall counts pages (of PAGE_SIZE: 4 KiB on x86-64 and arm64's default)
 # A tmpfs's pages cannot be reclaimed: filled, they take the memory the container's
 # init needs, and the kernel kills it. Every tmpfs together, /dev/shm included, must
 # leave this share of the memory limit free.
@@ -105,6 +113,40 @@ class IsolationPolicy(BaseModel):
     runtime_writable_mounts: tuple[str, ...] = ("/dev/shm",)
     # UV_PROJECT_ENVIRONMENT: a task environment image's synced uv project (ale.sandbox.env_image.uv_project).
     env_allowlist: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONDONTWRITEBYTECODE", "UV_PROJECT_ENVIRONMENT")
+    # SysV shared memory bounded and never orphaned: the IPC namespace's sysctls
+    # (``sysctls``: kernel.shm_rmid_forced=1, kernel.shmmax and kernel.shmall at
+    # SYSV_SHM_BYTES, counted in the memory budget). False only in records of runs made
+    # before it existed (``from_record``).
+    sysv_shm_limits: bool = True
+    # RLIMIT_CORE 0, soft and hard (``--ulimit core=0``): no process of the sandbox
+    # dumps core into a file. (A host whose kernel.core_pattern is a pipe runs its
+    # handler whatever the limit: the engine evidence records the pattern.)
+    no_core_dumps: bool = True
+
+    @property
+    def sysctls(self) -> dict[str, str]:
+        """The namespaced kernel settings the sandbox is created with (``HostConfig.Sysctls``)."""
+        if not self.sysv_shm_limits:
+            return {}
+        return {"kernel.shm_rmid_forced": "1", "kernel.shmmax": str(self.sysv_shm_bytes),
+                "kernel.shmall": str(self.sysv_shm_bytes // SHM_PAGE)}
+
+    @property
+    def sysv_shm_bytes(self) -> int:
+        """The most SysV shared memory the sandbox may hold (0: not limited by the policy)."""
+        if not self.sysv_shm_limits:
+            return 0
+        return min(SYSV_SHM_BYTES, self.memory_bytes // SYSV_SHM_SHARE // MIB * MIB)
+
+    @property
+    def ulimits(self) -> dict[str, tuple[int, int]]:
+        """The resource limits the sandbox is created with: name -> (soft, hard) (``HostConfig.Ulimits``)."""
+        return {"core": (0, 0)} if self.no_core_dumps else {}
+
+    @property
+    def shared_memory_reserve(self) -> int:
+        """The memory /dev/shm and SysV shared memory may take, beside the tmpfs."""
+        return SHM_BYTES + self.sysv_shm_bytes
 
     @field_validator("cpus")
     @classmethod
@@ -173,18 +215,21 @@ class IsolationPolicy(BaseModel):
         """Why these tmpfs could take the memory the sandbox's init needs, or None."""
         sizes = [t.size_bytes for t in self.tmpfs]
         budget = int(self.memory_bytes * TMPFS_MEMORY_SHARE)
-        if all(s is not None for s in sizes) and sum(s or 0 for s in sizes) + SHM_BYTES <= budget:
+        reserve = self.shared_memory_reserve
+        if all(s is not None for s in sizes) and sum(s or 0 for s in sizes) + reserve <= budget:
             return None
-        return (f"tmpfs {[t.path + ':' + t.options for t in self.tmpfs]} with /dev/shm ({SHM_BYTES // MIB} MiB) "
+        return (f"tmpfs {[t.path + ':' + t.options for t in self.tmpfs]} with /dev/shm and SysV shared memory "
+                f"({reserve // MIB} MiB) "
                 f"may take more than {TMPFS_MEMORY_SHARE:.0%} of memory_bytes ({self.memory_bytes // MIB} MiB): a "
                 "candidate that fills them takes the memory the sandbox's init needs and the kernel kills it. "
-                f"Give each tmpfs a size= that fits in {max(0, budget - SHM_BYTES) // MIB} MiB in all, or raise memory_bytes.")
+                f"Give each tmpfs a size= that fits in {max(0, budget - reserve) // MIB} MiB in all, or raise memory_bytes.")
 
     def fit_tmpfs(self) -> IsolationPolicy:
         """This policy with its tmpfs sizes scaled down (never up) so that, with
         /dev/shm, they fit in ``TMPFS_MEMORY_SHARE`` of the memory limit: a card that
         lowers the memory must not leave a /tmp the candidate can fill to death."""
-        budget = max(int(self.memory_bytes * TMPFS_MEMORY_SHARE) - SHM_BYTES, MIN_TMPFS_BYTES * max(1, len(self.tmpfs)))
+        budget = max(int(self.memory_bytes * TMPFS_MEMORY_SHARE) - self.shared_memory_reserve,
+                     MIN_TMPFS_BYTES * max(1, len(self.tmpfs)))
         sizes = [t.size_bytes or self.memory_bytes for t in self.tmpfs]
         if sum(sizes) <= budget:
             return self
@@ -225,7 +270,10 @@ class IsolationPolicy(BaseModel):
 
     @classmethod
     def from_record(cls, data: dict) -> IsolationPolicy:
-        """A policy stored with a run, read on any machine (no host-CPU rule)."""
+        """A policy stored with a run, read on any machine (no host-CPU rule). A record
+        made before a setting existed is read as the run ran: without it."""
+        if isinstance(data, dict):
+            data = {"sysv_shm_limits": False, "no_core_dumps": False, **data}
         return cls.model_validate(data, context={"check_host": False})
 
     @classmethod
@@ -301,7 +349,9 @@ def raise_to_needs(policy: IsolationPolicy, needs: LimitNeeds, *, who: str,
     tmp_short = tmp_need is not None and tmp is not None and tmp < tmp_need
     mem_need = needs.memory_bytes or 0
     if tmp_short and tmp_need is not None:
-        mem_need = max(mem_need, -(-int((tmp_need + SHM_BYTES) / TMPFS_MEMORY_SHARE) // MIB) * MIB)
+        # The most /dev/shm and SysV may take, whatever memory is given (its SysV share grows with it).
+        reserve = SHM_BYTES + (SYSV_SHM_BYTES if policy.sysv_shm_limits else 0)
+        mem_need = max(mem_need, -(-int((tmp_need + reserve) / TMPFS_MEMORY_SHARE) // MIB) * MIB)
     if policy.memory_bytes < mem_need:
         if "memory_bytes" in stated:
             raise refuse("memory_bytes", policy.memory_bytes, mem_need, _STATED)
