@@ -944,7 +944,7 @@ class _Verifier:
         claimed = _as_dict(_as_dict(stored).get("gateway"))
         # limits and blocked, billing and failures: absent from records older than them
         keys = ("head", "records", "requests", "tools_offered", "refusals", "limits", "blocked", "billing", "failures", "retries",
-                "provider_failure", "last_failure")
+                "provider_failure", "last_failure", "resumed")
         diff = [k for k in keys if claimed.get(k) != derived.get(k)]
         self.check("gateway.evidence_matches", not diff, "evidence/controller.json as the records derive it", diff,
                    f"evidence/controller.json differs from the gateway's records in {diff}" if diff else "", area=area)

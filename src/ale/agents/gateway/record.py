@@ -247,6 +247,11 @@ def derive(run_dir: Path, records: list[dict[str, Any]]) -> tuple[dict[str, Any]
         final = next((f for f in failures if not_the_agents(f["failure"]) and not 200 <= int(f.get("status") or 0) < 300), None)
         summary["provider_failure"] = final
         summary["last_failure"] = _last_failure(records, failures)
+    if isinstance(start.get("resume"), dict):  # a resumed run: its replayed turns against the source's record
+        from ale.agents.gateway.resume import derive_resume
+
+        summary["resumed"], more = derive_resume(run_dir, records, start)
+        problems += [f"resume: {p}" for p in more]
     return summary, problems
 
 
