@@ -328,6 +328,17 @@ def derive_resume(run_dir: Path, records: list[dict[str, Any]], start: dict[str,
     return summary, problems
 
 
+def resumed_result(summary: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """What a resumed run's result carries (``result.extra["resumed"]``)."""
+    info = load_resume(run_dir) or {}
+    live = summary.get("live") if isinstance(summary.get("live"), dict) else None
+    return {"from_run": summary.get("from_run"), "source_run_id": info.get("run_id"), "replayed_turns": summary.get("replayed_turns"),
+            "diverged_at": summary.get("diverged_at"), "live_from": live.get("turn") if live else None,
+            "divergence": live.get("summary") if live and live.get("why") == "diverged" else None,
+            "reexecuted_calls": summary.get("reexecuted_calls"),
+            "source_usage": info.get("source_usage") or {}}
+
+
 def _digest_of(run_dir: Path, req: dict[str, Any]) -> str | None:
     ref = req.get("body") or {}
     raw = _raw_body(run_dir, ref)

@@ -1,0 +1,161 @@
+"""Resume a whole run from its record (real containers, the built-in llm agent, the
+fake model upstream on the trusted side): a 30-turn ``ale run`` killed with SIGKILL
+once its gateway record holds 20 answers resumes in a fresh sandbox, the recorded
+turns replayed without the model, finishes, scores as an uninterrupted run does and
+verifies; a run whose replayed tool call returns something else in the new sandbox
+(a file named at random) diverges at that turn and says so."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ale.plan import AgentSpec, RunPlan
+from ale.record.verify import verify_run_dir
+from ale.runs.lifecycle import execute_run
+from ale.sandbox.docker import DockerProvider
+from ale.sandbox.policy import IsolationPolicy
+from ale.status import RunStatus
+from tests.conftest import EXAMPLES, TOOLS_IMAGE
+from tests.fake_model_api import FakeModelAPI
+
+pytestmark = pytest.mark.docker
+
+TASK = EXAMPLES / "files" / "word_count"
+TURNS = 30
+KILL_AT = 20
+ANSWER = ("printf '{\"words\": %d, \"lines\": %d}' $(wc -w < /input/document.txt) $(wc -l < /input/document.txt) "
+          "> /workspace/answer.json && cat /workspace/answer.json")
+
+
+def turn_command(random_at: int | None = None):
+    def command(n: int) -> str:
+        if n == TURNS - 1:
+            return ANSWER
+        if n == random_at:  # a file the agent writes with a random name: another name in a new sandbox
+            return "mktemp /workspace/note.XXXXXXXX"
+        return f"echo turn {n} >> /workspace/turns.txt && wc -l < /workspace/turns.txt"
+    return command
+
+
+def _config(fake: FakeModelAPI) -> dict:
+    return {"base_url": f"{fake.url}/v1", "model": "gpt-fake", "api_key": "test-key", "max_steps": 100}
+
+
+def _responses(run_dir: Path) -> int:
+    path = run_dir / "agent" / "gateway" / "records.jsonl"
+    if not path.is_file():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if '"type":"response"' in line)
+
+
+def _kill_at(tmp_path: Path, fake: FakeModelAPI, n: int) -> Path:
+    """``ale run`` as a subprocess, SIGKILLed (its whole group) once its record holds ``n`` answers."""
+    runs = tmp_path / "runs"
+    argv = [sys.executable, "-m", "ale.cli", "run", str(TASK), "--agent", "llm", "--agent-config", json.dumps(_config(fake)),
+            "--runs-dir", str(runs), "--signing-key", str(tmp_path / "key.pem"), "--image", TOOLS_IMAGE]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 240
+    run_dir: Path | None = None
+    try:
+        while time.monotonic() < deadline:
+            dirs = [d for d in runs.iterdir() if d.is_dir() and not d.name.startswith(".")] if runs.is_dir() else []
+            run_dir = dirs[0] if dirs else None
+            if run_dir is not None and _responses(run_dir) >= n:
+                break
+            if proc.poll() is not None:
+                raise AssertionError(f"ale run ended before turn {n}: {proc.stdout.read().decode() if proc.stdout else ''}")
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"no {n} answers in time")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    assert run_dir is not None and not (run_dir / "result.json").exists()
+    return run_dir
+
+
+def _cleanup(docker_client, run_id: str) -> None:
+    DockerProvider(docker_client).remove_managed(run_id=run_id)
+
+
+def _resume_plan(tmp_path: Path, source: Path, fake: FakeModelAPI) -> RunPlan:
+    old = RunPlan.model_validate_json((source / "plan.json").read_text())
+    return old.model_copy(update={"run_id": f"resumed-{uuid.uuid4().hex[:10]}", "runs_dir": str(tmp_path / "resumed"),
+                                  "resume_from": str(source)})
+
+
+def test_a_run_killed_at_turn_20_resumes_replays_its_turns_finishes_scores_and_verifies(docker_client, tmp_path):
+    fake = FakeModelAPI(turns=TURNS, turn_command=turn_command(), latency_s=0.15).start()
+    try:
+        source = _kill_at(tmp_path, fake, KILL_AT)
+        _cleanup(docker_client, source.name)  # what reconcile's janitor does after a crash
+        recorded = _responses(source)
+        assert recorded >= KILL_AT
+        before = fake.model_calls()
+        plan = _resume_plan(tmp_path, source, fake)
+        result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+        live = fake.model_calls() - before
+    finally:
+        fake.stop()
+    assert result.status is RunStatus.SCORED, (result.error, result.violations)
+    # The recorded turns never reached the model: only turns past them did (30 tool calls, then "done").
+    assert live == TURNS + 1 - recorded, (live, recorded)
+    resumed = result.extra["resumed"]
+    assert resumed["replayed_turns"] == recorded and resumed["diverged_at"] is None and resumed["live_from"] == recorded + 1
+    assert resumed["from_run"] == str(source.resolve()) and resumed["reexecuted_calls"] == recorded
+    # The replayed turns cost nothing here; the source's answers are its attempt's.
+    assert result.extra["billing"]["total"]["requests"] == live
+    assert resumed["source_usage"]["requests"] == recorded
+    # Each tool call was executed again in the new sandbox: every turn's line is there once.
+    steps = json.loads((plan.run_dir / "trajectory.json").read_text())["steps"]
+    assert len(steps) == TURNS and all(s["ok"] for s in steps)
+    assert steps[TURNS - 2]["stdout"].strip() == str(TURNS - 1)
+    report = verify_run_dir(plan.run_dir)
+    assert report.valid, report.reasons
+    assert {c["id"] for c in report.checks} >= {"gateway.resume_source", "gateway.resume_unbilled", "gateway.resume_result"}
+
+    # An uninterrupted run of the same agent and model scores the same.
+    fresh = FakeModelAPI(turns=TURNS, turn_command=turn_command()).start()
+    try:
+        whole = RunPlan(run_id=f"whole-{uuid.uuid4().hex[:10]}", task_dir=str(TASK), agent=AgentSpec(name="llm", config=_config(fresh)),
+                        image=TOOLS_IMAGE, policy=IsolationPolicy(), runs_dir=str(tmp_path / "whole"), signing_key=str(tmp_path / "key.pem"))
+        uninterrupted = asyncio.run(execute_run(whole, provider=DockerProvider(docker_client)))
+    finally:
+        fresh.stop()
+    assert uninterrupted.status is RunStatus.SCORED and uninterrupted.scores == result.scores == [1.0, 1.0]
+
+
+def test_a_replayed_tool_call_that_returns_something_else_diverges_at_that_turn(docker_client, tmp_path):
+    fake = FakeModelAPI(turns=TURNS, turn_command=turn_command(random_at=5), latency_s=0.05).start()
+    try:
+        source = _kill_at(tmp_path, fake, 10)
+        _cleanup(docker_client, source.name)
+        before = fake.model_calls()
+        plan = _resume_plan(tmp_path, source, fake)
+        result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+        live = fake.model_calls() - before
+    finally:
+        fake.stop()
+    assert result.status is RunStatus.SCORED, (result.error, result.violations)
+    resumed = result.extra["resumed"]
+    # Turn 6 carries the result of call 5 (mktemp): another random name, so turn 6 goes live.
+    assert resumed["replayed_turns"] == 6 and resumed["diverged_at"] == 7, resumed
+    assert live == TURNS + 1 - resumed["replayed_turns"]
+    assert "tool result 6" in resumed["divergence"] and "/workspace/note." in resumed["divergence"], resumed
+    records = [json.loads(x) for x in (plan.run_dir / "agent" / "gateway" / "records.jsonl").read_text().splitlines()]
+    went = [r for r in records if r["type"] == "resume.live"]
+    assert len(went) == 1 and went[0]["why"] == "diverged" and went[0]["digest"] != went[0]["recorded_digest"]
+    assert went[0]["diff"].count("/workspace/note.") == 2
+    report = verify_run_dir(plan.run_dir)
+    assert report.valid, report.reasons
