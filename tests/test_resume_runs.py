@@ -21,6 +21,7 @@ import pytest
 
 from ale.plan import AgentSpec, RunPlan
 from ale.record.verify import verify_run_dir
+from ale.result import RunResult
 from ale.runs.lifecycle import execute_run
 from ale.sandbox.docker import DockerProvider
 from ale.sandbox.policy import IsolationPolicy
@@ -85,8 +86,12 @@ def _kill_at(tmp_path: Path, fake: FakeModelAPI, n: int) -> Path:
     return run_dir
 
 
-def _cleanup(docker_client, run_id: str) -> None:
-    DockerProvider(docker_client).remove_managed(run_id=run_id)
+def _cleanup(docker_client, source: Path) -> None:
+    """What a killed ``ale run`` leaves (``ale run --resume-from`` clears it): its sandbox, its scratch mounts."""
+    from ale.sandbox.scratch import release_scratch
+
+    DockerProvider(docker_client).remove_managed(run_id=source.name)
+    release_scratch(source.parent / ".scratch" / source.name)
 
 
 def _resume_plan(tmp_path: Path, source: Path, fake: FakeModelAPI) -> RunPlan:
@@ -99,15 +104,21 @@ def test_a_run_killed_at_turn_20_resumes_replays_its_turns_finishes_scores_and_v
     fake = FakeModelAPI(turns=TURNS, turn_command=turn_command(), latency_s=0.15).start()
     try:
         source = _kill_at(tmp_path, fake, KILL_AT)
-        _cleanup(docker_client, source.name)  # what reconcile's janitor does after a crash
         recorded = _responses(source)
         assert recorded >= KILL_AT
         before = fake.model_calls()
-        plan = _resume_plan(tmp_path, source, fake)
-        result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+        # ale run --resume-from clears what the killed run left (its sandbox, its scratch) and resumes it.
+        proc = subprocess.run([sys.executable, "-m", "ale.cli", "run", "--resume-from", str(source), "--runs-dir", str(tmp_path / "resumed")],
+                              capture_output=True, text=True, timeout=300)
         live = fake.model_calls() - before
     finally:
         fake.stop()
+        _cleanup(docker_client, source)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    result = RunResult.model_validate_json((run_dir / "result.json").read_text())
+    plan = RunPlan.model_validate_json((run_dir / "plan.json").read_text())
+    assert plan.resume_from == str(source.resolve()) and plan.agent == RunPlan.model_validate_json((source / "plan.json").read_text()).agent
     assert result.status is RunStatus.SCORED, (result.error, result.violations)
     # The recorded turns never reached the model: only turns past them did (30 tool calls, then "done").
     assert live == TURNS + 1 - recorded, (live, recorded)
@@ -140,7 +151,7 @@ def test_a_replayed_tool_call_that_returns_something_else_diverges_at_that_turn(
     fake = FakeModelAPI(turns=TURNS, turn_command=turn_command(random_at=5), latency_s=0.05).start()
     try:
         source = _kill_at(tmp_path, fake, 10)
-        _cleanup(docker_client, source.name)
+        _cleanup(docker_client, source)
         before = fake.model_calls()
         plan = _resume_plan(tmp_path, source, fake)
         result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
@@ -159,3 +170,51 @@ def test_a_replayed_tool_call_that_returns_something_else_diverges_at_that_turn(
     assert went[0]["diff"].count("/workspace/note.") == 2
     report = verify_run_dir(plan.run_dir)
     assert report.valid, report.reasons
+
+
+def test_ale_exp_run_resume_turns_continues_an_attempt_killed_mid_run(docker_client, tmp_path):
+    """``ale exp run`` SIGKILLed at turn 20; ``ale exp run --resume-turns`` moves the folder aside
+    as before and continues that attempt from its record; the report marks it resumed."""
+    from ale.sandbox.docker import remove_containers
+
+    name = f"resume-{uuid.uuid4().hex[:8]}"
+    fake = FakeModelAPI(turns=TURNS, turn_command=turn_command(), latency_s=0.15).start()
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(json.dumps({
+        "name": name, "tasks_root": str(TASK.parent), "output": "out", "concurrency": 1,
+        "agents": [{"name": "llm", "config": _config(fake)}], "tasks": [{"path": TASK.name, "variants": [0]}],
+    }))
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "ale.cli_exp", "run", str(exp), "--plain"]
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path)
+        deadline = time.monotonic() + 240
+        try:
+            while time.monotonic() < deadline:
+                dirs = list((out / "runs").glob("*-a1")) if (out / "runs").is_dir() else []
+                if dirs and _responses(dirs[0]) >= KILL_AT:
+                    break
+                assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+                time.sleep(0.05)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        before = fake.model_calls()
+        second = subprocess.run([*argv, "--resume-turns"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        live = fake.model_calls() - before
+    finally:
+        fake.stop()
+        remove_containers(docker_client, experiment=name)
+    assert second.returncode == 0, second.stderr
+    assert "resuming from" in second.stderr
+    [run_dir] = list((out / "runs").glob("*-a1"))
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "scored" and result["scores"] == [1.0, 1.0], result.get("error")
+    resumed = result["extra"]["resumed"]
+    [source] = list((out / ".incomplete").iterdir())
+    assert resumed["from_run"] == str(source.resolve()) and resumed["diverged_at"] is None
+    assert live == TURNS + 1 - resumed["replayed_turns"] and resumed["replayed_turns"] >= KILL_AT
+    report = json.loads((out / "report.json").read_text())
+    assert report["resumed"]["runs"] == 1 and report["resumed"]["replayed_turns"] == resumed["replayed_turns"]
+    assert "resumed" in (out / "report.html").read_text()
+    assert verify_run_dir(run_dir).valid

@@ -92,9 +92,26 @@ def _resume_plan(source: Path, runs_dir: Path):
     turns, _, problems = source_turns(source)
     if problems or not turns:
         _fail(f"--resume-from {source}: " + ("; ".join(problems[:3]) if problems else "its gateway record holds no answered model turn"))
+    _clear_interrupted(source, old)
     name = Path(old.task_dir).name
     return old.model_copy(update={"run_id": new_run_id(name, old.variant, old.agent.name), "runs_dir": str(runs_dir),
                                   "resume_from": str(source.resolve())})
+
+
+def _clear_interrupted(source: Path, plan) -> None:
+    """What a killed ``ale run`` left (reconcile does this for experiments): its sandboxes
+    (labelled with its run id) and its scratch folder's mounts."""
+    from ale.sandbox.base import SandboxError
+    from ale.sandbox.providers import make_provider
+    from ale.sandbox.scratch import release_scratch
+
+    with contextlib.suppress(SandboxError, OSError, ValueError):
+        removed = make_provider(plan.provider).remove_managed(run_id=plan.run_id)
+        if removed:
+            err.print(f"removed {len(removed)} sandbox(es) the interrupted run left", markup=False, highlight=False)
+    scratch = Path(plan.runs_dir).resolve() / ".scratch" / plan.run_id
+    if scratch.is_dir():
+        release_scratch(scratch)
 
 
 @contextlib.contextmanager

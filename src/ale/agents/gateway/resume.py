@@ -148,12 +148,12 @@ def prepare_resume(run_dir: Path, source_run: Path) -> dict[str, Any]:
     if not turns:
         raise ValueError(f"{src}: its gateway record holds no answered model turn to replay")
     info = {"from_run": str(src.resolve()), "run_id": src.name, "source_head": records[-1].get("hash") if records else None,
-            "source_records": len(records), "source_turns": len(turns), "source_usage": _source_usage(records)}
+            "source_records": len(records), "source_turns": len(turns), "source_usage": source_usage(records)}
     (Path(run_dir) / RESUME_FILE).write_text(json.dumps(info, indent=1))
     return info
 
 
-def _source_usage(records: list[dict[str, Any]]) -> dict[str, Any]:
+def source_usage(records: list[dict[str, Any]]) -> dict[str, Any]:
     """What the source run's upstream answers cost (kept by the source's attempt, not billed again)."""
     out: dict[str, Any] = {}
     for r in records:
