@@ -37,6 +37,11 @@ TASK_LOG = "task.log"  # what the task process printed (only when it printed any
 EVIDENCE_DIR = "evidence"
 AGENT_DIR = "agent"  # what the agent's side wrote on the controller (outside the sandbox)
 GATEWAY_DIR = f"{AGENT_DIR}/gateway"  # the model gateway's record of the agent's model calls
+# A resumed run: the interrupted run's gateway record it replays (a run folder's shape below it)
+# and resume.json naming that run (ale.agents.gateway.resume).
+RESUME_DIR = "resume"
+RESUME_SOURCE = f"{RESUME_DIR}/source"
+RESUME_INFO = f"{RESUME_DIR}/resume.json"
 
 
 class Agent:

@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ale import layout
 from ale.agents.gateway.parse import PARSE_ERRORS, parse_response, response_bytes
 from ale.agents.gateway.record import GATEWAY_DIR, RECORDS, canonical, read_body, read_records
 
-RESUME_DIR = "resume"
-SOURCE_DIR = f"{RESUME_DIR}/source"  # a run folder's shape: agent/gateway/records.jsonl, bodies
-RESUME_FILE = f"{RESUME_DIR}/resume.json"
+SOURCE_DIR = layout.RESUME_SOURCE  # a run folder's shape: agent/gateway/records.jsonl, bodies
+RESUME_FILE = layout.RESUME_INFO
 # Request fields a harness sets per session (an id, a cache key): left out of the digest.
 VOLATILE = frozenset({"metadata", "user", "prompt_cache_key", "safety_identifier"})
 DIFF_CHARS = 300
@@ -141,7 +141,7 @@ def prepare_resume(run_dir: Path, source_run: Path) -> dict[str, Any]:
     dest = Path(run_dir) / SOURCE_DIR / GATEWAY_DIR
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(src / GATEWAY_DIR, dest, symlinks=False,
-                    ignore=shutil.ignore_patterns("turns.json", "steps.json"))
+                    ignore=shutil.ignore_patterns(layout.Gateway.TURNS))
     turns, records, problems = source_turns(Path(run_dir) / SOURCE_DIR)
     if problems:
         raise ValueError(f"{src}: its gateway record cannot be replayed: {'; '.join(problems[:3])}")
