@@ -123,3 +123,41 @@ def test_an_edited_replayed_response_or_a_billed_replay_is_caught(tmp_path, fake
     billed = [dict(r, usage={"requests": 1, "cost_usd": 0.01}) if r.get("by") == "replay" else r for r in records]
     _, problems = derive(dst, billed)
     assert any("never billed" in p for p in problems), problems
+
+
+def _anthropic(results: list[str]) -> dict:
+    messages: list[dict] = [{"role": "user", "content": "count"}]
+    for n, text in enumerate(results):
+        messages.append({"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{n}", "name": "mcp__ale__shell", "input": {}}]})
+        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": text}]})
+    return {"model": "claude-fake", "max_tokens": 100, "stream": True, "messages": messages,
+            "tools": [{"name": "mcp__ale__shell", "input_schema": {"type": "object"}}]}
+
+
+async def _drive_anthropic(run_dir: Path, fake: FakeModelAPI, bodies: list[dict], *, together: bool = False) -> list[bytes]:
+    gw = ModelGateway(run_dir, ToolPolicy(("shell",)), upstreams={"openai": fake.url, "anthropic": fake.url, "gemini": fake.url},
+                      keys={"anthropic": "k"})
+    async with serve_gateway(gw) as url, httpx.AsyncClient(headers={"x-api-key": gw.token}) as c:
+        async def one(b: dict) -> bytes:
+            r = await c.post(f"{url}/anthropic/v1/messages", json=b)
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.text
+            return r.content
+        if together:  # as a harness's sub-agents: at once, in any order
+            return list(await asyncio.gather(*(one(b) for b in bodies)))
+        return [await one(b) for b in bodies]
+
+
+def test_streamed_answers_replay_byte_for_byte_and_concurrent_requests_in_any_order(tmp_path, fake):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir(), dst.mkdir()
+    bodies = [_anthropic([]), _anthropic(["exit_code: 0\nstdout:\n42\n"])]
+    first = asyncio.run(_drive_anthropic(src, fake, bodies))
+    calls = fake.model_calls("/v1/messages")
+    assert calls == 2 and b"tool_use" in first[0]
+    prepare_resume(dst, src)
+    again = asyncio.run(_drive_anthropic(dst, fake, list(reversed(bodies)), together=True))
+    assert fake.model_calls("/v1/messages") == calls, "a replayed turn reached the upstream"
+    assert list(reversed(again)) == first  # the recorded SSE stream, byte for byte
+    summary = summarize(dst)
+    assert summary is not None and not summary["problems"], summary["problems"]
+    assert summary["resumed"]["replayed_turns"] == 2 and summary["resumed"]["live"] is None

@@ -217,4 +217,10 @@ def test_ale_exp_run_resume_turns_continues_an_attempt_killed_mid_run(docker_cli
     report = json.loads((out / "report.json").read_text())
     assert report["resumed"]["runs"] == 1 and report["resumed"]["replayed_turns"] == resumed["replayed_turns"]
     assert "resumed" in (out / "report.html").read_text()
+    # Every attempt's spend: the interrupted attempt's answers (kept) and the resumed run's live ones, each once.
+    assert report["usage_all_attempts"]["requests"] == TURNS + 1
     assert verify_run_dir(run_dir).valid
+    from ale.report.verify_experiment import verify_experiment
+
+    checked = verify_experiment(out)
+    assert not checked.problems, checked.problems
