@@ -19,7 +19,7 @@ left. ``varied_usage`` makes each answer report different token counts (request 
 ``100 + n`` input, of which ``n`` cached, ``20 + n`` output); ``served`` sums what
 the answers reported, the upstream's own count.
 
-A long run (Chat Completions): ``turns=N`` makes the model call the shell once per
+A long run (Chat Completions; Anthropic Messages unstreamed): ``turns=N`` makes the model call the shell once per
 answer until the conversation holds N tool results, the command of answer n being
 ``turn_command(n)``, then answer ``done``; ``latency_s`` delays every model answer
 (a model's own time, for the resume bench).
@@ -195,6 +195,11 @@ class FakeModelAPI:
 
     def _calls(self, body: dict[str, Any]) -> Step:
         """The tool calls of this answer ([]: answer with text)."""
+        if self.turns is not None and body.get("messages") and not body.get("stream"):  # Anthropic, a long run
+            text = json.dumps(body["messages"])
+            n = text.count('"tool_result"')
+            shell = next((t for t in _tool_names(body) if t in SHELL_NAMES), None)
+            return [(shell, {"command": str(self.turn_command(n))})] if shell and n < self.turns else []
         if self.script is not None:
             offered = set(_tool_names(body))
             steps = self.script["subagent" if SUBAGENT_MARK in _user_text(body) else "steps"] if offered else []
@@ -263,6 +268,8 @@ class FakeModelAPI:
         usage_in = {"input_tokens": n_in - n_cached, "output_tokens": 1, **({"cache_read_input_tokens": n_cached} if n_cached else {})}
         step = _answers_with_calls(body)
         ids = [f"toolu_s{step}_{i:02d}" if self.script is not None else "toolu_01" for i in range(len(calls))]
+        if self.turns is not None:
+            ids = [f"toolu_t{json.dumps(body.get('messages')).count('tool_result')}_{i}" for i in range(len(calls))]
         blocks: list[tuple[dict[str, Any], dict[str, Any] | None]]
         if calls:
             content = [{"type": "tool_use", "id": i, "name": t, "input": a} for i, (t, a) in zip(ids, calls, strict=True)]

@@ -197,7 +197,8 @@ def test_ale_exp_run_resume_turns_continues_an_attempt_killed_mid_run(docker_cli
                 assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
                 time.sleep(0.05)
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
         before = fake.model_calls()
         second = subprocess.run([*argv, "--resume-turns"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
@@ -224,3 +225,49 @@ def test_ale_exp_run_resume_turns_continues_an_attempt_killed_mid_run(docker_cli
 
     checked = verify_experiment(out)
     assert not checked.problems, checked.problems
+
+
+def test_a_bridge_harness_resumes_from_its_record_without_knowing(docker_client, tmp_path):
+    """The same through a bridge harness (the stand-in: its own agent loop over Anthropic
+    Messages, its tool calls through the MCP bridge): the gateway replays, the harness cannot tell."""
+    from tests.test_gateway_runs import _standin
+
+    turns = 12
+    fake = FakeModelAPI(turns=turns, latency_s=0.1, turn_command=lambda n: ANSWER if n == turns - 1 else
+                        f"echo turn {n} >> /workspace/turns.txt && wc -l < /workspace/turns.txt").start()
+    runs = tmp_path / "runs"
+    cfg = _standin("loop", {}, fake)
+    argv = [sys.executable, "-m", "ale.cli", "run", str(TASK), "--agent", "command", "--agent-config", json.dumps(cfg),
+            "--runs-dir", str(runs), "--signing-key", str(tmp_path / "key.pem"), "--image", TOOLS_IMAGE]
+    source: Path | None = None
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 240
+        try:
+            while time.monotonic() < deadline:
+                dirs = [d for d in runs.iterdir() if d.is_dir() and not d.name.startswith(".")] if runs.is_dir() else []
+                source = dirs[0] if dirs else None
+                if source is not None and _responses(source) >= 6:
+                    break
+                assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+                time.sleep(0.05)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        assert source is not None
+        _cleanup(docker_client, source)
+        recorded = _responses(source)
+        before = fake.model_calls("/v1/messages")
+        plan = _resume_plan(tmp_path, source, fake)
+        result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+        live = fake.model_calls("/v1/messages") - before
+    finally:
+        fake.stop()
+    assert result.status is RunStatus.SCORED and result.scores == [1.0, 1.0], (result.error, result.violations)
+    resumed = result.extra["resumed"]
+    assert resumed["replayed_turns"] == recorded and resumed["diverged_at"] is None
+    assert live == turns + 1 - recorded
+    assert "LOOP turn 13: 0 call(s)" in (plan.run_dir / "agent" / "stdout.log").read_text()
+    report = verify_run_dir(plan.run_dir)
+    assert report.valid, report.reasons
