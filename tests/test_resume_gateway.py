@@ -161,3 +161,19 @@ def test_streamed_answers_replay_byte_for_byte_and_concurrent_requests_in_any_or
     summary = summarize(dst)
     assert summary is not None and not summary["problems"], summary["problems"]
     assert summary["resumed"]["replayed_turns"] == 2 and summary["resumed"]["live"] is None
+
+
+def test_a_torn_last_record_left_by_a_kill_is_dropped_from_the_copy(tmp_path, fake):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir(), dst.mkdir()
+    asyncio.run(_drive(src, fake, [_body(r) for r in _results(3)]))
+    rec = src / "agent" / "gateway" / "records.jsonl"
+    whole = rec.read_bytes()
+    rec.write_bytes(whole + b'{"seq": 99, "type": "requ')  # the write a SIGKILL cut
+    from ale.agents.gateway.resume import source_turns
+
+    turns, _, problems = source_turns(src)  # what ale exp run --resume-turns and ale run --resume-from look at
+    assert len(turns) == 3 and not problems
+    info = prepare_resume(dst, src)
+    assert info["source_turns"] == 3 and info["torn_tail_bytes"] == 25
+    assert (dst / "resume" / "source" / "agent" / "gateway" / "records.jsonl").read_bytes() == whole

@@ -87,6 +87,12 @@ class RecordedTurn:
 def source_turns(source: Path) -> tuple[list[RecordedTurn], list[dict[str, Any]], list[str]]:
     """The source record's answered model calls in order, its records, and the problems reading it."""
     records, problems = read_records(source)
+    with contextlib.suppress(OSError):  # a torn last line (a kill mid-write) is no problem: prepare_resume drops it
+        data = (Path(source) / GATEWAY_DIR / RECORDS).read_bytes()
+        if data and not data.endswith(b"\n"):
+            lines = data.count(b"\n") + 1
+            torn = f"records.jsonl:{lines}: "
+            problems = [p for p in problems if not p.startswith(torn)]
     requests = {r.get("seq"): r for r in records if r.get("type") == "request"}
     turns: list[RecordedTurn] = []
     for resp in records:
@@ -142,13 +148,20 @@ def prepare_resume(run_dir: Path, source_run: Path) -> dict[str, Any]:
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(src / GATEWAY_DIR, dest, symlinks=False,
                     ignore=shutil.ignore_patterns(layout.Gateway.TURNS))
+    # A process killed mid-write may leave a torn last line: the copy ends at the last whole record.
+    copy = dest / RECORDS
+    data = copy.read_bytes()
+    torn = bool(data) and not data.endswith(b"\n")
+    if torn:
+        copy.write_bytes(data[: data.rfind(b"\n") + 1])
     turns, records, problems = source_turns(Path(run_dir) / SOURCE_DIR)
     if problems:
         raise ValueError(f"{src}: its gateway record cannot be replayed: {'; '.join(problems[:3])}")
     if not turns:
         raise ValueError(f"{src}: its gateway record holds no answered model turn to replay")
     info = {"from_run": str(src.resolve()), "run_id": src.name, "source_head": records[-1].get("hash") if records else None,
-            "source_records": len(records), "source_turns": len(turns), "source_usage": source_usage(records)}
+            "source_records": len(records), "source_turns": len(turns), "source_usage": source_usage(records),
+            **({"torn_tail_bytes": len(data) - copy.stat().st_size} if torn else {})}
     (Path(run_dir) / RESUME_FILE).write_text(json.dumps(info, indent=1))
     return info
 
