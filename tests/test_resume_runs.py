@@ -225,6 +225,8 @@ def test_ale_exp_run_resume_turns_continues_an_attempt_killed_mid_run(docker_cli
 
     checked = verify_experiment(out)
     assert not checked.problems, checked.problems
+    shown = subprocess.run([sys.executable, "-m", "ale.cli_exp", "report", str(out)], capture_output=True, text=True, timeout=120)
+    assert "1 resumed run(s)" in shown.stdout and f"{resumed['replayed_turns']} replayed" in shown.stdout, shown.stdout
 
 
 def test_a_bridge_harness_resumes_from_its_record_without_knowing(docker_client, tmp_path):

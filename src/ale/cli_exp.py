@@ -258,6 +258,13 @@ def report_command(
             console.print(f"[yellow]{len(report.warned_runs)} run(s) with warnings[/] (scored as they are; look at them): "
                           + escape("; ".join(f"{r.run_id}: {r.warnings[0]}" for r in report.warned_runs[:5])), highlight=False)
         console.print("by kind: " + ", ".join(f"{k} {v}" for k, v in report.counts_by_kind.items()), highlight=False)
+        resumed = [r for r in report.runs if r.resumed]
+        if resumed:  # continued from an interrupted attempt's record: shown, with any divergence
+            console.print(f"[yellow]{len(resumed)} resumed run(s)[/] (recorded turns replayed from an interrupted attempt): "
+                          + escape("; ".join(f"{r.run_id}: {(r.resumed or {}).get('replayed_turns')} replayed"
+                                             + (f", diverged at turn {(r.resumed or {}).get('diverged_at')}"
+                                                if (r.resumed or {}).get("diverged_at") else "") for r in resumed[:10])),
+                          highlight=False)
         from ale.report.verify_experiment import experiment_report
 
         _, regrades = experiment_report(exp_dir)
