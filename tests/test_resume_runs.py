@@ -273,3 +273,31 @@ def test_a_bridge_harness_resumes_from_its_record_without_knowing(docker_client,
     assert "LOOP turn 13: 0 call(s)" in (plan.run_dir / "agent" / "stdout.log").read_text()
     report = verify_run_dir(plan.run_dir)
     assert report.valid, report.reasons
+
+
+@pytest.mark.requires(__import__("shutil").which("npm") is not None, "native mode fetches the harness with the host's npm")
+def test_a_native_claude_code_run_replays_from_its_record_without_knowing(docker_client, tmp_path):
+    """A native harness (Claude Code inside the sandbox, its only way out the exec channel to the
+    gateway): every recorded turn of its run is answered from the record, its own tool calls (Bash,
+    Write) run again in the new sandbox, the model is not called, and the run scores and verifies."""
+    from tests.test_harness_native import SHELL_THEN_WRITE
+    from tests.test_harness_native import _plan as native_plan
+
+    api = FakeModelAPI(script={"steps": SHELL_THEN_WRITE["claude-code"]}).start()
+    try:
+        plan = native_plan(tmp_path, api)
+        source = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
+        calls = api.model_calls("/v1/messages")
+        again = plan.model_copy(update={"run_id": f"resumed-{uuid.uuid4().hex[:10]}", "resume_from": str(plan.run_dir)})
+        result = asyncio.run(execute_run(again, provider=DockerProvider(docker_client)))
+        live = api.model_calls("/v1/messages") - calls
+    finally:
+        api.stop()
+    assert source.status is RunStatus.SCORED and result.status is RunStatus.SCORED and result.score == 1.0, result.error
+    resumed = result.extra["resumed"]
+    assert live == 0 and resumed["replayed_turns"] == calls and resumed["live_from"] is None and resumed["reexecuted_calls"] == 2
+    assert result.extra["billing"]["total"] == {}  # nothing billed: every answer was replayed
+    steps = json.loads((again.run_dir / "trajectory.json").read_text())["steps"]
+    assert [s["tool"] for s in steps] == ["Bash", "Write"] and all(s["ok"] for s in steps)
+    report = verify_run_dir(again.run_dir)
+    assert report.valid, report.reasons
