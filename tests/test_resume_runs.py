@@ -171,6 +171,19 @@ def test_a_replayed_tool_call_that_returns_something_else_diverges_at_that_turn(
     report = verify_run_dir(plan.run_dir)
     assert report.valid, report.reasons
 
+    # A result that hides the divergence, re-sealed with the run's own key: ale verify still catches it.
+    from ale.record import evidence as ev
+    from ale.record.signing import load_or_create_signing_key
+
+    doc = json.loads((plan.run_dir / "result.json").read_text())
+    doc["extra"]["resumed"].update(diverged_at=None, divergence=None, replayed_turns=TURNS)
+    (plan.run_dir / "result.json").write_text(json.dumps(doc))
+    for name in ("manifest.json", "attestation.dsse.json"):
+        (plan.run_dir / name).unlink()
+    ev.write_manifest_and_sign(plan.run_dir, load_or_create_signing_key(Path(plan.signing_key or "")))
+    report = verify_run_dir(plan.run_dir)
+    assert not report.valid and "gateway.resume_result" in {c["id"] for c in report.checks if c["ok"] is not True}, report.reasons
+
 
 def test_ale_exp_run_resume_turns_continues_an_attempt_killed_mid_run(docker_client, tmp_path):
     """``ale exp run`` SIGKILLed at turn 20; ``ale exp run --resume-turns`` moves the folder aside
