@@ -177,3 +177,21 @@ def test_a_torn_last_record_left_by_a_kill_is_dropped_from_the_copy(tmp_path, fa
     info = prepare_resume(dst, src)
     assert info["source_turns"] == 3 and info["torn_tail_bytes"] == 25
     assert (dst / "resume" / "source" / "agent" / "gateway" / "records.jsonl").read_bytes() == whole
+
+
+def test_a_resumed_run_killed_in_turn_resumes_again_and_keeps_both_attempts_spend(tmp_path, fake):
+    src, mid, dst = tmp_path / "src", tmp_path / "mid", tmp_path / "dst"
+    for d in (src, mid, dst):
+        d.mkdir()
+    asyncio.run(_drive(src, fake, [_body(r) for r in _results(3)]))
+    prepare_resume(mid, src)
+    asyncio.run(_drive(mid, fake, [_body(r) for r in _results(5)]))  # 3 replayed, 2 live: then "killed"
+    calls = fake.model_calls()
+    info = prepare_resume(dst, mid)
+    # Every answer the two interrupted attempts paid for, once: 3 by the first, 2 by the second.
+    assert info["source_turns"] == 5 and info["source_usage"]["requests"] == 5
+    asyncio.run(_drive(dst, fake, [_body(r) for r in _results(6)]))
+    assert fake.model_calls() == calls + 1
+    summary = summarize(dst)
+    assert summary is not None and not summary["problems"], summary["problems"]
+    assert summary["resumed"]["replayed_turns"] == 5 and summary["usage"]["requests"] == 1

@@ -992,13 +992,12 @@ class _Verifier:
                    f"replayed responses {billed} carry usage: billed twice" if billed else "", area="gateway")
         if result is None:
             return
-        from ale.agents.gateway.resume import source_usage
+        from ale.agents.gateway.resume import chain_usage
 
         claimed = _as_dict(_as_dict(result.extra).get("resumed"))
-        src_records, _ = gateway_record.read_records(self.run_dir / SOURCE_DIR)
         # The interrupted attempt's own spend, kept (the report sums it over every attempt), from the signed copy.
         want = {"replayed_turns": resumed.get("replayed_turns"), "diverged_at": resumed.get("diverged_at"),
-                "source_usage": source_usage(src_records)}
+                "source_usage": chain_usage(self.run_dir / SOURCE_DIR)}
         got = {k: claimed.get(k) for k in want}
         self.check("gateway.resume_result", got == want, want, got,
                    "" if got == want else "result.json names another replay than the gateway's record", area="gateway")

@@ -154,16 +154,30 @@ def prepare_resume(run_dir: Path, source_run: Path) -> dict[str, Any]:
     torn = bool(data) and not data.endswith(b"\n")
     if torn:
         copy.write_bytes(data[: data.rfind(b"\n") + 1])
+    if (src / layout.RESUME_DIR).is_dir():  # the source resumed an earlier attempt: its copy comes along (its spend)
+        shutil.copytree(src / layout.RESUME_DIR, Path(run_dir) / SOURCE_DIR / layout.RESUME_DIR, symlinks=False)
     turns, records, problems = source_turns(Path(run_dir) / SOURCE_DIR)
     if problems:
         raise ValueError(f"{src}: its gateway record cannot be replayed: {'; '.join(problems[:3])}")
     if not turns:
         raise ValueError(f"{src}: its gateway record holds no answered model turn to replay")
     info = {"from_run": str(src.resolve()), "run_id": src.name, "source_head": records[-1].get("hash") if records else None,
-            "source_records": len(records), "source_turns": len(turns), "source_usage": source_usage(records),
+            "source_records": len(records), "source_turns": len(turns), "source_usage": chain_usage(Path(run_dir) / SOURCE_DIR),
             **({"torn_tail_bytes": len(data) - copy.stat().st_size} if torn else {})}
     (Path(run_dir) / RESUME_FILE).write_text(json.dumps(info, indent=1))
     return info
+
+
+def chain_usage(source: Path) -> dict[str, Any]:
+    """What the interrupted attempts a resumed run continues spent: the source's upstream answers,
+    and, when the source was itself a resumed run killed in turn, its own source's, and so on."""
+    records, _ = read_records(source)
+    out = source_usage(records)
+    nested = Path(source) / SOURCE_DIR
+    if (nested / GATEWAY_DIR / RECORDS).is_file():
+        for k, v in chain_usage(nested).items():
+            out[k] = round(out.get(k, 0) + v, 8)
+    return out
 
 
 def source_usage(records: list[dict[str, Any]]) -> dict[str, Any]:
