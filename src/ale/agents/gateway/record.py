@@ -11,9 +11,13 @@ profile) and the upstreams. Then, per exchange:
   body (inline as ``body_json`` when it is JSON of at most ``INLINE_LIMIT``
   bytes, else a file under ``bodies/`` named with its sha256 and size), the
   tools the request offered, the ones outside the policy and the decision
-  (``forwarded`` / ``refused``);
+  (``forwarded`` / ``refused``; ``replayed`` in a resumed run, answered from the
+  interrupted run's record: ``resume.py``);
 - ``response``: the upstream status, headers, body (same rule), whether it was
-  streamed, first-byte and total seconds, and the usage read from it.
+  streamed, first-byte and total seconds, and the usage read from it (``by:
+  replay``: a recorded answer replayed, no usage, ``replay_of`` naming it);
+- ``resume.live`` (a resumed run): the turn from which the live model answers,
+  why (``diverged``: the digest pair and what differed; ``after_last``).
 
 ``summarize(run_dir)`` re-reads the file and derives what the run's evidence
 keeps: the chain head, the tools offered on every request, the refusals (and

@@ -30,6 +30,13 @@ version and digest are recorded in ``gateway.start``). When the agent's turn
 ends, ``end_turn()`` closes the gateway: a request after it is refused, recorded
 (``turn_ended``) and never forwarded, so nothing spends after the turn.
 
+A resumed run (``resume.py``: its folder holds a copy of an interrupted run's
+record) is answered from that record while its model requests match the recorded
+ones (canonical digest), without the upstream and without usage (``decision:
+replayed``, a response ``by: replay``); from the first that differs, or after the
+last recorded one, everything is forwarded (a ``resume.live`` record says where and
+why). The agent cannot tell: every agent kind reaches its model through here.
+
 The HTTP client is ``httpx2`` (what the ``openai`` SDK, already a dependency,
 uses), the server uvicorn (as the MCP bridge): no new dependency.
 """
