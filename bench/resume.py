@@ -131,7 +131,7 @@ def one(tmp: Path, provider: DockerProvider, turns: int, kill: int, latency: flo
                                       "resume_from": str(source)})
         n0 = fake.model_calls()
         resumed = asyncio.run(execute_run(plan, provider=provider))
-        info = resumed.extra.get("resumed") or {}
+        info = resumed.resumed or {}
         out["resume"] = {"status": resumed.status.value, "agent_s": phase(resumed, "agent"), "run_s": whole(resumed),
                          "model_calls": fake.model_calls() - n0, "replayed_turns": info.get("replayed_turns")}
         recs = records(plan.run_dir)

@@ -122,7 +122,7 @@ def test_a_run_killed_at_turn_20_resumes_replays_its_turns_finishes_scores_and_v
     assert result.status is RunStatus.SCORED, (result.error, result.violations)
     # The recorded turns never reached the model: only turns past them did (30 tool calls, then "done").
     assert live == TURNS + 1 - recorded, (live, recorded)
-    resumed = result.extra["resumed"]
+    resumed = result.resumed
     assert resumed["replayed_turns"] == recorded and resumed["diverged_at"] is None and resumed["live_from"] == recorded + 1
     assert resumed["from_run"] == str(source.resolve()) and resumed["reexecuted_calls"] == recorded
     # The replayed turns cost nothing here; the source's answers are its attempt's.
@@ -159,7 +159,7 @@ def test_a_replayed_tool_call_that_returns_something_else_diverges_at_that_turn(
     finally:
         fake.stop()
     assert result.status is RunStatus.SCORED, (result.error, result.violations)
-    resumed = result.extra["resumed"]
+    resumed = result.resumed
     # Turn 6 carries the result of call 5 (mktemp): another random name, so turn 6 goes live.
     assert resumed["replayed_turns"] == 6 and resumed["diverged_at"] == 7, resumed
     assert live == TURNS + 1 - resumed["replayed_turns"]
@@ -176,7 +176,7 @@ def test_a_replayed_tool_call_that_returns_something_else_diverges_at_that_turn(
     from ale.record.signing import load_or_create_signing_key
 
     doc = json.loads((plan.run_dir / "result.json").read_text())
-    doc["extra"]["resumed"].update(diverged_at=None, divergence=None, replayed_turns=TURNS)
+    doc["resumed"].update(diverged_at=None, divergence=None, replayed_turns=TURNS)
     (plan.run_dir / "result.json").write_text(json.dumps(doc))
     for name in ("manifest.json", "attestation.dsse.json"):
         (plan.run_dir / name).unlink()
@@ -224,7 +224,7 @@ def test_ale_exp_run_resume_turns_continues_an_attempt_killed_mid_run(docker_cli
     [run_dir] = list((out / "runs").glob("*-a1"))
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "scored" and result["scores"] == [1.0, 1.0], result.get("error")
-    resumed = result["extra"]["resumed"]
+    resumed = result["resumed"]
     [source] = list((out / ".incomplete").iterdir())
     assert resumed["from_run"] == str(source.resolve()) and resumed["diverged_at"] is None
     assert live == TURNS + 1 - resumed["replayed_turns"] and resumed["replayed_turns"] >= KILL_AT
@@ -280,7 +280,7 @@ def test_a_bridge_harness_resumes_from_its_record_without_knowing(docker_client,
     finally:
         fake.stop()
     assert result.status is RunStatus.SCORED and result.scores == [1.0, 1.0], (result.error, result.violations)
-    resumed = result.extra["resumed"]
+    resumed = result.resumed
     assert resumed["replayed_turns"] == recorded and resumed["diverged_at"] is None
     assert live == turns + 1 - recorded
     assert "LOOP turn 13: 0 call(s)" in (plan.run_dir / "agent" / "stdout.log").read_text()
@@ -307,7 +307,7 @@ def test_a_native_claude_code_run_replays_from_its_record_without_knowing(docker
     finally:
         api.stop()
     assert source.status is RunStatus.SCORED and result.status is RunStatus.SCORED and result.score == 1.0, result.error
-    resumed = result.extra["resumed"]
+    resumed = result.resumed
     assert live == 0 and resumed["replayed_turns"] == calls and resumed["live_from"] is None and resumed["reexecuted_calls"] == 2
     assert result.extra["billing"]["total"] == {}  # nothing billed: every answer was replayed
     steps = json.loads((again.run_dir / "trajectory.json").read_text())["steps"]

@@ -994,7 +994,7 @@ class _Verifier:
             return
         from ale.agents.gateway.resume import chain_usage
 
-        claimed = _as_dict(_as_dict(result.extra).get("resumed"))
+        claimed = _as_dict(getattr(result, "resumed", None))
         # The interrupted attempt's own spend, kept (the report sums it over every attempt), from the signed copy.
         want = {"replayed_turns": resumed.get("replayed_turns"), "diverged_at": resumed.get("diverged_at"),
                 "source_usage": chain_usage(self.run_dir / SOURCE_DIR)}

@@ -108,7 +108,7 @@ class RunRow(BaseModel):
     model_failure: ModelFailure | None = None  # result.model_failure: the model call that ended the run, named
     agent_limit: AgentLimit | None = None  # result.agent_limit: the limit that stopped the agent
     usage: dict[str, float | int] = Field(default_factory=dict)  # result.extra["billing"]["total"]
-    # A run resumed from an interrupted attempt's record (result.extra["resumed"]): from where,
+    # A run resumed from an interrupted attempt's record (result.resumed): from where,
     # turns replayed, where it diverged. Absent (not null) for every other run.
     resumed: dict[str, Any] | None = Field(None, exclude_if=lambda v: v is None)
     _reason: str | None = PrivateAttr(default=None)  # from the result (its violations too); never serialised
@@ -230,15 +230,15 @@ def run_usage(r: RunResult) -> dict[str, float | int]:
 
 
 def source_usage(r: RunResult) -> dict[str, float | int]:
-    """What the interrupted attempt a resumed run continued had spent (``extra.resumed.source_usage``,
+    """What the interrupted attempt a resumed run continued had spent (``result.resumed.source_usage``,
     its record's upstream answers): that attempt left no result of its own; its replayed turns are not billed again."""
-    resumed = (r.extra or {}).get("resumed")
+    resumed = r.resumed
     u = resumed.get("source_usage") if isinstance(resumed, dict) else None
     return {k: v for k, v in (u or {}).items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 def resumed_row(r: RunResult) -> dict[str, Any] | None:
-    resumed = (r.extra or {}).get("resumed")
+    resumed = r.resumed
     if not isinstance(resumed, dict):
         return None
     return {k: resumed.get(k) for k in ("source_run_id", "replayed_turns", "diverged_at", "live_from", "divergence")}

@@ -1026,8 +1026,7 @@ async def execute_run(
     model_failure = outcome.model_failure if outcome is not None else None
     if model_failure is not None and FAILURE_OWNER[model_failure] is FailureOwner.OPERATOR:
         extra["retryable"] = False  # the key, the quota or the model name: another attempt cannot change it
-    if isinstance(gw_summary.get("resumed"), dict):
-        extra["resumed"] = resumed_result(gw_summary["resumed"], run_dir)
+    resumed = resumed_result(gw_summary["resumed"], run_dir) if isinstance(gw_summary.get("resumed"), dict) else None
     mode = getattr(prep.agent, "mode", None)
     if isinstance(mode, str):  # a named harness: native or bridge, never mixed up
         extra["agent_mode"] = mode
@@ -1056,6 +1055,7 @@ async def execute_run(
         attempt=plan.attempt,
         model_failure=model_failure,
         agent_limit=outcome.limit if outcome is not None and status is RunStatus.TIMEOUT else None,
+        resumed=resumed,
         extra=extra,
     )
     _finish_record(state, result)

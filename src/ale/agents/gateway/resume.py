@@ -356,7 +356,7 @@ def derive_resume(run_dir: Path, records: list[dict[str, Any]], start: dict[str,
 
 
 def resumed_result(summary: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """What a resumed run's result carries (``result.extra["resumed"]``)."""
+    """What a resumed run's result carries (``result.resumed``)."""
     info = load_resume(run_dir) or {}
     live = summary.get("live") if isinstance(summary.get("live"), dict) else None
     return {"from_run": summary.get("from_run"), "source_run_id": info.get("run_id"), "replayed_turns": summary.get("replayed_turns"),
