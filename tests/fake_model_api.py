@@ -18,6 +18,11 @@ answers; each model request takes the next one instead of an answer while any is
 left. ``varied_usage`` makes each answer report different token counts (request n:
 ``100 + n`` input, of which ``n`` cached, ``20 + n`` output); ``served`` sums what
 the answers reported, the upstream's own count.
+
+A long run (Chat Completions; Anthropic Messages unstreamed): ``turns=N`` makes the model call the shell once per
+answer until the conversation holds N tool results, the command of answer n being
+``turn_command(n)``, then answer ``done``; ``latency_s`` delays every model answer
+(a model's own time, for the resume bench).
 """
 
 from __future__ import annotations
@@ -160,7 +165,11 @@ def _sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
 class FakeModelAPI:
     def __init__(self, *, chunk_delay_s: float = 0.0, native_command: str | None = None,
                  script: dict[str, list[Step]] | None = None, command: str = COMMAND,
-                 faults: list[tuple[int, Any, dict[str, str]]] | None = None, varied_usage: bool = False):
+                 faults: list[tuple[int, Any, dict[str, str]]] | None = None, varied_usage: bool = False,
+                 turns: int | None = None, turn_command: Any = None, latency_s: float = 0.0):
+        self.turns = turns
+        self.turn_command = turn_command or (lambda n: f"echo turn {n} >> /workspace/turns.txt && wc -l < /workspace/turns.txt")
+        self.latency_s = latency_s
         self.requests: list[dict[str, Any]] = []
         self.faults = list(faults or [])
         self.varied_usage = varied_usage
@@ -186,6 +195,11 @@ class FakeModelAPI:
 
     def _calls(self, body: dict[str, Any]) -> Step:
         """The tool calls of this answer ([]: answer with text)."""
+        if self.turns is not None and body.get("messages") and not body.get("stream"):  # Anthropic, a long run
+            text = json.dumps(body["messages"])
+            n = text.count('"tool_result"')
+            shell = next((t for t in _tool_names(body) if t in SHELL_NAMES), None)
+            return [(shell, {"command": str(self.turn_command(n))})] if shell and n < self.turns else []
         if self.script is not None:
             offered = set(_tool_names(body))
             steps = self.script["subagent" if SUBAGENT_MARK in _user_text(body) else "steps"] if offered else []
@@ -254,6 +268,8 @@ class FakeModelAPI:
         usage_in = {"input_tokens": n_in - n_cached, "output_tokens": 1, **({"cache_read_input_tokens": n_cached} if n_cached else {})}
         step = _answers_with_calls(body)
         ids = [f"toolu_s{step}_{i:02d}" if self.script is not None else "toolu_01" for i in range(len(calls))]
+        if self.turns is not None:
+            ids = [f"toolu_t{json.dumps(body.get('messages')).count('tool_result')}_{i}" for i in range(len(calls))]
         blocks: list[tuple[dict[str, Any], dict[str, Any] | None]]
         if calls:
             content = [{"type": "tool_use", "id": i, "name": t, "input": a} for i, (t, a) in zip(ids, calls, strict=True)]
@@ -277,15 +293,26 @@ class FakeModelAPI:
                    ("message_stop", {"type": "message_stop"})]
         return await self._stream(request, _sse(events))
 
+    def model_calls(self, path: str = "/v1/chat/completions") -> int:
+        """The model requests this upstream was sent (on one API's path)."""
+        return sum(1 for r in self.requests if r["path"] == path)
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._keep(request)
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
         if (fault := self._fault()) is not None:
             return fault
         tool, model = _decide(body), body.get("model", "gpt-fake")
+        command, call_id = self.command, "call_1"
+        if self.turns is not None:
+            n = sum(1 for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "tool")
+            tool = "shell" if n < self.turns and "shell" in _tool_names(body) else None
+            command, call_id = str(self.turn_command(n)), f"call_{n}"
         n_in, n_out, n_cached = self._usage()
         msg: dict[str, Any] = {"role": "assistant", "content": None if tool else "done"}
         if tool:
-            msg["tool_calls"] = [{"id": "call_1", "type": "function", "function": {"name": tool, "arguments": json.dumps({"command": self.command})}}]
+            msg["tool_calls"] = [{"id": call_id, "type": "function", "function": {"name": tool, "arguments": json.dumps({"command": command})}}]
         usage: dict[str, Any] = {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
         if n_cached:
             usage["prompt_tokens_details"] = {"cached_tokens": n_cached}

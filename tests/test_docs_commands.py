@@ -178,6 +178,11 @@ COMMANDS: dict[str, Run | Skip] = {
     "ale view runs/<run-id>": Run(_file("{run}.view.html"), ("run",)),
     "ale exp run examples/demo.yaml": Skip("24 sandboxes (about 4 minutes); a subset of it, the same file's agents on "
                                            "files/word_count, writes runs/demo for the commands that read it"),
+    "ale exp run exp.yaml --resume-turns": Skip("needs an interrupted experiment; tests/test_resume_runs.py SIGKILLs "
+                                                "`ale exp run` at turn 20 and runs it again with --resume-turns"),
+    "ale exp run examples/demo.yaml --resume-turns": Skip("the 24-sandbox demo again; resuming interrupted attempts from their "
+                                                          "records is run by tests/test_resume_runs.py (ale exp run SIGKILLed, "
+                                                          "then --resume-turns)"),
     "ale report runs/demo --html report.html": Run(_file("report.html"), ("demo",)),
     "ale cleanup": Skip(CLEANUP),
     "ale task list agents-last-exam/tasks": Skip(CORPUS),

@@ -77,6 +77,43 @@ def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: 
     )
 
 
+def _resume_plan(source: Path, runs_dir: Path):
+    """The interrupted run's own plan, as a new run (its id, in ``runs_dir``) resuming from it."""
+    from ale import layout
+    from ale.agents.gateway.resume import source_turns
+    from ale.plan import RunPlan, new_run_id
+
+    try:
+        old = RunPlan.model_validate_json((source / layout.PLAN).read_text())
+    except (OSError, ValueError) as e:
+        _fail(f"--resume-from {source}: no run plan to resume ({e})")
+    if (source / layout.RESULT).is_file():
+        err.print(f"note: {source} has a result; resuming it anyway", markup=False, highlight=False)
+    turns, _, problems = source_turns(source)
+    if problems or not turns:
+        _fail(f"--resume-from {source}: " + ("; ".join(problems[:3]) if problems else "its gateway record holds no answered model turn"))
+    _clear_interrupted(source, old)
+    name = Path(old.task_dir).name
+    return old.model_copy(update={"run_id": new_run_id(name, old.variant, old.agent.name), "runs_dir": str(runs_dir),
+                                  "resume_from": str(source.resolve())})
+
+
+def _clear_interrupted(source: Path, plan) -> None:
+    """What a killed ``ale run`` left (reconcile does this for experiments): its sandboxes
+    (labelled with its run id) and its scratch folder's mounts."""
+    from ale.sandbox.base import SandboxError
+    from ale.sandbox.providers import make_provider
+    from ale.sandbox.scratch import release_scratch
+
+    with contextlib.suppress(SandboxError, OSError, ValueError):
+        removed = make_provider(plan.provider).remove_managed(run_id=plan.run_id)
+        if removed:
+            err.print(f"removed {len(removed)} sandbox(es) the interrupted run left", markup=False, highlight=False)
+    scratch = Path(plan.runs_dir).resolve() / ".scratch" / plan.run_id
+    if scratch.is_dir():
+        release_scratch(scratch)
+
+
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
     """SIGTERM and SIGHUP end a command as Ctrl-C does (what `timeout`, systemd,
@@ -183,7 +220,7 @@ def _print_result(result, run_dir: Path) -> None:
 
 @app.command()
 def run(
-    task_dir: Annotated[Path, typer.Argument(help="The task folder (holding main.py).")],
+    task_dir: Annotated[Path | None, typer.Argument(help="The task folder (holding main.py); not with --resume-from.")] = None,
     agent: Annotated[str, typer.Option("--agent", "-a", help="oracle | nop | replay | command | llm")] = "oracle",
     variant: Annotated[int, typer.Option("--variant", "-v")] = 0,
     data: Annotated[str | None, typer.Option("--data", envvar="ALE_DATA", help="Data source: local:<dir>, s3://, gs://, hf://, image:<ref>.")] = None,
@@ -198,8 +235,19 @@ def run(
     software: Annotated[bool, typer.Option("--software/--no-software", help="Provide the task's declared software (its environment image, built on first use; docs/software.md).")] = True,
     overlay: Annotated[Path | None, typer.Option("--overlay", envvar="ALE_OVERLAY", help="An operator's overlay of software needs (YAML/JSON).")] = None,
     runtime: RuntimeOpt = None,
+    resume_from: Annotated[Path | None, typer.Option("--resume-from", help="Resume an interrupted run: its plan again, in a fresh sandbox, its recorded model turns replayed from its gateway record until the first that differs (docs/experiments.md).")] = None,
 ) -> None:
     """Run one task variant with one agent; print the run folder last."""
+    if resume_from is not None:
+        plan = _resume_plan(resume_from, runs_dir)
+        _ready([plan])
+        result = _execute(plan)
+        _print_result(result, plan.run_dir)
+        if result.status in FAILED_RUN:
+            raise typer.Exit(1)
+        return
+    if task_dir is None:
+        _fail("a task folder is required (or --resume-from RUN_DIR)")
     cfg = None
     if agent_config:
         try:

@@ -50,6 +50,7 @@ def run_command(
     concurrency: Annotated[int | None, typer.Option("--concurrency", "-j", min=1, help="Runs at once (default: the file's `concurrency`).")] = None,
     cluster: Annotated[str | None, typer.Option("--cluster", envvar="ALE_CLUSTER", help="Where runs execute: `local` (default) or `ray:HOST:PORT` (a Ray cluster; default: the file's environment.cluster).")] = None,
     retry_errors: Annotated[bool, typer.Option("--retry-errors", help="Run once more each unit whose final run ended in an error (infrastructure, or a grading failure or invalid run not charged to the agent).")] = False,
+    resume_turns: Annotated[bool, typer.Option("--resume-turns", help="An attempt interrupted after its agent started (a crash, a lost node, Ctrl-C) continues from its gateway record: a fresh sandbox, its recorded model turns replayed until the first that differs, then the live model (docs/experiments.md). Off: it starts again from turn 1.")] = False,
 ) -> None:
     """Run (or resume) an experiment; prints where the report is, last."""
     from ale.runs.cluster import resolve_cluster
@@ -99,7 +100,7 @@ def run_command(
         with software_progress():
             summary = asyncio.run(
                 run_experiment(exp, progress=progress, concurrency=concurrency, allow_changed=allow_changed,
-                               cluster=cluster, retry_errors=retry_errors, units=units)
+                               cluster=cluster, retry_errors=retry_errors, units=units, resume_turns=resume_turns)
             )
     except (ExperimentChanged, OutputBusy, ExperimentError) as e:
         _fail(str(e))
@@ -257,6 +258,13 @@ def report_command(
             console.print(f"[yellow]{len(report.warned_runs)} run(s) with warnings[/] (scored as they are; look at them): "
                           + escape("; ".join(f"{r.run_id}: {r.warnings[0]}" for r in report.warned_runs[:5])), highlight=False)
         console.print("by kind: " + ", ".join(f"{k} {v}" for k, v in report.counts_by_kind.items()), highlight=False)
+        resumed = [r for r in report.runs if r.resumed]
+        if resumed:  # continued from an interrupted attempt's record: shown, with any divergence
+            console.print(f"[yellow]{len(resumed)} resumed run(s)[/] (recorded turns replayed from an interrupted attempt): "
+                          + escape("; ".join(f"{r.run_id}: {(r.resumed or {}).get('replayed_turns')} replayed"
+                                             + (f", diverged at turn {(r.resumed or {}).get('diverged_at')}"
+                                                if (r.resumed or {}).get("diverged_at") else "") for r in resumed[:10])),
+                          highlight=False)
         from ale.report.verify_experiment import experiment_report
 
         _, regrades = experiment_report(exp_dir)

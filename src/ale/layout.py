@@ -40,6 +40,11 @@ GATEWAY_DIR = f"{AGENT_DIR}/gateway"  # the model gateway's record of the agent'
 START_DIR = "start"  # what the task's start() wrote, kept for a regrade (ale.runs.start_writes)
 START_PUBLIC = f"{START_DIR}/public"  # ... into the public package (evidence/start-writes.json lists it)
 START_REFERENCE = f"{START_DIR}/reference"  # ... into the reference (evidence/reference-check.json's kept)
+# A resumed run: the interrupted run's gateway record it replays (a run folder's shape below it)
+# and resume.json naming that run (ale.agents.gateway.resume).
+RESUME_DIR = "resume"
+RESUME_SOURCE = f"{RESUME_DIR}/source"
+RESUME_INFO = f"{RESUME_DIR}/resume.json"
 
 
 class Agent:

@@ -73,6 +73,9 @@ class RunPlan(BaseModel):
     experiment: str | None = None
     attempt: int = 1
     signing_key: str | None = None
+    # Resume from an interrupted run's record (ale.agents.gateway.resume): its folder. Left
+    # out of the plan's JSON when unset, so every other plan (and its digest) is as before.
+    resume_from: str | None = Field(None, exclude_if=lambda v: v is None)
 
     def digest(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()

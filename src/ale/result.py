@@ -59,6 +59,9 @@ class RunResult(BaseModel):
     model_failure: ModelFailure | None = None
     # The limit that stopped the agent (status timeout): a gateway budget, the step limit, the wall time.
     agent_limit: AgentLimit | None = None
+    # A run resumed from an interrupted run's gateway record (ale.agents.gateway.resume): from_run,
+    # replayed_turns, diverged_at, ...; absent from every other result.
+    resumed: dict[str, Any] | None = Field(None, exclude_if=lambda v: v is None)
     extra: dict[str, Any] = Field(default_factory=dict)
 
     @property

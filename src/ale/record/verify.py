@@ -987,7 +987,7 @@ class _Verifier:
         claimed = _as_dict(_as_dict(stored).get("gateway"))
         # limits and blocked, billing and failures: absent from records older than them
         keys = ("head", "records", "requests", "tools_offered", "refusals", "limits", "blocked", "billing", "failures", "retries",
-                "provider_failure", "last_failure")
+                "provider_failure", "last_failure", "resumed")
         diff = [k for k in keys if claimed.get(k) != derived.get(k)]
         self.check("gateway.evidence_matches", not diff, "evidence/controller.json as the records derive it", diff,
                    f"evidence/controller.json differs from the gateway's records in {diff}" if diff else "", area=area)
@@ -996,6 +996,8 @@ class _Verifier:
         self.check("gateway.event", heads == [derived.get("head")], [derived.get("head")], heads,
                    "" if heads == [derived.get("head")] else "the event log does not name the gateway record's head", area=area)
         self._verify_native_channel(stored, result)
+        if isinstance(derived.get("resumed"), dict):
+            self._verify_resumed(records, derived["resumed"], result)
         refusals = derived.get("refusals") or []
         if result is None:
             return
@@ -1008,6 +1010,40 @@ class _Verifier:
         self.check("gateway.status", ok, {"status": RunStatus.INVALID_EVALUATION_ENVIRONMENT.value if refusals else "any", "attribution": want},
                    {"status": result.status.value, "attribution": result.invalid_attribution},
                    "" if ok else "the run's status or attribution does not follow from the gateway's refusals", area=area)
+
+    def _verify_resumed(self, records: list[dict[str, Any]], resumed: dict[str, Any], result: Any) -> None:
+        """A resumed run (ale.agents.gateway.resume): the copy of the source's record it
+        replayed is the source run's own record (when that folder is still there); no
+        replayed turn is billed; the result names the replay as the record shows it.
+        Each replayed response's digest against the source's is re-derived with the
+        rest of the record (``gateway.tools_rederived``)."""
+        from ale.agents.gateway.resume import SOURCE_DIR
+
+        copy = self.run_dir / SOURCE_DIR / gateway_record.GATEWAY_DIR / gateway_record.RECORDS
+        origin = Path(str(resumed.get("from_run") or "")) / gateway_record.GATEWAY_DIR / gateway_record.RECORDS
+        if resumed.get("from_run") and origin.is_file():
+            mine, theirs = (copy.read_bytes() if copy.is_file() else b""), origin.read_bytes()
+            # The source's own bytes, or their whole lines when a killed process left a torn last one.
+            same = bool(mine) and (mine == theirs or (theirs.startswith(mine) and b"\n" not in theirs[len(mine):]))
+            self.check("gateway.resume_source", same, "the copy replayed is the source run's own gateway record", str(origin),
+                       "" if same else f"the replayed copy differs from {origin}", area="gateway")
+        else:
+            self.check("gateway.resume_source", copy.is_file(), "the signed copy of the source's record (its folder is gone)",
+                       str(origin), "" if copy.is_file() else "the resumed run holds no copy of its source's record", area="gateway")
+        billed = [r.get("seq") for r in records if r.get("type") == "response" and r.get("by") == "replay" and r.get("usage")]
+        self.check("gateway.resume_unbilled", not billed, "no usage on a replayed turn", billed or None,
+                   f"replayed responses {billed} carry usage: billed twice" if billed else "", area="gateway")
+        if result is None:
+            return
+        from ale.agents.gateway.resume import chain_usage
+
+        claimed = _as_dict(getattr(result, "resumed", None))
+        # The interrupted attempt's own spend, kept (the report sums it over every attempt), from the signed copy.
+        want = {"replayed_turns": resumed.get("replayed_turns"), "diverged_at": resumed.get("diverged_at"),
+                "source_usage": chain_usage(self.run_dir / SOURCE_DIR)}
+        got = {k: claimed.get(k) for k in want}
+        self.check("gateway.resume_result", got == want, want, got,
+                   "" if got == want else "result.json names another replay than the gateway's record", area="gateway")
 
     def _verify_billing_and_failure(self, derived: dict[str, Any], result: Any) -> None:
         """The run's cost in result.json is what the recorded responses' own usage fields

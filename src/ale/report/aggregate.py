@@ -54,6 +54,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -107,6 +108,9 @@ class RunRow(BaseModel):
     model_failure: ModelFailure | None = None  # result.model_failure: the model call that ended the run, named
     agent_limit: AgentLimit | None = None  # result.agent_limit: the limit that stopped the agent
     usage: dict[str, float | int] = Field(default_factory=dict)  # result.extra["billing"]["total"]
+    # A run resumed from an interrupted attempt's record (result.resumed): from where,
+    # turns replayed, where it diverged. Absent (not null) for every other run.
+    resumed: dict[str, Any] | None = Field(None, exclude_if=lambda v: v is None)
     _reason: str | None = PrivateAttr(default=None)  # from the result (its violations too); never serialised
 
     @property
@@ -174,6 +178,8 @@ class Report(BaseModel):
     warned_runs: list[RunRow] = Field(default_factory=list)  # runs whose result carries warnings (e.g. deliverables cut at a limit)
     usage_by_task: dict[str, dict[str, dict[str, float | int]]] = Field(default_factory=dict)  # task -> agent -> summed billing
     usage_all_attempts: dict[str, float | int] = Field(default_factory=dict)  # every attempt's billing, retried ones too
+    # Resumed runs: how many, turns replayed, how many diverged (absent when none).
+    resumed: dict[str, int] | None = Field(None, exclude_if=lambda v: v is None)
     counting_policy: str = COUNTING_POLICY
 
 
@@ -223,6 +229,21 @@ def run_usage(r: RunResult) -> dict[str, float | int]:
     return {k: v for k, v in (total or {}).items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
+def source_usage(r: RunResult) -> dict[str, float | int]:
+    """What the interrupted attempt a resumed run continued had spent (``result.resumed.source_usage``,
+    its record's upstream answers): that attempt left no result of its own; its replayed turns are not billed again."""
+    resumed = r.resumed
+    u = resumed.get("source_usage") if isinstance(resumed, dict) else None
+    return {k: v for k, v in (u or {}).items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def resumed_row(r: RunResult) -> dict[str, Any] | None:
+    resumed = r.resumed
+    if not isinstance(resumed, dict):
+        return None
+    return {k: resumed.get(k) for k in ("source_run_id", "replayed_turns", "diverged_at", "live_from", "divergence")}
+
+
 def add_usage(into: dict[str, float | int], u: dict[str, float | int]) -> None:
     for k, v in u.items():
         into[k] = round(into.get(k, 0) + v, 8) if isinstance(v, float) or isinstance(into.get(k), float) else into.get(k, 0) + v
@@ -236,6 +257,7 @@ def _final_attempts(results: Iterable[RunResult], units: dict[str, UnitInfo],
         attempts += 1
         if spent is not None:
             add_usage(spent, run_usage(r))
+            add_usage(spent, source_usage(r))  # an interrupted attempt a resume continued: its own spend
         u = unit_of(r, units)
         if u.unit_id not in latest or r.attempt > latest[u.unit_id][0].attempt:
             latest[u.unit_id] = (r, u)
@@ -290,6 +312,7 @@ def aggregate(
                 model_failure=r.model_failure,
                 agent_limit=r.agent_limit,
                 usage=run_usage(r),
+                resumed=resumed_row(r),
             )
         row._reason = reason_line(r)
         rows.append(row)
@@ -406,7 +429,16 @@ def aggregate(
         warned_runs=[row for row in rows if row.warnings],
         usage_by_task=_usage_by_task(rows),
         usage_all_attempts=spent,
+        resumed=_resumed_counts(rows),
     )
+
+
+def _resumed_counts(rows: list[RunRow]) -> dict[str, int] | None:
+    resumed = [row.resumed for row in rows if row.resumed]
+    if not resumed:
+        return None
+    return {"runs": len(resumed), "replayed_turns": sum(int(r.get("replayed_turns") or 0) for r in resumed),
+            "diverged": sum(1 for r in resumed if r.get("diverged_at"))}
 
 
 def _usage_by_task(rows: list[RunRow]) -> dict[str, dict[str, dict[str, float | int]]]:

@@ -314,6 +314,13 @@ def to_html(report: Report, *, link_base: str = "") -> str:
                        f"<td>{escape('; '.join(r.warnings))}</td></tr>")
         out.append("</table>")
 
+    if report.resumed:
+        rs = report.resumed
+        out.append(f"<h2>Resumed runs ({rs['runs']})</h2><p class='muted'>Continued from an interrupted attempt's gateway record: "
+                   f"{rs['replayed_turns']} recorded model turn(s) replayed (their tool calls run again, the model not called, "
+                   f"not billed again), {rs['diverged']} run(s) diverged from the record and went live there. Each is marked "
+                   "<b>resumed</b> below.</p>")
+
     # every run
     out.append("<h2>All runs</h2><div class='scroll'><table id='runs'><tr><th>run</th><th>agent</th><th>task</th>"
                "<th>repeat</th><th>attempt</th><th>status</th><th>score</th><th>why not scored</th><th>trajectory</th></tr>")
@@ -322,11 +329,22 @@ def to_html(report: Report, *, link_base: str = "") -> str:
         out.append(
             f"<tr><td>{link(r.path, r.run_id)}</td><td>{escape(r.agent)}</td><td>{escape(r.item)}</td>"
             f"<td class='num'>{r.repeat}</td><td class='num'>{r.attempt}</td><td>{escape(r.status.value)}</td>"
-            f"<td class='num'>{score}</td><td class='reason'>{escape(r.reason or '')}</td>"
+            f"<td class='num'>{score}</td><td class='reason'>{escape(r.reason or '')}{_resumed_note(r)}</td>"
             f"<td>{link(r.trajectory, layout.TRAJECTORY) if r.trajectory else '–'}</td></tr>"
         )
     out.append("</table></div></body></html>")
     return "\n".join(out)
+
+
+def _resumed_note(r: Any) -> str:
+    """A resumed run's mark in the runs table: from where, what was replayed, where it diverged (never hidden)."""
+    res = getattr(r, "resumed", None)
+    if not res:
+        return ""
+    diverged = (f"; diverged at turn {res.get('diverged_at')}: {res.get('divergence') or ''}" if res.get("diverged_at")
+                else f"; live from turn {res.get('live_from')}" if res.get("live_from") else "")
+    return (f"<div class='resumed'><b>resumed</b> from {escape(str(res.get('source_run_id') or ''))}: "
+            f"{res.get('replayed_turns')} turn(s) replayed{escape(diverged)}</div>")
 
 
 def write_html(report: Report, dest: Path, exp_dir: Path) -> Path:

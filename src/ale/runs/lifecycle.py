@@ -35,6 +35,7 @@ from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
 from ale.agents.errors import AgentConfigError
 from ale.agents.gateway.record import channel_checks
 from ale.agents.gateway.record import evidence_record as gateway_evidence
+from ale.agents.gateway.resume import prepare_resume, resumed_result
 from ale.agents.registry import agent_evidence, make_agent
 from ale.agents.trajectory import TrajectoryWriter
 from ale.data.base import DataError
@@ -1074,6 +1075,9 @@ async def execute_run(
         _record_static_evidence(state)
     try:
         _make_dirs(state)
+        if plan.resume_from:  # the source run's gateway record, copied in: its turns are replayed
+            info = prepare_resume(run_dir, Path(plan.resume_from))
+            record.events.append("run.resume", **{k: v for k, v in info.items() if k != "source_usage"})
         await _run_phases(state)
         status = _status_after_agent(state.live.agent_outcome)
         if state.live.agent_outcome and state.live.agent_outcome.end is not AgentEnd.FINISHED:
@@ -1104,6 +1108,7 @@ async def execute_run(
     model_failure = outcome.model_failure if outcome is not None else None
     if model_failure is not None and FAILURE_OWNER[model_failure] is FailureOwner.OPERATOR:
         extra["retryable"] = False  # the key, the quota or the model name: another attempt cannot change it
+    resumed = resumed_result(gw_summary["resumed"], run_dir) if isinstance(gw_summary.get("resumed"), dict) else None
     mode = getattr(prep.agent, "mode", None)
     if isinstance(mode, str):  # a named harness: native or bridge, never mixed up
         extra["agent_mode"] = mode
@@ -1132,6 +1137,7 @@ async def execute_run(
         attempt=plan.attempt,
         model_failure=model_failure,
         agent_limit=outcome.limit if outcome is not None and status is RunStatus.TIMEOUT else None,
+        resumed=resumed,
         extra=extra,
     )
     _finish_record(state, result)

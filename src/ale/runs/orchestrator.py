@@ -15,7 +15,9 @@ One asyncio process runs every unit of an experiment (see ``experiment.py``):
   experiment is refused unless ``allow_changed``.
 - **Reconcile** at start (after a SIGKILL): containers labelled with the
   experiment are removed; run folders without ``result.json`` are moved to
-  ``<output>/.incomplete/`` and that attempt is run again.
+  ``<output>/.incomplete/`` and that attempt is run again: from turn 1, or with
+  ``resume_turns`` (``ale exp run --resume-turns``) from the interrupted folder's
+  gateway record (``reconcile.interrupted_source``; ale.agents.gateway.resume).
 - **Stop** (SIGINT/SIGTERM): nothing new is launched, in-flight runs are
   cancelled (the lifecycle removes their containers on cancellation), then every
   container labelled with the experiment is removed. A second signal stops
@@ -55,7 +57,7 @@ from ale.runs.experiment import Experiment, PlannedUnit, plan_units
 from ale.runs.images import ensure_images, images_for
 from ale.runs.lifecycle import execute_run
 from ale.runs.progress import NullProgress, ProgressSink, ProgressState
-from ale.runs.reconcile import Janitor, UnitState, reconcile, resume_states
+from ale.runs.reconcile import Janitor, UnitState, interrupted_source, reconcile, resume_states
 from ale.runs.store import RunIndex, runs_root
 from ale.sandbox.base import SandboxProvider
 from ale.sandbox.providers import make_provider
@@ -122,9 +124,11 @@ class Orchestrator:
         units: list[PlannedUnit] | None = None,
         cluster: str | None = None,
         retry_errors: bool = False,
+        resume_turns: bool = False,
     ):
         self.exp = exp
         self.retry_errors = retry_errors
+        self.resume_turns = resume_turns
         self.units = units if units is not None else plan_units(exp)
         self.output = exp.output_dir
         self.concurrency = concurrency or exp.concurrency
@@ -260,6 +264,10 @@ class Orchestrator:
             nonlocal executed
             attempt = st.next_attempt
             plan = st.unit.plan_for(attempt)
+            source = interrupted_source(self.output, plan.run_id) if self.resume_turns else None
+            if source is not None:  # continues from the interrupted attempt's gateway record
+                plan = plan.model_copy(update={"resume_from": str(source)})
+                self.progress.update(progress, f"{plan.run_id}: resuming from {source.name} (its recorded model turns replayed)")
             task = asyncio.create_task(self._attempt(plan), name=plan.run_id)
             in_flight[task] = (st, attempt)
             executed += 1
@@ -443,6 +451,7 @@ async def run_experiment(
     cluster: str | None = None,
     retry_errors: bool = False,
     units: list[PlannedUnit] | None = None,
+    resume_turns: bool = False,
 ) -> OrchestratorSummary:
     """Run (or resume) an experiment with signal handling installed."""
     orch = Orchestrator(
@@ -455,6 +464,7 @@ async def run_experiment(
         cluster=cluster,
         retry_errors=retry_errors,
         units=units,
+        resume_turns=resume_turns,
     )
     if handle_signals:
         orch.install_signal_handlers()

@@ -3,6 +3,8 @@
 - ``reconcile``: sandboxes labelled with the experiment are removed (the janitor),
   run folders without ``result.json`` are moved to ``<output>/.incomplete/`` (that
   attempt runs again), and scratch folders are released.
+- ``interrupted_source``: the interrupted folder an attempt may resume from (its
+  gateway record holds answered model turns), for ``ale exp run --resume-turns``.
 - ``resume_states``: a unit whose latest attempt has a final ``result.json`` is
   done; otherwise its next attempt number is one past the last folder on disk.
 """
@@ -52,6 +54,22 @@ def reconcile(output: Path, experiment: str, janitor: Janitor) -> tuple[list[str
         if scratch.is_dir():
             release_scratch(scratch)
     return orphans, moved
+
+
+def interrupted_source(output: Path, run_id: str) -> Path | None:
+    """The latest interrupted folder of this attempt (``.incomplete/<run_id>.<stamp>``)
+    whose gateway record holds an answered model turn, or None: nothing to resume from.
+    An interrupted resume holds its replayed turns too, so the latest one is the longest."""
+    from ale.agents.gateway.resume import source_turns
+
+    root = output / layout.INCOMPLETE_DIR
+    if not root.is_dir():
+        return None
+    for cand in sorted((d for d in root.iterdir() if d.is_dir() and d.name.rsplit(".", 1)[0] == run_id), reverse=True):
+        turns, _, problems = source_turns(cand)
+        if turns and not problems:
+            return cand
+    return None
 
 
 def ended_in_error(result: RunResult) -> bool:

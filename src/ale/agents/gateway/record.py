@@ -11,9 +11,13 @@ profile) and the upstreams. Then, per exchange:
   body (inline as ``body_json`` when it is JSON of at most ``INLINE_LIMIT``
   bytes, else a file under ``bodies/`` named with its sha256 and size), the
   tools the request offered, the ones outside the policy and the decision
-  (``forwarded`` / ``refused``);
+  (``forwarded`` / ``refused``; ``replayed`` in a resumed run, answered from the
+  interrupted run's record: ``resume.py``);
 - ``response``: the upstream status, headers, body (same rule), whether it was
-  streamed, first-byte and total seconds, and the usage read from it.
+  streamed, first-byte and total seconds, and the usage read from it (``by:
+  replay``: a recorded answer replayed, no usage, ``replay_of`` naming it);
+- ``resume.live`` (a resumed run): the turn from which the live model answers,
+  why (``diverged``: the digest pair and what differed; ``after_last``).
 
 ``summarize(run_dir)`` re-reads the file and derives what the run's evidence
 keeps: the chain head, the tools offered on every request, the refusals (and
@@ -35,6 +39,15 @@ from pathlib import Path
 from typing import Any
 
 from ale import layout
+from ale.agents.gateway.chain import (
+    GATEWAY_DIR,
+    GENESIS,
+    RECORDS,
+    canonical,
+    read_body,
+    read_records,
+    record_hash,
+)
 from ale.agents.gateway.failures import classify, transport_class
 from ale.agents.gateway.limits import GatewayLimits, refusal
 from ale.agents.gateway.parse import response_bytes
@@ -43,22 +56,11 @@ from ale.agents.gateway.usage import add_billing, cost, price_table, usage_of
 from ale.redaction import REDACTED
 from ale.status import FAILURE_OWNER, ModelFailure, not_the_agents
 
-GATEWAY_DIR = layout.GATEWAY_DIR
-RECORDS = layout.Gateway.RECORDS
 BODIES = layout.Gateway.BODIES
 CONFINEMENT = layout.agent_path(layout.Agent.CONFINEMENT)  # written by the command agent when it confines the harness
 INLINE_LIMIT = 16 * 1024
-GENESIS = "0" * 64
 SECRET_HEADERS = frozenset({"authorization", "x-api-key", "x-goog-api-key", "api-key", "cookie", "proxy-authorization"})
 SECRET_QUERY = frozenset({"key", "api_key", "apikey", "token"})
-
-
-def canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-
-
-def record_hash(rec: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical({k: v for k, v in rec.items() if k != "hash"})).hexdigest()
 
 
 def redact_headers(headers: list[tuple[str, str]]) -> list[list[str]]:
@@ -67,6 +69,9 @@ def redact_headers(headers: list[tuple[str, str]]) -> list[list[str]]:
 
 def redact_query(pairs: list[tuple[str, str]]) -> list[list[str]]:
     return [[k, REDACTED if k.lower() in SECRET_QUERY else v] for k, v in pairs]
+
+
+__all__ = ["GATEWAY_DIR", "GENESIS", "RECORDS", "canonical", "read_body", "read_records", "record_hash"]  # re-exported
 
 
 class GatewayRecorder:
@@ -110,55 +115,6 @@ class GatewayRecorder:
                 os.fsync(self._fd)
                 os.close(self._fd)
                 self._fd = -1
-
-
-# -- reading it back (the lifecycle's summary and `ale verify`) --------------------
-def read_body(run_dir: Path, ref: dict[str, Any]) -> tuple[Any, list[str]]:
-    """A recorded body as parsed JSON (None when empty or not JSON), and the problems found."""
-    if not ref or not ref.get("bytes"):
-        return None, []
-    if "json" in ref:
-        return ref["json"], []
-    rel = ref.get("file")
-    if not isinstance(rel, str) or ".." in Path(rel).parts or not rel.startswith(GATEWAY_DIR + "/"):
-        return None, [f"body reference {rel!r} is not a file of the gateway's record"]
-    try:
-        data = (Path(run_dir) / rel).read_bytes()
-    except OSError as e:
-        return None, [f"body file {rel} cannot be read: {e}"]
-    if hashlib.sha256(data).hexdigest() != ref.get("sha256") or len(data) != ref.get("bytes"):
-        return None, [f"body file {rel} does not match the sha256 and size its record names"]
-    try:
-        return json.loads(data), []
-    except (ValueError, RecursionError):
-        return None, []
-
-
-def read_records(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    path = Path(run_dir) / GATEWAY_DIR / RECORDS
-    problems: list[str] = []
-    records: list[dict[str, Any]] = []
-    prev, seq = GENESIS, 0
-    try:
-        lines = path.read_bytes().decode().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        return [], [f"{GATEWAY_DIR}/{RECORDS} cannot be read: {e}"]
-    for n, line in enumerate(lines, 1):
-        try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError):
-            problems.append(f"records.jsonl:{n}: not JSON")
-            continue
-        if not isinstance(rec, dict):
-            problems.append(f"records.jsonl:{n}: not an object")
-            continue
-        if rec.get("seq") != seq + 1 or rec.get("prev") != prev:
-            problems.append(f"records.jsonl:{n}: does not follow record {seq} (a record was removed, reordered or inserted)")
-        if rec.get("hash") != record_hash(rec):
-            problems.append(f"records.jsonl:{n}: does not match its hash (the record was edited)")
-        records.append(rec)
-        prev, seq = rec.get("hash", ""), rec.get("seq", seq + 1) if isinstance(rec.get("seq"), int) else seq + 1
-    return records, problems
 
 
 def derive(run_dir: Path, records: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
@@ -247,6 +203,11 @@ def derive(run_dir: Path, records: list[dict[str, Any]]) -> tuple[dict[str, Any]
         final = next((f for f in failures if not_the_agents(f["failure"]) and not 200 <= int(f.get("status") or 0) < 300), None)
         summary["provider_failure"] = final
         summary["last_failure"] = _last_failure(records, failures)
+    if isinstance(start.get("resume"), dict):  # a resumed run: its replayed turns against the source's record
+        from ale.agents.gateway.resume import derive_resume
+
+        summary["resumed"], more = derive_resume(run_dir, records, start)
+        problems += [f"resume: {p}" for p in more]
     return summary, problems
 
 

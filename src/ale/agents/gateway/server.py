@@ -30,6 +30,13 @@ version and digest are recorded in ``gateway.start``). When the agent's turn
 ends, ``end_turn()`` closes the gateway: a request after it is refused, recorded
 (``turn_ended``) and never forwarded, so nothing spends after the turn.
 
+A resumed run (``resume.py``: its folder holds a copy of an interrupted run's
+record) is answered from that record while its model requests match the recorded
+ones (canonical digest), without the upstream and without usage (``decision:
+replayed``, a response ``by: replay``); from the first that differs, or after the
+last recorded one, everything is forwarded (a ``resume.live`` record says where and
+why). The agent cannot tell: every agent kind reaches its model through here.
+
 The HTTP client is ``httpx2`` (what the ``openai`` SDK, already a dependency,
 uses), the server uvicorn (as the MCP bridge): no new dependency.
 """
@@ -55,6 +62,7 @@ import httpx2 as httpx
 from ale.agents.gateway.failures import classify, transport_class
 from ale.agents.gateway.limits import GatewayLimits, refusal, spent
 from ale.agents.gateway.record import GatewayRecorder, redact_headers, redact_query
+from ale.agents.gateway.resume import RecordedTurn, Replayer, load_resume
 from ale.agents.gateway.tools import (
     ANTHROPIC,
     APIS,
@@ -146,6 +154,11 @@ class ModelGateway:
         self.token = token or "ale-run-" + secrets.token_urlsafe(32)
         self._auth_values = {self.token.encode(), f"Bearer {self.token}".encode()}
         self.recorder = GatewayRecorder(run_dir)
+        # A resumed run (resume.py): the recorded model turns are answered from the source's record.
+        resume = load_resume(run_dir)
+        self.replayer = Replayer(run_dir, resume) if resume is not None else None
+        self.replayed = 0
+        self.went_live: dict[str, Any] | None = None
         self.refused = asyncio.Event()
         self.refusals: list[dict[str, Any]] = []
         self.answered = False  # a model response reached the harness
@@ -166,6 +179,7 @@ class ModelGateway:
             prices=self.prices,
             price_table={"version": self.price_version, "sha256": _digest(self.prices)},
             limits=self.limits.to_dict(),
+            **({"resume": {k: resume.get(k) for k in ("from_run", "run_id", "source_head", "source_turns")}} if resume else {}),
         )
 
     def end_turn(self) -> None:
@@ -244,12 +258,24 @@ class ModelGateway:
             # request offers one; refused, recorded, and the run goes on (it gains nothing).
             blocked = ("server_tool", f"ale gateway: server-side tools and hosted connectors are withheld in this run: "
                                       f"{', '.join(forbidden)}; the request did not reach the model")
-        decision = "refused" if forbidden or blocked else "forwarded"
+        replay: RecordedTurn | None = None
+        if self.replayer is not None and model_call and blocked is None and not forbidden:
+            replay, live = self.replayer.take(api, method, rest, body)
+            if live is not None:  # the divergence, or past the last recorded turn: live from here, shown
+                self.went_live = live
+                self.recorder.append("resume.live", **live)
+                log.info("model gateway: resumed run goes live at turn %s (%s)", live["turn"], live["why"])
+                seq = self.recorder.seq + 1
+        decision = "refused" if forbidden or blocked else "replayed" if replay is not None else "forwarded"
         self.recorder.append(
             "request", api=api, method=method, path=rest, query=redact_query(query), headers=redact_headers(headers),
             body=self.recorder.body(seq, "request", body), model_call=model_call, model=model,
             tools=tools, forbidden=forbidden, decision=decision, **({"refused_for": blocked[0]} if blocked else {}),
         )
+        if replay is not None:
+            self.model_calls += 1
+            await self._replay(replay, send, seq, t0)
+            return
         if blocked is not None:
             kind, msg = blocked
             status = {"endpoint": 404, "body_size": 413, "budget": 429, "concurrency": 429, "turn_ended": 409}.get(kind, 403)
@@ -384,6 +410,19 @@ class ModelGateway:
             **({"transport_error": transport_error} if transport_error else {}),
             first_byte_s=None if first_byte is None else round(first_byte, 6), seconds=round(time.perf_counter() - t0, 6),
         )
+
+    async def _replay(self, turn: RecordedTurn, send: Any, seq: int, t0: float) -> None:
+        """Answer with the source run's recorded response, without the upstream; no usage (never billed)."""
+        headers = [(k, v) for k, v in turn.headers if k.lower() != "content-length"]
+        await _respond(send, turn.status, turn.data, headers)
+        self.answered = True
+        self.replayed += 1
+        self.recorder.append(
+            "response", request=seq, status=turn.status, headers=redact_headers(headers),
+            body=self.recorder.body(seq + 1, "response", turn.data), streamed=turn.streamed, model_call=True, by="replay",
+            usage={}, model=turn.model,
+            replay_of={"turn": turn.turn, "request": turn.request, "response": turn.response, "digest": turn.digest_response},
+            seconds=round(time.perf_counter() - t0, 6))
 
     def _add_usage(self, u: dict[str, Any]) -> None:
         for k in ("requests", "input_tokens", "output_tokens", "total_tokens", "cached_input_tokens"):

@@ -96,7 +96,8 @@ def derive_steps(run_dir: Path, records: list[dict[str, Any]] | None = None) -> 
             continue
         if rec.get("type") == "request" and rec.get("model_call") and is_generation(str(rec.get("api")), str(rec.get("path"))):
             requests[seq] = rec
-        elif rec.get("type") == "response" and rec.get("model_call") and rec.get("by") == "upstream" \
+        # An answer the harness got: the model's, or a resumed run's replayed one (resume.py).
+        elif rec.get("type") == "response" and rec.get("model_call") and rec.get("by") in ("upstream", "replay") \
                 and isinstance(rec.get("status"), int) and 200 <= rec["status"] < 300 and isinstance(rec.get("request"), int):
             answers.setdefault(rec["request"], rec)
     # How many results each model request carries, by key (the texts are read again, once, where a step needs them:
