@@ -35,6 +35,7 @@ from typing import Any
 
 from ale.data.base import DataError
 from ale.data.hashing import CHUNK
+from ale.data.remote import make_filesystem, parse_spec, storage_options_for
 from ale.paths import cache_dir
 
 PART_MAX_BYTES = 4 * 1024**3
@@ -88,8 +89,6 @@ class _Location:
         self.ref = ref
         self.fs: Any = None
         if "://" in ref:
-            from ale.data.remote import make_filesystem, parse_spec, storage_options_for
-
             spec = parse_spec(ref)
             self.fs = make_filesystem(spec.protocol, storage_options_for(spec.protocol, anon=None, role="input", extra=None))
             self.root = spec.root
