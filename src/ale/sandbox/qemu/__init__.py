@@ -1,0 +1,1 @@
+"""The qemu provider: ale-built Linux guests under QEMU (see ``sandbox.py``)."""
