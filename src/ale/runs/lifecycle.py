@@ -57,7 +57,7 @@ from ale.plan import RunPlan
 from ale.record import evidence as ev
 from ale.record.signing import load_or_create_signing_key
 from ale.result import RunResult
-from ale.runs import software
+from ale.runs import software, vm_seal
 from ale.runs.extensions import make_extension
 from ale.runs.staging_step import public_tree, stage_input
 from ale.runs.state import LiveHandles, Prepared, RunFolder, RunRecord, RunState, now
@@ -263,8 +263,11 @@ async def _verify_created(state: RunState) -> None:
     if image is None or image.get("Id") != inspect.get("Image"):  # the container's image, as the engine says now
         image = await asyncio.to_thread(state.prep.provider.image_inspect, inspect.get("Image", state.plan.image))
     state.record.store.write_json(Evidence.IMAGE, image)
-    checks = judge("before", policy=state.plan.policy, mounts=state.folder.mounts(), inspect=inspect, image_inspect=image,
-                   mount_inodes=state.folder.mount_inodes())
+    if vm_seal.is_vm(state):  # a VM: QEMU's own description, judged by the VM rules
+        checks = vm_seal.judge(state, {"inspect": inspect, "image": image}, "created")
+    else:
+        checks = judge("before", policy=state.plan.policy, mounts=state.folder.mounts(), inspect=inspect, image_inspect=image,
+                       mount_inodes=state.folder.mount_inodes())
     state.record.add_checks(CheckGroup.INSPECT_BEFORE, checks)
 
 
@@ -325,6 +328,9 @@ async def verify_running(state: RunState, phase: Literal["before", "after"], pro
         else:
             raw, checks = await run_probes(state.sandbox, policy, input_dir=v.public_root, workspace_dir=v.output_dir, phase=phase)
         state.record.store.write_text(Evidence.probes(phase), raw)
+        if vm_seal.is_vm(state):  # the container's probe rules do not judge a VM: QEMU's view and these probes do
+            inspect = await asyncio.to_thread(state.sandbox.inspect)
+            checks = vm_seal.judge(state, {"inspect": inspect, "probes": raw}, phase)
         state.record.add_checks(CheckGroup.PROBES_BEFORE if phase == "before" else CheckGroup.PROBES_AFTER, checks)
 
 
@@ -530,8 +536,11 @@ async def stop_and_verify_exited(state: RunState) -> None:
         after = await asyncio.to_thread(state.sandbox.inspect)
         state.record.store.write_json(Evidence.INSPECT_AFTER, after)
         before = state.record.inspect_before or {}
-        checks = judge("after", policy=state.plan.policy, mounts=state.folder.mounts(), inspect=after,
-                       mount_inodes=state.folder.mount_inodes(), captures=(before, after))
+        if vm_seal.is_vm(state):
+            checks = vm_seal.judge(state, {"inspect": after, "inspect_created": before}, "stopped")
+        else:
+            checks = judge("after", policy=state.plan.policy, mounts=state.folder.mounts(), inspect=after,
+                           mount_inodes=state.folder.mount_inodes(), captures=(before, after))
         state.record.add_checks(CheckGroup.INSPECT_AFTER, checks)
 
 
