@@ -100,7 +100,8 @@ class VmImage:
 
 
 def vm_root() -> Path:
-    return cache_dir() / "vm"
+    """``<cache>/vm``, or ``ALE_VM_DIR``."""
+    return Path(os.environ.get("ALE_VM_DIR") or cache_dir() / "vm")
 
 
 def resolve_vm_image(ref: str) -> VmImage:

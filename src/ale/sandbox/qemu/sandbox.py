@@ -176,7 +176,7 @@ class QemuSandbox:
                 "hostname": "ale-vm", "root_ro": policy.read_only_rootfs,
                 "server_argv": image.manifest.get("server_argv"), "home": spec.environment.get("HOME", "/tmp"),
             }
-            append = ("console=ttyS0 root=/dev/vda rw panic=-1 quiet loglevel=3 "
+            append = ("console=ttyS0 root=/dev/vda rw panic=-1 quiet loglevel=3 no_timer_check "
                       f"ale.cfg={base64.b64encode(json.dumps(cfg, separators=(',', ':')).encode()).decode()}")
             argv = [QEMU, "-name", f"ale-{vid}", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
                     "-accel", accel["accel"], "-m", str(mem_mb), "-smp", str(vcpus),
@@ -406,9 +406,11 @@ class QemuSandbox:
         return left, await self.exec(argv, timeout=timeout)
 
     # -- the candidate's session: cua's computer-server ------------------------------
-    async def protocol(self) -> Any:
+    async def cua_session(self, *, ready_timeout: float = 180.0) -> Any:
         """A ``CuaClient`` on the guest's computer-server (started as the candidate by
-        the guest's init), through the control channel."""
+        the guest's init), through the control channel. Not named ``protocol``: the
+        tool box would then route every call through it; here the agent's tools run
+        through ale's root agent as the candidate (``exec``)."""
         from ale.sandbox.cua.client import CuaClient
 
         if self._cua is not None:
@@ -419,7 +421,7 @@ class QemuSandbox:
                 await self._relay.close()
             self._relay = await Relay(ch, self.cua_path, SERVER_PORT).start()
         cua = CuaClient(uds=self.cua_path)
-        await cua.wait_ready(120)
+        await cua.wait_ready(ready_timeout, interval=1.0)
         self._cua = cua
         return cua
 
