@@ -20,8 +20,9 @@ framing):
   stderr). Each command runs in its own cgroup (under the candidate's for a candidate
   uid), in a new session; on timeout ``cgroup.kill`` ends the command and every
   descendant, those that called setsid included;
-- ``halt`` (uid, keep_uids, bound) → ``halted``: freezes the candidate's cgroup, kills
-  it (``cgroup.kill``) and every process of the uid anywhere, thaws, waits (bounded);
+- ``halt`` (keep_uids, bound) → ``halted``: freezes the candidate's cgroup, kills it
+  (``cgroup.kill``) and every process of any uid but root's and the kept ones, thaws,
+  waits (bounded);
 - ``open`` (port) / ``data`` / ``eof`` / ``close``: a TCP stream to guest 127.0.0.1:port
   (the host's route to computer-server).
 """
@@ -404,7 +405,6 @@ class Agent:
     # -- halt ---------------------------------------------------------------------
     def halt(self, h):
         t0 = time.monotonic()
-        uid = int(h.get("uid", 1000))
         keep = {int(u) for u in h.get("keep_uids", [])}
         bound = float(h.get("bound", 10.0))
         deadline = t0 + bound
@@ -415,7 +415,7 @@ class Agent:
                 res["frozen"] = True
                 break
             time.sleep(0.005)
-        victims = set(self._cgroup_pids(CAND)) | set(self._uid_pids(uid))
+        victims = set(self._cgroup_pids(CAND)) | set(self._user_pids(keep))
         victims = {p for p in victims if self._uid(p) not in keep}
         res["killed"] = len(victims)
         write(CAND + "/cgroup.kill", "1")
@@ -424,7 +424,7 @@ class Agent:
                 os.kill(pid, signal.SIGKILL)
         write(CAND + "/cgroup.freeze", "0")
         while True:
-            alive = [p for p in set(self._uid_pids(uid)) | set(self._cgroup_pids(CAND)) if self._state(p) not in (None, "Z", "X")]
+            alive = [p for p in set(self._user_pids(keep)) | set(self._cgroup_pids(CAND)) if self._state(p) not in (None, "Z", "X")]
             alive = [p for p in alive if self._uid(p) not in keep]
             for p in alive:
                 with contextlib.suppress(OSError):
@@ -474,11 +474,15 @@ class Agent:
                 return ln.split(None, 1)[1] if len(ln.split()) > 1 else ""
         return ""
 
-    def _uid_pids(self, uid):
+    def _user_pids(self, keep):
+        """Every process of a uid but root's (ale's init, agent and the kernel's threads)
+        and the kept ones: the candidate's, and any other user's it may have become."""
         out = []
         for p in os.listdir("/proc"):
-            if p.isdigit() and int(p) != 1 and self._uid(int(p)) == uid:
-                out.append(int(p))
+            if p.isdigit() and int(p) != 1:
+                u = self._uid(int(p))
+                if u not in (None, 0) and u not in keep:
+                    out.append(int(p))
         return out
 
     # -- tunnel -------------------------------------------------------------------

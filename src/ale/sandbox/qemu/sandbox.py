@@ -508,7 +508,7 @@ class QemuProvider:
     def engine_record(self) -> dict[str, Any]:
         self.ping()
         version = subprocess.run([QEMU, "--version"], stdout=subprocess.PIPE, text=True).stdout.splitlines()[0]
-        return {"provider": "qemu", "qemu": shutil.which(QEMU), "qemu_version": version, **self.accel(),
+        return {"provider": "qemu", "version": version, "qemu": shutil.which(QEMU), "qemu_version": version, **self.accel(),
                 "host_kernel": os.uname().release, "host_cpus": os.cpu_count(), "state_root": str(state_root())}
 
     def image_inspect(self, image: str) -> dict[str, Any]:
