@@ -396,12 +396,14 @@ class QemuSandbox:
 
     async def kill_user_processes(self) -> int:
         out = await self.halt()
-        return -1 if out.method == "qmp" and not out.sandbox_stopped else len(out.survivors)
+        return -1 if out.sandbox_stopped or out.method == "qmp" else len(out.survivors)
 
     async def kill_user_processes_then(self, argv: list[str] | None, *, timeout: float = 60) -> tuple[int, ExecResult | None]:
         out = await self.halt()
+        if out.sandbox_stopped or out.method == "qmp":
+            return -1, None
         left = len(out.survivors)
-        if argv is None or out.sandbox_stopped:
+        if argv is None:
             return left, None
         return left, await self.exec(argv, timeout=timeout)
 
