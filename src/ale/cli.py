@@ -149,7 +149,7 @@ def _ensure_vm_image(plans: list, say) -> None:
     """The qemu provider's guest (``ale image build --vm``), built when missing; the
     accelerator chosen now (``--accel kvm`` refuses here when KVM cannot run a guest)."""
     from ale.sandbox.base import ImageMissing, SandboxError
-    from ale.sandbox.qemu.image import build_vm_image, resolve_vm_image
+    from ale.sandbox.qemu.image import ensure_vm_images
     from ale.sandbox.qemu.sandbox import QemuProvider
 
     provider = QemuProvider()
@@ -157,16 +157,12 @@ def _ensure_vm_image(plans: list, say) -> None:
         provider.ping()
     except SandboxError as e:
         _fail(str(e))
-    for ref in dict.fromkeys(p.image for p in plans):
-        try:
-            resolve_vm_image(ref)
-        except ImageMissing:
-            if ref.startswith("/"):
-                _fail(f"no VM guest image at {ref}")
-            try:
-                build_vm_image(say=say)
-            except SandboxError as e:
-                _fail(str(e), 1)
+    try:
+        ensure_vm_images([p.image for p in plans], say)
+    except ImageMissing as e:
+        _fail(str(e))
+    except SandboxError as e:
+        _fail(str(e), 1)
     try:
         accel = provider.accel()
     except SandboxError as e:

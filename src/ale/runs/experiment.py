@@ -142,7 +142,7 @@ def _task_entry(v: Any) -> Any:
 
 class EnvironmentSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    provider: Literal["docker"] = "docker"
+    provider: Literal["docker", "qemu"] = "docker"  # qemu: ale's Linux VM guest (docs/vm.md)
     policy: str | dict[str, Any] | None = None  # a JSON/YAML file, or the policy inline
     # The sandboxes' OCI runtime (runc, or runsc: gVisor); overrides the policy's.
     runtime: str | None = None

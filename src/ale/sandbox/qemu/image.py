@@ -349,3 +349,15 @@ def build_vm_image(cua_image: str | None = None, say: Say = print) -> VmImage:
     (vm_root() / "latest").write_text(key + "\n")
     say(f"VM guest {VM_REPO}:{key} built in {time.monotonic() - t0:.0f}s: {img.base} (sha256 {img.sha256[:12]}...)")
     return img
+
+
+def ensure_vm_images(refs: list[str], say: Say = print) -> None:
+    """Build the guest for each ref that names ale's own and is missing (a path that
+    does not hold a build raises ``ImageMissing``)."""
+    for ref in dict.fromkeys(refs):
+        try:
+            resolve_vm_image(ref)
+        except ImageMissing:
+            if ref.startswith("/"):
+                raise
+            build_vm_image(say=say)
