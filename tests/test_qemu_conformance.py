@@ -8,6 +8,9 @@ sandbox's own; a VM's process table also holds its kernel's threads, ale's root 
 and agent, and the candidate's computer-server, so they would fail on processes that
 are not the candidate's. ``test_vm_*`` below check the same claims on the processes of
 any uid but root (what a candidate can start), on one shared guest.
+``kill_then_run_output_is_argvs`` expects another uid's processes to survive the kill (a
+container's kill runs as the candidate); the VM's root agent kills every uid but root's,
+so it reports 0 left, honestly (``test_vm_halt_kills_every_user_process_from_root``).
 ``remove_managed_selects_by_label`` runs without a foreign (unmanaged) sandbox: there is
 no VM engine besides the provider to make one with.
 """
@@ -40,7 +43,7 @@ APPLIES = [
     "attach_unknown_raises_gone", "create_missing_image", "engine_record", "remove_managed_selects_by_label",
     "exit_codes_and_streams", "exec_user", "exec_env", "exec_workdir", "stdin", "stdin_with_echoed_output",
     "background_child_does_not_block", "stdout_cap", "stderr_cap", "output_cap_boundaries", "timed_out_semantics",
-    "kill_then_run_output_is_argvs", "mounts",
+    "mounts",
 ]
 
 
@@ -233,3 +236,19 @@ def test_vm_halt_falls_back_to_qmp_when_the_agent_is_gone(guest):
     out, took = loop.run_until_complete(go())
     assert out.method == "qmp" and out.sandbox_stopped and took < 6 + 8, (out, took)
     assert sb.inspect()["State"]["Status"] == "exited"
+
+
+def test_accel_kvm_refuses_where_the_probe_failed(monkeypatch):
+    """``--accel kvm`` (``ALE_QEMU_ACCEL=kvm``) refuses, naming why, unless the KVM probe
+    (cached per host boot) saw a guest kernel run; ``auto`` falls back to TCG with a warning."""
+    from ale.sandbox.base import SandboxError
+    from ale.sandbox.qemu import kvm
+
+    v = kvm.verdict()
+    if v["works"]:
+        assert QemuProvider(accel="kvm").accel()["accel"] == "kvm"
+        return
+    with pytest.raises(SandboxError, match="KVM does not run a guest"):
+        QemuProvider(accel="kvm").accel()
+    auto = QemuProvider(accel="auto").accel()
+    assert auto["accel"] == "tcg" and auto["warning"] and auto["kvm_probe"]["works"] is False

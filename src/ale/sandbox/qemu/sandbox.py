@@ -150,7 +150,7 @@ class QemuSandbox:
 
     # -- creation -----------------------------------------------------------------
     @classmethod
-    def create(cls, spec: SandboxSpec, image: VmImage, accel: dict[str, Any]) -> QemuSandbox:
+    def create(cls, spec: SandboxSpec, image: VmImage, accel: dict[str, Any], session: str = "exec") -> QemuSandbox:
         vid = uuid.uuid4().hex[:12]
         state = state_root() / vid
         state_root().mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -200,7 +200,7 @@ class QemuSandbox:
                 "image_id": f"sha256:{image.sha256}", "base": str(image.base), "base_sha256": image.sha256,
                 "kernel": str(image.kernel), "initrd": str(image.initrd), "overlay": str(state / "overlay.qcow2"),
                 "shares": shares, "guest_cfg": cfg, "argv": argv, "accel": accel, "memory_mb": mem_mb, "vcpus": vcpus,
-                "workdir": spec.workdir, "environment": dict(spec.environment), "created": _now(),
+                "workdir": spec.workdir, "environment": dict(spec.environment), "created": _now(), "session": session,
                 "control_socket": str(state / "ctl.sock"), "qmp_socket": str(state / "qmp.sock"),
                 "policy": policy.model_dump(mode="json"),
             }
@@ -427,6 +427,17 @@ class QemuSandbox:
         self._cua = cua
         return cua
 
+    async def start_server(self) -> None:
+        """Start computer-server again as the candidate (the end-of-turn kill ends it:
+        it is a candidate process), detached, in the candidate's cgroup."""
+        argv = self.meta["guest_cfg"].get("server_argv")
+        if not argv:
+            raise SandboxError(f"VM {self.name}: its guest has no computer-server")
+        import shlex
+
+        await self.exec(["sh", "-c", f"PYNPUT_BACKEND=dummy setsid {shlex.join(argv)} >>/tmp/.ale-cua-server.log 2>&1 "
+                                     "</dev/null &"], timeout=30)
+
     async def stop(self) -> None:
         if self._relay is not None:
             with contextlib.suppress(Exception):
@@ -465,6 +476,58 @@ class QemuSandbox:
         shutil.rmtree(self.state, ignore_errors=True)
 
 
+class QemuCuaSandbox(QemuSandbox):
+    """A VM whose candidate session is cua's computer-server protocol
+    (``ALE_QEMU_SESSION=cua``): the tool box's calls (shell, files) go through the
+    guest's computer-server, run as the candidate, as ``CuaSandbox``'s do; ale's own
+    work (probes, the stop, task set-up's commands) stays on the root agent's exec."""
+
+    def __init__(self, state: Path, policy: IsolationPolicy):
+        super().__init__(state, policy)
+        self._server_dead = False
+        self._retired_calls = 0
+        self.starts: list[dict[str, Any]] = []
+
+    async def protocol(self) -> Any:
+        if self._cua is not None:
+            return self._cua
+        t0 = time.monotonic()
+        if self._server_dead:
+            await self.start_server()
+            self._server_dead = False
+        cua = await self.cua_session()
+        self.starts.append({"ready_s": round(time.monotonic() - t0, 3)})
+        return cua
+
+    async def protocol_lost(self) -> None:
+        await self._drop_cua()
+        self._server_dead = True
+        await self.exec(["sh", "-c", "pkill -9 -f 'm computer[_]server' || true"], user="0:0", timeout=30)
+
+    async def _drop_cua(self) -> None:
+        if self._cua is not None:
+            self._retired_calls += self._cua.calls
+            with contextlib.suppress(Exception):
+                await self._cua.aclose()
+        self._cua = None
+
+    async def halt(self, *, keep_uids: tuple[int, ...] = (), bound_s: float = STOP_BOUND_S) -> StopOutcome:
+        await self._drop_cua()
+        out = await super().halt(keep_uids=keep_uids, bound_s=bound_s)
+        self._server_dead = True
+        return out
+
+    async def record(self) -> dict[str, Any]:
+        return {"server_argv": self.meta["guest_cfg"].get("server_argv"), "port_inside": SERVER_PORT,
+                "server_user": self.policy.user, "starts": self.starts, "transport": "virtio-serial relay",
+                "relay_connections": self._relay.opened if self._relay is not None else 0,
+                "calls": self._retired_calls + (self._cua.calls if self._cua is not None else 0)}
+
+
+def _sandbox_class(meta: dict[str, Any]) -> type[QemuSandbox]:
+    return QemuCuaSandbox if meta.get("session") == "cua" else QemuSandbox
+
+
 def _states() -> list[Path]:
     root = state_root()
     if not root.is_dir():
@@ -493,8 +556,11 @@ class QemuProvider:
 
     name = "qemu"
 
-    def __init__(self, accel: str | None = None):
+    def __init__(self, accel: str | None = None, session: str | None = None):
         self.accel_request = (accel or os.environ.get("ALE_QEMU_ACCEL") or "auto").lower()
+        self.session = (session or os.environ.get("ALE_QEMU_SESSION") or "exec").lower()
+        if self.session not in ("exec", "cua"):
+            raise SandboxError(f"unknown qemu session {self.session!r}: exec or cua")
         self._accel: dict[str, Any] | None = None
 
     def ping(self) -> None:
@@ -523,7 +589,8 @@ class QemuProvider:
         self.ping()
         img = resolve_vm_image(spec.image)
         accel = await asyncio.to_thread(self.accel)
-        return await asyncio.to_thread(QemuSandbox.create, spec, img, accel)
+        sb = await asyncio.to_thread(QemuSandbox.create, spec, img, accel, self.session)
+        return _sandbox_class(sb.meta)(sb.state, spec.policy) if self.session == "cua" else sb
 
     def attach(self, name_or_id: str, policy: IsolationPolicy) -> QemuSandbox:
         for state in _states():
@@ -532,7 +599,7 @@ class QemuProvider:
             except (OSError, ValueError):
                 continue
             if name_or_id in (meta.get("id"), meta.get("name")):
-                return QemuSandbox(state, policy)
+                return _sandbox_class(meta)(state, policy)
         raise SandboxGone(f"no VM named {name_or_id!r}")
 
     def image_store(self) -> None:
@@ -558,4 +625,4 @@ class QemuProvider:
         return removed
 
 
-__all__ = ["ImageMissing", "QemuProvider", "QemuSandbox", "state_root"]
+__all__ = ["ImageMissing", "QemuCuaSandbox", "QemuProvider", "QemuSandbox", "state_root"]
