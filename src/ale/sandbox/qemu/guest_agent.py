@@ -109,7 +109,7 @@ def init():
     os.chmod("/tmp", 0o1777)
     sh("mount", "-o", "remount,rw", "/")
     socket.sethostname(cfg.get("hostname") or "ale-vm")
-    sh("ip", "link", "set", "lo", "up") if os.path.exists("/usr/sbin/ip") or os.path.exists("/sbin/ip") else None
+    loopback_up()
     for s in cfg.get("shares") or []:
         os.makedirs(s["target"], exist_ok=True)
         opts = "trans=virtio,version=9p2000.L,msize=524288,cache=none"
@@ -147,6 +147,20 @@ def init():
             agent_pid = spawn_agent()
         elif pid == server_pid:
             server_pid = 0
+
+
+def loopback_up():
+    """``ip link set lo up`` without iproute2 (SIOCGIFFLAGS / SIOCSIFFLAGS): the guest's
+    only interface; the kernel gives it 127.0.0.1 (computer-server listens there)."""
+    import fcntl
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            got = fcntl.ioctl(s, 0x8913, struct.pack("16sH14s", b"lo", 0, b""))
+            flags = struct.unpack("16sH", got[:18])[1]
+            fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", flags | 1, b""))
+    except OSError as e:
+        log(f"cannot bring lo up: {e}")
 
 
 def spawn_agent():
