@@ -186,6 +186,7 @@ def spawn_server(cfg):
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": cfg.get("home", "/tmp"), "LANG": "C.UTF-8",
            "PYNPUT_BACKEND": "dummy"}
     with open("/tmp/.ale-cua-server.log", "ab") as logf:
+        os.fchown(logf.fileno(), uid, gid)  # the server's own log: a restart as the candidate appends to it
         return Agent.spawn(argv, uid, gid, [gid], "/", env, CAND + "/server", stdout=logf).pid
 
 
