@@ -78,3 +78,16 @@ def test_tool_box_goes_through_the_protocol(guest):
         assert rec["calls"] >= 2 and rec["relay_connections"] >= 1, rec
 
     loop.run_until_complete(go())
+
+
+def test_after_the_end_of_turn_kill_the_server_starts_again(guest):
+    loop, sb, _base = guest
+
+    async def go():
+        out = await sb.halt()
+        assert out.survivors == [] and out.killed >= 1, out  # the server died with the candidate's processes
+        cua = await sb.protocol()  # started again as the candidate
+        r = await cua.run_command(["true"], timeout=60)
+        assert r.exit_code == 0, r
+
+    loop.run_until_complete(go())
