@@ -220,6 +220,29 @@ def test_vm_halt_kills_every_user_process_from_root(guest):
     assert left == [], f"processes survived halt(): {left}"
 
 
+def test_vm_hostile_workspace_comes_out_safe(guest, tmp_path):
+    """What the candidate leaves in the 9p workspace (symlinks out of it, a fifo, a
+    setuid file) is on the host as in a bind mount; the deliverables copy takes only
+    regular files and never what a symlink points at outside the workspace."""
+    from pathlib import Path
+
+    from ale.grading.deliverables import extract_deliverables
+
+    loop, sb = guest
+    ws = Path(next(s["source"] for s in sb.meta["shares"] if s["target"] == "/workspace"))
+    r = loop.run_until_complete(sb.exec(["sh", "-c", "ln -s /etc/shadow leak; ln -s / root; ln -s ../../../../../etc/passwd up; "
+                                         "mkfifo fifo; echo ok > answer.txt; cp /bin/true suid; chmod 4755 suid; "
+                                         "ln -s /workspace/answer.txt inside"], timeout=60))
+    assert r.exit_code == 0, r
+    assert os.path.islink(ws / "leak") and os.readlink(ws / "leak") == "/etc/shadow", "a real symlink on the host"
+    m = extract_deliverables(ws, tmp_path / "out", max_files=100, max_bytes=1 << 20, mount_point="/workspace")
+    copied = {f.path for f in m.files}
+    assert "answer.txt" in copied, copied
+    assert not copied & {"leak", "root", "up", "fifo", "suid"}, copied
+    for p in (tmp_path / "out").rglob("*"):
+        assert p.is_symlink() is False and b"root:" not in (p.read_bytes() if p.is_file() else b""), p
+
+
 def test_vm_halt_falls_back_to_qmp_when_the_agent_is_gone(guest):
     """Last in the module: it stops the shared guest."""
     loop, sb = guest
