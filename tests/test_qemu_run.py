@@ -99,3 +99,16 @@ def test_without_vm_rules_the_seal_is_unknown_and_the_run_invalid(tmp_path):
     r = run(plan_for("files/word_count", tmp_path, "oracle"))
     assert r.status is RunStatus.INVALID_EVALUATION_ENVIRONMENT, r.status
     assert any("vm.rules_available" in v for v in r.violations), r.violations
+
+
+def test_word_count_oracle_through_the_cua_session(judged, tmp_path, monkeypatch):
+    """``ALE_QEMU_SESSION=cua``: the agent's and the task's tool calls go through the
+    guest's computer-server; the oracle still scores 1.0."""
+    monkeypatch.setenv("ALE_QEMU_SESSION", "cua")
+    plan = plan_for("files/word_count", tmp_path, "oracle")
+    result = asyncio.run(execute_run(plan, provider=QemuProvider(accel="tcg", session="cua")))
+    assert qemu_processes() == []
+    assert result.status is RunStatus.SCORED, (result.error, result.violations)
+    assert result.scores and all(s == 1.0 for s in result.scores)
+    cua = json.loads((plan.run_dir / "evidence/cua.json").read_text())
+    assert cua["calls"] >= 1 and cua["transport"] == "virtio-serial relay", cua

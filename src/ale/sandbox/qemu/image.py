@@ -65,6 +65,7 @@ for i in $(/bin/busybox seq 1 100); do [ -b /dev/vda ] && break; /bin/busybox sl
 exec /bin/busybox switch_root /newroot /sbin/ale-init
 """
 GUEST_INIT = "/sbin/ale-init"
+GUEST_MANIFEST = "guest.json"  # what a build holds, beside its disk
 SERVER_ARGV = ["/opt/cua/bin/python", "-m", "computer_server", "--host", "127.0.0.1", "--port", "8000"]
 
 
@@ -88,14 +89,14 @@ class VmImage:
 
     @property
     def manifest(self) -> dict[str, Any]:
-        return dict(json.loads((self.folder / "manifest.json").read_text()))
+        return dict(json.loads((self.folder / GUEST_MANIFEST).read_text()))
 
     @property
     def sha256(self) -> str:
         return (self.folder / "base.qcow2.sha256").read_text().split()[0]
 
     def complete(self) -> bool:
-        return all(p.is_file() for p in (self.kernel, self.initrd, self.base, self.folder / "manifest.json",
+        return all(p.is_file() for p in (self.kernel, self.initrd, self.base, self.folder / GUEST_MANIFEST,
                                          self.folder / "base.qcow2.sha256"))
 
 
@@ -300,7 +301,7 @@ def build_vm_image(cua_image: str | None = None, say: Say = print) -> VmImage:
     kernel = _kernel(say)
     agent_src = (Path(__file__).parent / "guest_agent.py").read_bytes()
     bb = _busybox()
-    key = _sha(cua_id, (kernel / "done").read_text(), sha256_file(bb), agent_src, INIT_SCRIPT, "\n".join(MODULES), "v1")[:12]
+    key = _sha(cua_id, (kernel / "done").read_text(), sha256_file(bb), agent_src, INIT_SCRIPT, "\n".join(MODULES), "v2")[:12]
     img = VmImage(vm_root() / key)
     if img.complete():
         say(f"VM guest {VM_REPO}:{key} is cached ({img.folder})")
@@ -333,13 +334,13 @@ def build_vm_image(cua_image: str | None = None, say: Say = print) -> VmImage:
         raw.unlink()
         digest = sha256_file(work / "base.qcow2")
         (work / "base.qcow2.sha256").write_text(f"{digest}  base.qcow2\n")
-        (work / "manifest.json").write_text(json.dumps({
+        (work / GUEST_MANIFEST).write_text(json.dumps({
             "key": key, "ref": f"{VM_REPO}:{key}", "root_from": cua_ref, "root_image_id": cua_id,
             "kernel_package": (kernel / "done").read_text().strip(), "kernel_version": (kernel / "version").read_text().strip(),
             "base_sha256": digest, "disk_bytes": disk, "init": GUEST_INIT, "server_argv": SERVER_ARGV,
             "candidate_uid": 1000, "built_s": round(time.monotonic() - t0, 1),
         }, indent=2) + "\n")
-        for p in ("base.qcow2", "vmlinuz", "initrd.img", "base.qcow2.sha256", "manifest.json"):
+        for p in ("base.qcow2", "vmlinuz", "initrd.img", "base.qcow2.sha256", GUEST_MANIFEST):
             os.chmod(work / p, 0o444)
         dest = img.folder
         if dest.exists():
