@@ -21,6 +21,9 @@ apt_install() {
 #    registry), chromium (the HTML report's browser test), python venv.
 if command -v apt-get >/dev/null; then
   pkgs=(debootstrap python3-venv bubblewrap iproute2 util-linux)  # bubblewrap: confined harnesses; ip, nsenter: the Ray cluster test
+  # The qemu provider (docs/vm.md): QEMU, qemu-img, a static busybox for the guest's
+  # initrd, mkfs.ext4 -d for its root disk; ALE_SKIP_QEMU=1 skips them.
+  [ "${ALE_SKIP_QEMU:-0}" = 1 ] || pkgs+=(qemu-system-x86 qemu-utils busybox-static e2fsprogs)
   command -v dockerd >/dev/null || pkgs+=(docker.io)
   [ "${ALE_SKIP_CHROMIUM:-0}" = 1 ] || pkgs+=(chromium)
   # npm: the desktop image fetches its pinned Tailwind build with `npm pack` when it is first
@@ -134,6 +137,13 @@ else
   for name in claude codex gemini; do
     [ -x "$HARNESSES/$name/node_modules/.bin/$name" ] || need "the $name CLI in $HARNESSES/$name" "npm install --prefix $HARNESSES/$name (versions: scripts/setup.sh), or ALE_SKIP_HARNESSES=1"
   done
+fi
+if [ "${ALE_SKIP_QEMU:-0}" = 1 ]; then say "the qemu provider's tools skipped on purpose (ALE_SKIP_QEMU=1)"
+else
+  command -v qemu-system-x86_64 >/dev/null || need "qemu-system-x86_64" "apt-get install qemu-system-x86, or ALE_SKIP_QEMU=1"
+  command -v qemu-img >/dev/null || need "qemu-img" "apt-get install qemu-utils, or ALE_SKIP_QEMU=1"
+  [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || need "a static busybox (the VM guest's initrd)" "apt-get install busybox-static, or ALE_SKIP_QEMU=1"
+  command -v mkfs.ext4 >/dev/null || [ -x /usr/sbin/mkfs.ext4 ] || [ -x /sbin/mkfs.ext4 ] || need "mkfs.ext4" "apt-get install e2fsprogs, or ALE_SKIP_QEMU=1"
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   say "set-up is incomplete; missing:"

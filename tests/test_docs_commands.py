@@ -161,6 +161,7 @@ def _one_atif_per_run(experiment: str) -> Check:
 CORPUS = "needs ALE's task corpus (agents-last-exam) and its data store (network)"
 CLEANUP = ("removes every ale-managed container on the engine, including those of tests running beside this one; "
            "tests/test_exp_docker.py checks cleanup on containers of its own")
+VM = "boots ale's VM guest under QEMU (TCG here: tens of seconds a run)"
 PLACEHOLDER = "path/to/task is the reader's task; these options are exercised in tests/test_task_check_adversarial.py"
 
 COMMANDS: dict[str, Run | Skip] = {
@@ -261,6 +262,13 @@ COMMANDS: dict[str, Run | Skip] = {
     "ale export runs/<run-id> --format atif": Run(_file("{run}.atif.json"), ("run",)),
     "ale export runs/demo --format atif": Run(_one_atif_per_run("runs/demo"), ("demo",)),
     "ale export runs/<run-id> --format atif --out /tmp/t.json": Run(_file("/tmp/t.json"), ("run",)),
+    # docs/vm.md, README.md: the qemu provider
+    "bash scripts/setup.sh": Skip("installs Debian packages as root and builds the tools image: the machine's set-up, not a test's"),
+    "ale image build --vm": Skip(VM + " (a 1 GB disk per cache); tests/test_qemu_*.py use the one built"),
+    "ale run examples/tasks/files/word_count --provider qemu": Skip(VM + "; tests/test_qemu_run.py runs it"),
+    "ale run examples/tasks/files/word_count --provider qemu --agent oracle": Skip(VM + "; tests/test_qemu_run.py runs it"),
+    "ale run examples/tasks/files/word_count --provider qemu --accel kvm":
+        Skip(VM + "; tests/test_qemu_conformance.py checks that --accel kvm refuses where the probe failed"),
 }
 
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -45,7 +46,7 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: Path, script: Path | None,
           image: str, policy: Path | None, signing_key: Path | None, timeout: float | None, config: dict | None = None,
           workspace_max_bytes: int | None = None, *, software: bool = True, overlay: Path | None = None,
-          runtime: str | None = None):
+          runtime: str | None = None, provider: str = "docker", vm_images: list[str] | None = None):
     from ale.plan import AgentSpec, Limits, RunPlan, new_run_id
     from ale.sandbox.policy import IsolationPolicy
 
@@ -55,10 +56,19 @@ def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: 
     from ale.data.sources import anchor_spec
     from ale.tasks.card import load_card, policy_for_card
 
+    card = load_card(task_dir)
     try:
-        pol, notes = policy_for_card(IsolationPolicy.load(policy).with_runtime(runtime), load_card(task_dir))
+        pol, notes = policy_for_card(IsolationPolicy.load(policy).with_runtime(runtime), card)
     except ValueError as e:
         _fail(str(e))
+    mapped: dict[str, str] = {}
+    for item in vm_images or []:
+        snap, sep, ref = item.partition("=")
+        if not sep or not snap.strip() or not ref.strip():
+            _fail(f"--vm-image {item!r}: give SNAPSHOT=PATH-or-URL (e.g. cpu-free=/disks/win10.qcow2)")
+        mapped[snap.strip()] = ref.strip()
+    if mapped and provider != "qemu":
+        _fail("--vm-image maps a task's vm.snapshot to a disk for the qemu provider: add --provider qemu")
     for note in notes:
         err.print(f"note: {note}", markup=False, highlight=False)
     return RunPlan(
@@ -74,6 +84,8 @@ def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: 
         signing_key=str(signing_key) if signing_key else None,
         provision_software=software,
         software_overlay=str(overlay.resolve()) if overlay is not None else None,
+        provider=provider,
+        vm_image=mapped.get(card.snapshot or ""),
     )
 
 
@@ -168,12 +180,42 @@ def _ready(plans: list, *, data_flag: str = "--data") -> None:
         if facts.needs_data and not (plan.data_source or screen.data_source):
             _fail(f"{plan.task_dir}: {no_data_reason(facts, data_flag)}")
     _require_runtimes(plans)
+    say = lambda m: err.print(m, markup=False, highlight=False)  # noqa: E731
+    vm_plans = [p for p in plans if p.provider == "qemu"]
+    if vm_plans:
+        _ensure_vm_image(vm_plans, say)
     try:
-        ensure_images(images_for(plans), say=lambda m: err.print(m, markup=False, highlight=False))
+        ensure_images(images_for([p for p in plans if p.provider != "qemu"]), say=say)
     except EngineUnreachable as e:  # nothing can begin: as every preflight refusal (exit 2)
         _fail(str(e))
     except SandboxError as e:  # an image build that failed
         _fail(str(e), 1)
+
+
+def _ensure_vm_image(plans: list, say) -> None:
+    """The qemu provider's guest (``ale image build --vm``), built when missing; the
+    accelerator chosen now (``--accel kvm`` refuses here when KVM cannot run a guest)."""
+    from ale.sandbox.base import ImageMissing, SandboxError
+    from ale.sandbox.qemu.image import ensure_vm_images
+    from ale.sandbox.qemu.sandbox import QemuProvider
+
+    provider = QemuProvider()
+    try:
+        provider.ping()
+    except SandboxError as e:
+        _fail(str(e))
+    try:
+        ensure_vm_images([p.image for p in plans], say)
+    except ImageMissing as e:
+        _fail(str(e))
+    except SandboxError as e:
+        _fail(str(e), 1)
+    try:
+        accel = provider.accel()
+    except SandboxError as e:
+        _fail(str(e))
+    if accel.get("warning"):
+        say(f"warning: {accel['warning']}")
 
 
 def _require_runtimes(plans: list) -> None:
@@ -235,9 +277,18 @@ def run(
     software: Annotated[bool, typer.Option("--software/--no-software", help="Provide the task's declared software (its environment image, built on first use; docs/software.md).")] = True,
     overlay: Annotated[Path | None, typer.Option("--overlay", envvar="ALE_OVERLAY", help="An operator's overlay of software needs (YAML/JSON).")] = None,
     runtime: RuntimeOpt = None,
+    provider: Annotated[str, typer.Option("--provider", help="Sandbox provider: docker (containers) or qemu (ale's Linux VM guest, `ale image build --vm`).")] = "docker",
+    accel: Annotated[str | None, typer.Option("--accel", envvar="ALE_QEMU_ACCEL", help="qemu provider: auto (KVM when a probe shows it runs a guest, else TCG), kvm (refuse without it) or tcg.")] = None,
+    vm_image: Annotated[list[str] | None, typer.Option("--vm-image", help="qemu provider: SNAPSHOT=PATH-or-URL, the base disk for a task whose vm.snapshot is SNAPSHOT (a .qcow2, or a folder or gs://, s3://, hf:// URL in ALE's published layout; docs/vm.md). Repeatable.")] = None,
     resume_from: Annotated[Path | None, typer.Option("--resume-from", help="Resume an interrupted run: its plan again, in a fresh sandbox, its recorded model turns replayed from its gateway record until the first that differs (docs/experiments.md).")] = None,
 ) -> None:
     """Run one task variant with one agent; print the run folder last."""
+    from ale.sandbox.providers import PROVIDERS
+
+    if provider not in PROVIDERS:
+        _fail(f"--provider {provider}: choose one of {', '.join(PROVIDERS)}")
+    if accel is not None:
+        os.environ["ALE_QEMU_ACCEL"] = accel
     if resume_from is not None:
         plan = _resume_plan(resume_from, runs_dir)
         _ready([plan])
@@ -255,7 +306,7 @@ def run(
         except json.JSONDecodeError as e:
             _fail(f"--agent-config is not valid JSON: {e}")
     plan = _plan(task_dir, agent, variant, data, runs_dir, script, image, policy, signing_key, timeout, cfg, workspace_max_bytes,
-                 software=software, overlay=overlay, runtime=runtime)
+                 software=software, overlay=overlay, runtime=runtime, provider=provider, vm_images=vm_image)
     _ready([plan])
     result = _execute(plan)
     _print_result(result, plan.run_dir)
@@ -476,12 +527,24 @@ def image_build(
     tag: Annotated[str | None, typer.Option("--tag")] = None,
     desktop: Annotated[bool, typer.Option("--desktop", help="Build the desktop image (Xvfb, openbox, xdotool, Chromium) FROM the tools image.")] = False,
     cua: Annotated[bool, typer.Option("--cua", help="Build a cua-compatible image: cua's computer-server (PyPI) as its entrypoint, on a Debian 13 root bootstrapped here.")] = False,
+    vm: Annotated[bool, typer.Option("--vm", help="Build the qemu provider's Linux guest (kernel, initrd, qcow2 base) from Debian packages and the cua image.")] = False,
 ) -> None:
     """Build the tools image, with --desktop the desktop image, with --cua a cua-compatible image (cached by content: a second build is a lookup)."""
     from ale.sandbox.base import SandboxError
     from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE
     from ale.sandbox.image import build_desktop_image, build_tools_image
 
+    if vm:
+        from ale.sandbox.qemu.image import build_vm_image
+
+        if cua or desktop:
+            _fail("--vm builds a VM guest: not with --cua or --desktop", 2)
+        try:
+            img = build_vm_image(say=lambda m: err.print(m, markup=False, highlight=False))
+        except SandboxError as e:
+            _fail(str(e), 1)
+        err.print(f"VM guest: {img.manifest['ref']} ({img.base}, sha256 {img.sha256})", markup=False, highlight=False)
+        return
     if cua:
         from ale.sandbox.cua.image import DEFAULT_CUA_IMAGE, build_cua_image
 

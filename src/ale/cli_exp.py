@@ -283,7 +283,7 @@ def cleanup_command(
                                            help="Also remove the grading-probe folders a killed `ale task check` "
                                                 "left under this runs folder (older than an hour).")] = Path("runs"),
 ) -> None:
-    """Remove every container ale left behind (label ale.managed=1; nothing else), the
+    """Remove every container and VM ale left behind (label ale.managed=1; nothing else), the
     shared public packages no run is using, and stale grading-probe folders."""
     from ale.sandbox.base import SandboxError
     from ale.sandbox.providers import make_provider
@@ -292,6 +292,7 @@ def cleanup_command(
         removed = make_provider().remove_managed()
     except SandboxError as e:
         _fail(str(e), 1)
+    removed += make_provider("qemu").remove_managed()  # ale's VMs: their qemu killed, their overlays deleted
     for name in removed:
         print(name)
     from ale.runs.packages import cache_root, clear_unused
@@ -300,7 +301,7 @@ def cleanup_command(
     from ale.runs.grading_only import prune_stale_probes
 
     probes = prune_stale_probes(runs_dir)
-    err.print(f"removed {len(removed)} container(s), {len(packages)} shared package(s) no run uses "
+    err.print(f"removed {len(removed)} container(s) and VM(s), {len(packages)} shared package(s) no run uses "
               f"({cache_root()}; {left} in use) and {len(probes)} stale probe folder(s) under {runs_dir}")
 
 

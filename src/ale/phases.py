@@ -6,11 +6,14 @@ failure classifier) and ``ale verify`` (``ale.record.verify``) derives from it
 what a run folder must hold, which check groups ``checks.json`` must record and
 in which order the run's moments happened. Read ``PHASES`` to know a run.
 
-A run has one of two shapes (``RunShape``): in the ``standard`` shape the
+A run has one of three shapes (``RunShape``): in the ``standard`` shape the
 candidate's sandbox is stopped, inspected and removed before the reference is
 staged; a ``live_grading`` run (a desktop task, whose grader reads the live
 window) keeps the sandbox, still sealed, with every candidate process killed,
-until ``evaluate()`` ends, and stops, inspects and removes it then.
+until ``evaluate()`` ends, and stops, inspects and removes it then; a ``vm`` run
+(the qemu provider) is a standard one whose seal is read from QEMU itself (QMP)
+and from probes in its guest, before the agent and after its turn, while the VM
+still runs (``ale.runs.vm_seal``), instead of from the engine's inspect.
 
 Moments are spelled one way: ``before`` (the agent's first step), ``after``
 (the agent's turn ended and its processes are dead).
@@ -49,6 +52,7 @@ class Phase(StrEnum):
 class RunShape(StrEnum):
     STANDARD = "standard"
     LIVE_GRADING = "live_grading"
+    VM = "vm"  # the qemu provider: QEMU's own description and the guest's probes (ale.isolation.vm_rules)
 
 
 class CheckGroup(StrEnum):
@@ -124,6 +128,8 @@ _RELEASE_WRITES = (evidence_path(Evidence.INSPECT_AFTER),)
 
 
 def _table(shape: RunShape) -> tuple[PhaseSpec, ...]:
+    if shape is RunShape.VM:
+        return _vm_table()
     live = shape is RunShape.LIVE_GRADING
     return (
         PhaseSpec(Phase.STAGE_INPUT, "stage the public package (input, software) into the run's scratch; the reference is not touched",
@@ -165,6 +171,43 @@ def _table(shape: RunShape) -> tuple[PhaseSpec, ...]:
     )
 
 
+_VM_WRITES_BEFORE = (evidence_path(Evidence.VM_EXPECTATION), evidence_path(Evidence.VM_BEFORE),
+                     evidence_path(Evidence.vm_probes("before")))
+_VM_WRITES_AFTER = (evidence_path(Evidence.vm_probes("after")), evidence_path(Evidence.VM_AFTER))
+
+
+def _vm_table() -> tuple[PhaseSpec, ...]:
+    """The standard table with the VM's evidence in place of the container's: nothing is
+    judged at creation (no QEMU runs yet); before the agent, QEMU's description (QMP)
+    and the guest's probes; after its turn, the same while the VM still runs, and the
+    two captures together; then QEMU is quit and the VM's overlay removed."""
+    std = {s.phase: s for s in _table(RunShape.STANDARD)}
+    return (
+        std[Phase.STAGE_INPUT],
+        PhaseSpec(Phase.PROVISION, "create the VM (a fresh qcow2 overlay on the read-only base, the public input and "
+                  "the workspace as its only shares, no network device), boot it",
+                  writes=(evidence_path(Evidence.MOUNTS), evidence_path(Evidence.IMAGE)),
+                  records=(evidence_path(Evidence.ENVIRONMENT),)),
+        std[Phase.TASK_START],
+        PhaseSpec(Phase.VERIFY_BEFORE, "QEMU's description of the VM (QMP) and the probes in its guest (before), "
+                  "hash the input, prove the workspace empty, commit the reference",
+                  writes=(*_VM_WRITES_BEFORE, evidence_path(Evidence.INPUT_AFTER_START),
+                          evidence_path(Evidence.WORKSPACE_EMPTY), evidence_path(Evidence.REFERENCE_COMMIT)),
+                  records=(evidence_path(Evidence.START_WRITES),),
+                  checks=(CheckGroup.VM_BEFORE, CheckGroup.VM_PROBES_BEFORE, CheckGroup.AGENT_START), gate=True),
+        std[Phase.AGENT],
+        PhaseSpec(Phase.STOP, "end the turn from outside the candidate's reach (the guest's root agent kills every "
+                  "candidate process; QMP stop and quit if it does not answer; bounded), then the probes (after) as a "
+                  "uid the candidate never had and QEMU's description again, diffed with the one before; quit QEMU, "
+                  "remove the overlay",
+                  writes=_VM_WRITES_AFTER,
+                  records=(evidence_path(Evidence.STOP), evidence_path(Evidence.SANDBOX_STOPPED)),
+                  checks=(CheckGroup.VM_PROBES_AFTER, CheckGroup.VM_AFTER), releases_sandbox=True),
+        std[Phase.DELIVERABLES],
+        std[Phase.GRADE],
+    )
+
+
 PHASES: dict[RunShape, tuple[PhaseSpec, ...]] = {shape: _table(shape) for shape in RunShape}
 
 
@@ -193,6 +236,8 @@ def moment_order(shape: RunShape | str) -> tuple[str, ...]:
 # turn cannot be probed after it; its stopped state is recorded instead.
 STANDS_IN_FOR: dict[str, str] = {
     evidence_path(Evidence.probes("after")): evidence_path(Evidence.SANDBOX_STOPPED),
+    evidence_path(Evidence.vm_probes("after")): evidence_path(Evidence.SANDBOX_STOPPED),
+    evidence_path(Evidence.VM_AFTER): evidence_path(Evidence.SANDBOX_STOPPED),
 }
 
 

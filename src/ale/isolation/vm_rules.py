@@ -923,18 +923,23 @@ def vm_probe_complete(s: VmProbeSubject) -> Verdict:
 @_probe("vm.probe.uid_not_root", area="privileges",
         expected=lambda s: s.expectation.candidate_uid if s.expectation.candidate_uid is not None else "non-zero")
 def vm_probe_uid(s: VmProbeSubject) -> Verdict:
-    """The probe, run as the candidate, has a non-zero uid and gid (the planned uid when
-    the run names one) and root's group 0 is not among its groups.
+    """The probe has a non-zero uid and gid and root's group 0 is not among its groups;
+    before the agent it runs as the candidate (the planned uid when the run names one),
+    after the turn as the probe's own uid (`ale.defaults.PROBE_USER`, one the candidate
+    never had: nothing it left can signal or write into the probe) or the candidate's.
 
     Root in the guest owns the guest kernel: every other guest-side check would be moot.
     """
+    from ale.defaults import PROBE_USER
+
     line = next((ln for ln in s.section("id") if ln.startswith("numeric uid=")), None)
     if line is None:
         raise KeyError("numeric uid line")
     fields = dict(p.split("=", 1) for p in line.removeprefix("numeric ").split(" ", 2))
     uid, gid, groups = int(fields["uid"]), int(fields["gid"]), fields["groups"].split()
     want = s.expectation.candidate_uid
-    ok = uid != 0 and gid != 0 and "0" not in groups and (want is None or uid == want)
+    allowed = {want} | ({int(PROBE_USER.split(":")[0])} if s.moment == "after" else set())
+    ok = uid != 0 and gid != 0 and "0" not in groups and (want is None or uid in allowed)
     return ok, {"uid": uid, "gid": gid, "groups": groups}, "" if ok else f"the candidate is uid {uid} gid {gid} groups {groups}"
 
 

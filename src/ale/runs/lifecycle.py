@@ -40,6 +40,7 @@ from ale.agents.registry import agent_evidence, make_agent
 from ale.agents.trajectory import TrajectoryWriter
 from ale.data.base import DataError
 from ale.data.hashing import restore_runnable
+from ale.data.vm_disks import fetch_vm_disk
 from ale.defaults import CANDIDATE_HOME, DEFAULT_TOOLS_IMAGE, DESKTOP_UID, PROBE_USER
 from ale.grading.deliverables import extract_deliverables
 from ale.grading.grader import Grader, GradingEnvironmentError, GradingError, GradingInputs
@@ -58,7 +59,7 @@ from ale.plan import RunPlan
 from ale.record import evidence as ev
 from ale.record.signing import load_or_create_signing_key
 from ale.result import RunResult
-from ale.runs import software, start_writes
+from ale.runs import software, start_writes, vm_seal
 from ale.runs.extensions import make_extension
 from ale.runs.staging_step import public_tree, stage_input
 from ale.runs.state import LiveHandles, Prepared, RunFolder, RunRecord, RunState, now
@@ -184,7 +185,17 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
     wall = plan.limits.wall_time_s or task.card.timeout_s or DEFAULT_WALL_TIME_S
     # a task asking for a desktop runs in the desktop image
     desktop = desktop_spec(task.card.raw, variant.computer)
+    if desktop is not None and plan.provider == "qemu":
+        raise PreflightError(f"{plan.task_dir}: variant {plan.variant} asks for a desktop, and the qemu provider's guest "
+                             "has no display yet: run it with --provider docker")
     image = DEFAULT_DESKTOP_IMAGE if desktop is not None and plan.image == DEFAULT_TOOLS_IMAGE else plan.image
+    if plan.provider == "qemu" and plan.vm_image:  # the operator's disk for this task's vm.snapshot, verified
+        try:
+            image = str((await asyncio.to_thread(fetch_vm_disk, plan.vm_image)).path) if "://" in plan.vm_image \
+                else plan.vm_image.removeprefix("local:")
+        except DataError as e:
+            raise PreflightError(f"{plan.task_dir}: the disk mapped to vm.snapshot {task.card.snapshot!r}: {e}",
+                                 retryable=True) from e
     try:
         provider = provider or make_provider(plan.provider)
         image_record = await asyncio.to_thread(provider.image_inspect, image)
@@ -266,6 +277,9 @@ async def verify_created(state: RunState) -> None:
 async def _verify_created(state: RunState) -> None:
     inspect = await asyncio.to_thread(state.sandbox.inspect)
     state.record.inspect_before = inspect
+    if vm_seal.is_vm(state):  # a VM: nothing runs yet to ask; QEMU's own description is judged once it booted
+        state.record.store.write_json(Evidence.IMAGE, state.prep.image_record or {})
+        return
     state.record.store.write_json(Evidence.INSPECT_BEFORE, inspect)
     image = state.prep.image_record
     if image is None or image.get("Id") != inspect.get("Image"):  # the container's image, as the engine says now
@@ -334,6 +348,9 @@ async def verify_running(state: RunState, phase: Literal["before", "after"], pro
             raw, checks = judge_probes(probe, policy, input_dir=v.public_root, workspace_dir=v.output_dir, phase=phase)
         else:
             raw, checks = await run_probes(state.sandbox, policy, input_dir=v.public_root, workspace_dir=v.output_dir, phase=phase)
+        if vm_seal.is_vm(state):  # the container's rules do not judge a VM: QEMU's view and the guest's probes do
+            await vm_seal.judge_running(state, phase, raw)
+            return
         state.record.store.write_text(Evidence.probes(phase), raw)
         state.record.add_checks(CheckGroup.PROBES_BEFORE if phase == "before" else CheckGroup.PROBES_AFTER, checks)
 
@@ -541,6 +558,8 @@ def _oracle(state: RunState) -> Any:
 
 async def stop_and_verify_exited(state: RunState) -> None:
     await state.sandbox.stop()
+    if vm_seal.is_vm(state):  # judged while it ran, after the turn (vm_seal); quit now, nothing left to ask
+        return
     with state.record.cost("verify"):
         after = await asyncio.to_thread(state.sandbox.inspect)
         state.record.store.write_json(Evidence.INSPECT_AFTER, after)
@@ -731,6 +750,17 @@ async def provide_software(state: RunState) -> None:
     """The task's software before the seal: its environment image, found or built
     on the trusted side from its needs (the staged input's runtime_env included)."""
     base = state.prep.image or state.plan.image
+    if vm_seal.is_vm(state):  # a VM guest runs as built (ale image build --vm): no environment image for it yet
+        state.live.image = base
+        raw = state.prep.task.card.raw.get("software")
+        declared = [str(x) for x in ([raw] if isinstance(raw, str) else raw if isinstance(raw, list) else [])]
+        state.record.store.write_json(Evidence.ENVIRONMENT, {
+            "image": base, "kind": "as given", "base": base, "declared": declared,
+            "note": "the qemu provider runs its guest as built; a task's declared software is not provided in it yet"})
+        if declared:
+            state.record.warnings.append(f"software: the qemu provider does not provide declared software yet "
+                                         f"({', '.join(declared[:8])}); the guest has what ale image build --vm put in it")
+        return
     if not state.plan.provision_software:
         state.live.image = base
         state.record.store.write_json(Evidence.ENVIRONMENT, {"image": base, "kind": "as given", "base": base,

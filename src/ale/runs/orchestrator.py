@@ -222,7 +222,13 @@ class Orchestrator:
         if self._provider is not None:  # runs on this engine: build the images they need first
             plans = [st.unit.plan for st in states if st.final is None]
             try:
-                await asyncio.to_thread(ensure_images, images_for(plans), lambda m: self.progress.update(progress, m))
+                say = lambda m: self.progress.update(progress, m)  # noqa: E731
+                if getattr(self._provider, "name", "docker") == "qemu":  # ale's VM guest (ale image build --vm)
+                    from ale.sandbox.qemu.image import ensure_vm_images
+
+                    await asyncio.to_thread(ensure_vm_images, [p.image for p in plans], say)
+                else:
+                    await asyncio.to_thread(ensure_images, images_for(plans), say)
             except BaseException:
                 self.progress.stop(progress)
                 raise

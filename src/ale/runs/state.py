@@ -62,6 +62,8 @@ class Prepared:
 
     @property
     def shape(self) -> RunShape:
+        if self.plan.provider == "qemu":
+            return RunShape.VM
         return RunShape.LIVE_GRADING if self.desktop is not None else RunShape.STANDARD
 
 
@@ -153,6 +155,7 @@ class RunRecord:
     costs: dict[str, float] = field(default_factory=dict)
     workspace_at_creation: dict | None = None  # listing + inode, proof the workspace began empty
     inspect_before: dict | None = None  # the raw capture at create, diffed with the one after exit
+    vm_before: dict | None = None  # a VM run: QEMU's capture before the agent, diffed with the one after its turn
     input_after_start: dict | None = None  # the input's tree hash once start() has run
     public_before_start: dict | None = None  # the public package's stat listing before start() (start_writes)
     screens: dict[str, dict[str, Any]] = field(default_factory=dict)  # a desktop run's screenshots by moment (screens.json)

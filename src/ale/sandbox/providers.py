@@ -5,7 +5,7 @@ from __future__ import annotations
 from ale.sandbox.base import SandboxError, SandboxProvider
 from ale.sandbox.docker import DockerProvider
 
-PROVIDERS = ("docker",)
+PROVIDERS = ("docker", "qemu")
 
 
 def make_provider(name: str = "docker", *, docker_host: str | None = None) -> SandboxProvider:
@@ -14,6 +14,10 @@ def make_provider(name: str = "docker", *, docker_host: str | None = None) -> Sa
     an unknown name."""
     if name == "docker":
         return DockerProvider(base_url=docker_host)
+    if name == "qemu":  # ale's own Linux guests under QEMU (ale.sandbox.qemu)
+        from ale.sandbox.qemu.sandbox import QemuProvider
+
+        return QemuProvider()
     raise SandboxError(f"unknown sandbox provider {name!r}: choose one of {', '.join(PROVIDERS)}")
 
 

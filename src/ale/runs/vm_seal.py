@@ -1,0 +1,129 @@
+"""The seal of a VM run (``--provider qemu``, the ``vm`` run shape), judged by
+``ale.isolation.vm_rules`` in place of the container's inspect and probe rules.
+
+What the run planned (``expectation``: the read-only base and its sha256, the per-run
+overlay, the two 9p shares, no network device, the memory and vCPUs QEMU was given,
+the control and QMP sockets, the serial console's log, the candidate's uid and the
+guest folders) is written once as ``evidence/vm-expectation.json``. Twice the VM is
+read from QEMU itself (``capture_vm_at``: QMP, the qemu process's command line and open
+files, the base's digest now) and probed from inside the guest: before the agent
+(``before``), and after its turn while the VM still runs (``after``, the probes as a
+uid the candidate never had, once no candidate process is left); the second capture
+is also diffed with the first. ``ale verify`` re-judges the same files with the same
+functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from ale.isolation.probes import vm_probe_argv
+from ale.isolation.registry import Check
+from ale.isolation.vm_rules import VmExpectation, judge_vm_captures, judge_vm_probes, judge_vm_state
+from ale.layout import Evidence
+from ale.paths import cache_dir
+from ale.phases import CheckGroup
+from ale.sandbox.qemu.capture import capture_vm_at
+
+if TYPE_CHECKING:
+    from ale.runs.state import RunState
+
+_CHUNK = 1 << 20
+
+
+def is_vm(state: RunState) -> bool:
+    return state.plan.provider == "qemu"
+
+
+def base_digest(path: str) -> str:
+    """The base disk's sha256 as it is now: hashed once per (device, inode, size,
+    mtime, ctime), which any write or chmod changes, and cached under ale's cache."""
+    st = os.stat(path)
+    key = hashlib.sha256(f"{os.path.realpath(path)}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0"
+                         f"{st.st_mtime_ns}\0{st.st_ctime_ns}".encode()).hexdigest()[:32]
+    memo = cache_dir() / "vm-digests" / key
+    try:
+        return memo.read_text().strip()
+    except OSError:
+        pass
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    digest = h.hexdigest()
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        memo.write_text(digest)
+    except OSError:
+        pass
+    return digest
+
+
+def expectation(state: RunState) -> VmExpectation:
+    """What the run planned for its VM: the image's record (read at preflight), the
+    run's mounts, the policy; the provider's own choices (its overlay, sockets, the
+    memory it gave QEMU) from the VM's record of its creation."""
+    sb: Any = state.sandbox
+    meta: dict[str, Any] = dict(getattr(sb, "meta", None) or {})
+    img = state.prep.image_record or {}
+    mounts = state.folder.mounts()
+    shares = {f"ale{i}": (m.source, m.read_only) for i, m in enumerate(mounts)}
+    state_dir = Path(str(getattr(sb, "state", "")))
+    uid = state.plan.policy.user.split(":", 1)[0]
+    return VmExpectation(
+        base_path=str(img.get("base") or meta.get("base")),
+        base_sha256=str(img.get("sha256") or meta.get("base_sha256")),
+        overlay_path=str(meta.get("overlay") or state_dir / "overlay.qcow2"),
+        shares=shares,
+        memory_mib=int(meta.get("memory_mb") or 0),
+        vcpus=int(meta.get("vcpus") or 0),
+        network="none",
+        control_sockets=tuple(p for p in (meta.get("control_socket"), meta.get("qmp_socket")) if p),
+        console_logs=(str(state_dir / "console.log"),),
+        accel=None,  # either, recorded (vm.accel.recorded); --accel kvm refuses before a VM exists
+        candidate_uid=int(uid) if uid.isdigit() else None,
+        guest_input_dir=state.variant.public_root,
+        guest_workspace_dir=state.variant.output_dir,
+    )
+
+
+def probe_argv(state: RunState) -> list[str]:
+    return vm_probe_argv(expectation(state))
+
+
+async def _capture(state: RunState, exp: VmExpectation) -> dict[str, Any]:
+    sb: Any = state.sandbox
+    meta = dict(getattr(sb, "meta", None) or {})
+    pid = ((await asyncio.to_thread(sb.inspect)).get("State") or {}).get("Pid")
+    digest = await asyncio.to_thread(base_digest, exp.base_path)
+    return await asyncio.to_thread(capture_vm_at, str(meta.get("qmp_socket")), base_sha256=digest,
+                                   pid=int(pid) if pid else None)
+
+
+async def judge_running(state: RunState, moment: Literal["before", "after"], probes_raw: str) -> None:
+    """The VM at ``moment``: the guest's probes (``probes_raw``, already run) and QEMU's
+    capture, judged and recorded (the evidence files and the check groups of the
+    ``vm`` run shape)."""
+    exp = expectation(state)
+    store = state.record.store
+    if moment == "before":
+        store.write_json(Evidence.VM_EXPECTATION, exp.to_dict())
+    store.write_text(Evidence.vm_probes(moment), probes_raw)
+    probe_checks: list[Check] = judge_vm_probes(probes_raw, exp, moment)
+    capture = await _capture(state, exp)
+    if moment == "before":
+        store.write_json(Evidence.VM_BEFORE, capture)
+        state.record.vm_before = capture
+        state_checks = judge_vm_state(capture, exp, "before")
+    else:
+        store.write_json(Evidence.VM_AFTER, capture)
+        before = state.record.vm_before
+        state_checks = judge_vm_state(capture, exp, "after") + judge_vm_captures(before, capture, exp)
+    groups = ((CheckGroup.VM_BEFORE, CheckGroup.VM_PROBES_BEFORE) if moment == "before"
+              else (CheckGroup.VM_AFTER, CheckGroup.VM_PROBES_AFTER))
+    state.record.add_checks(groups[1], probe_checks)
+    state.record.add_checks(groups[0], state_checks)

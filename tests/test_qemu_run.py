@@ -1,0 +1,115 @@
+"""Whole runs under ``--provider qemu`` (ale's own Linux guest, TCG here): the example
+task's oracle scores 1.0 and nop 0, the VM's captures go to the VM seal rules at each
+moment, and nothing (no qemu process, no overlay) outlives a run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ale.plan import AgentSpec, Limits, RunPlan
+from ale.runs.lifecycle import execute_run
+from ale.sandbox.policy import MIB, IsolationPolicy
+from ale.sandbox.qemu.sandbox import QemuProvider, state_root
+from ale.status import RunStatus
+from tests.conftest import EXAMPLES, require
+from tests.qemu_support import VM_DIR, qemu_processes, vm_ready
+
+POLICY = IsolationPolicy(memory_bytes=768 * MIB, cpus=1.0)
+
+
+@pytest.fixture(autouse=True)
+def _vm(monkeypatch):
+    monkeypatch.setenv("ALE_VM_DIR", VM_DIR)
+    monkeypatch.setenv("ALE_QEMU_ACCEL", "tcg")
+    ok, why = vm_ready()
+    require(ok, why)
+
+
+def plan_for(task: str, runs_dir: Path, agent: str) -> RunPlan:
+    return RunPlan(run_id=f"t-{uuid.uuid4().hex[:12]}", task_dir=str(EXAMPLES / task), variant=0,
+                   agent=AgentSpec(name=agent, config={}), image="ale-vm:latest", policy=POLICY,
+                   limits=Limits(), runs_dir=str(runs_dir), provider="qemu")
+
+
+def run(plan: RunPlan):
+    result = asyncio.run(execute_run(plan, provider=QemuProvider(accel="tcg")))
+    assert qemu_processes() == [], "a qemu process outlived its run"
+    left = [p for p in state_root().glob("*/labels.json") if plan.run_id in p.read_text()] if state_root().is_dir() else []
+    assert left == [], f"a VM state folder (overlay) outlived its run: {left}"
+    return result
+
+
+def verified(plan: RunPlan) -> None:
+    from ale.record.verify import verify_run_dir
+
+    report = verify_run_dir(plan.run_dir)
+    assert report.valid, report.reasons
+
+
+def test_word_count_oracle_one_nop_zero_sealed_and_verified(tmp_path):
+    """The real VM seal rules judge QEMU's own description and the guest's probes before
+    the agent and after its turn; the run scores as under Docker and ale verify re-judges
+    the same evidence."""
+    plan = plan_for("files/word_count", tmp_path, "oracle")
+    oracle = run(plan)
+    assert oracle.status is RunStatus.SCORED, (oracle.error, oracle.violations)
+    assert oracle.scores and all(s == 1.0 for s in oracle.scores)
+    ev = plan.run_dir / "evidence"
+    expect = json.loads((ev / "vm-expectation.json").read_text())
+    assert expect["network"] == "none" and expect["base_sha256"] and expect["overlay_path"].endswith("overlay.qcow2")
+    assert sorted(ro for _p, ro in ((s["host_path"], s["read_only"]) for s in expect["shares"].values())) == [False, True]
+    before = json.loads((ev / "vm-before.json").read_text())
+    after = json.loads((ev / "vm-after.json").read_text())
+    assert before and after and (ev / "vm-probes-before.txt").read_text() and (ev / "vm-probes-after.txt").read_text()
+    checks = json.loads((ev / "checks.json").read_text())
+    groups = {c["phase"] for c in checks}
+    assert {"vm-before", "vm-probes-before", "vm-probes-after", "vm-after"} <= groups, groups
+    assert not {"inspect-before", "inspect-after", "probes-before", "probes-after"} & groups, groups
+    assert all(c["ok"] for c in checks if c["phase"].startswith("vm-")), [c for c in checks if not c["ok"]]
+    assert not (ev / "inspect-before.json").exists()  # the container's evidence is not faked for a VM
+    harness = json.loads((ev / "harness.json").read_text())
+    assert harness["run_shape"] == "vm"
+    engine = json.loads((ev / "engine.json").read_text())
+    assert engine["provider"] == "qemu" and engine["accel"] == "tcg"
+    stop = json.loads((ev / "stop.json").read_text())
+    assert stop["halt"]["method"] == "vm-agent-cgroup" and stop["halt"]["survivors"] == []
+    verified(plan)
+    nop_plan = plan_for("files/word_count", tmp_path, "nop")
+    nop = run(nop_plan)
+    assert nop.status is RunStatus.SCORED, (nop.error, nop.violations)
+    assert nop.score == 0.0
+    verified(nop_plan)
+
+
+def test_an_edited_vm_capture_fails_verification(tmp_path):
+    """The VM's evidence is signed and re-judged: a capture edited to hide a network
+    device fails ale verify."""
+    from ale.record.verify import verify_run_dir
+
+    plan = plan_for("files/word_count", tmp_path, "nop")
+    assert run(plan).status is RunStatus.SCORED
+    path = plan.run_dir / "evidence" / "vm-after.json"
+    doc = json.loads(path.read_text())
+    doc.setdefault("hmp", {})["info network"] = "net0: index=0,type=user,net=10.0.2.0"
+    path.write_text(json.dumps(doc))
+    report = verify_run_dir(plan.run_dir)
+    assert not report.valid
+
+
+def test_word_count_oracle_through_the_cua_session(tmp_path, monkeypatch):
+    """``ALE_QEMU_SESSION=cua``: the agent's and the task's tool calls go through the
+    guest's computer-server; the oracle still scores 1.0."""
+    monkeypatch.setenv("ALE_QEMU_SESSION", "cua")
+    plan = plan_for("files/word_count", tmp_path, "oracle")
+    result = asyncio.run(execute_run(plan, provider=QemuProvider(accel="tcg", session="cua")))
+    assert qemu_processes() == []
+    assert result.status is RunStatus.SCORED, (result.error, result.violations)
+    assert result.scores and all(s == 1.0 for s in result.scores)
+    cua = json.loads((plan.run_dir / "evidence/cua.json").read_text())
+    assert cua["calls"] >= 1 and cua["transport"] == "virtio-serial relay", cua
+    verified(plan)
