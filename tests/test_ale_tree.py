@@ -866,3 +866,28 @@ def test_the_jails_tmp_is_a_size_capped_place_shared_with_its_home(tmp_path: Pat
     (fs, seen), home = asyncio.run(go())
     assert seen and fs and all(kind == "tmpfs" and "size=" in opts for kind, opts in fs), (fs, seen)
     assert home is not None and not home.exists()  # dropped with the process
+
+
+def test_a_foreign_disk_mapped_to_a_snapshot_is_refused_at_preflight_saying_why(tmp_path: Path) -> None:
+    """A disk that is not a guest built by ale (ALE's own images) is checked, then refused
+    before anything boots, naming why; nothing is left."""
+    d = write(tmp_path / "tasks" / "win" / "main.py", textwrap.dedent("""\
+        import cua_bench as cb
+
+        @cb.tasks_config(split="train")
+        def load():
+            return [cb.Task(description="d", metadata={}, computer={"setup_config": {"os_type": "windows"}})]
+
+        @cb.evaluate_task(split="train")
+        async def evaluate(task_cfg, session):
+            return [0.0]
+        """)).parent
+    write(d / "task_card.json", '{"vm": {"snapshot": "cpu-free"}}')
+    disk = tmp_path / "disks" / "win10.qcow2"
+    disk.parent.mkdir()
+    disk.write_bytes(b"QFI\xfb" + b"\0" * 1000)
+    plan = RunPlan(run_id="foreign", task_dir=str(d), agent=AgentSpec(name="nop"), runs_dir=str(tmp_path / "runs"),
+                   provider="qemu", vm_image=str(disk))
+    with pytest.raises(PreflightError, match="is not a guest built by `ale image build --vm`"):
+        asyncio.run(execute_run(plan))
+    assert not (tmp_path / "runs" / "foreign").exists()
