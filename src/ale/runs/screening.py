@@ -95,14 +95,18 @@ def _screen(task_dir: Path, provider: str, build_env: bool, vm_images: tuple[str
     facts = []
     for v in info.variants:
         os_type = ((v.computer or {}).get("setup_config") or {}).get("os_type")
+        desktop = desktop_spec(card.raw, v.computer) is not None
+        unsupported = card.unsupported_reason(provider, variant_os=os_type if isinstance(os_type, str) else None,
+                                              vm_images=vm_images)
+        if unsupported is None and desktop and provider == "qemu":  # as the run's preflight refuses it
+            unsupported = "asks for a desktop, and the qemu provider's guest has no display yet: run it with --provider docker"
         facts.append(VariantFacts(
             index=v.index,
             task_id=v.task_id,
-            desktop=desktop_spec(card.raw, v.computer) is not None,
+            desktop=desktop,
             needs_data=needs_data(v.metadata, v.task_dir),
             data_key=v.data_key.name,
-            unsupported=card.unsupported_reason(provider, variant_os=os_type if isinstance(os_type, str) else None,
-                                                vm_images=vm_images),
+            unsupported=unsupported,
         ))
     return TaskScreen(task_dir, OK, None, tuple(facts), card.data_source)
 
