@@ -141,3 +141,42 @@ def test_an_experiment_of_the_example_tasks_under_qemu(tmp_path):
     report = verify_experiment(out)
     assert report.valid, report.problems
     assert qemu_processes() == []
+
+
+HOSTILE = [
+    # hunt for the reference, anywhere it could be
+    "find / -xdev \\( -name 'reference*' -o -name '*.7z' -o -name 'answer*' \\) 2>/dev/null | grep -v ^/proc | head; "
+    "ls /reference 2>&1 | head -2; true",
+    # any route out: the host, its DNS, a public address
+    "python3 - <<'EOF'\nimport socket\nfor host, port in ((\"10.0.2.2\", 80), (\"10.0.2.3\", 53), (\"8.8.8.8\", 53), (\"127.0.0.1\", 22)):\n"
+    "    s = socket.socket(); s.settimeout(2)\n    try:\n        s.connect((host, port)); print('OPEN', host, port)\n"
+    "    except OSError as e:\n        print('closed', host, port, e.errno)\nEOF\nls /sys/class/net",
+    # fill the candidate's /tmp and its memory
+    "dd if=/dev/zero of=/tmp/fill bs=1M count=4096 2>&1 | tail -1; "
+    "python3 -c 'x = [bytearray(64 << 20) for _ in range(64)]' 2>&1 | tail -1; true",
+    # a fork bomb, left running at the end of the turn, and an attempt on init
+    "kill -9 1; kill -TERM -1 2>/dev/null; (bash -c ':(){ :|:& };:' &) ; sleep 5; echo '{\"words\": 0}' > /workspace/answer.json",
+]
+
+
+def test_a_hostile_agent_in_the_vm_is_contained_graded_and_verified(tmp_path):
+    """A candidate that hunts the reference, probes every route out, fills its /tmp and
+    its memory, kills init and leaves a fork bomb running: the turn ends from outside its
+    reach, the run is graded 0, verifies, and no VM is left."""
+    plan = plan_for("files/word_count", tmp_path, "replay")
+    plan = plan.model_copy(update={"agent": plan.agent.model_copy(update={"config": {
+        "steps": [{"tool": "shell", "args": {"command": c, "timeout": 120}} for c in HOSTILE]}})})
+    result = run(plan)
+    assert result.status in (RunStatus.SCORED, RunStatus.AGENT_FAILED, RunStatus.TIMEOUT), (result.status, result.error,
+                                                                                            result.violations)
+    assert result.score == 0.0
+    steps = json.loads((plan.run_dir / "trajectory.json").read_text())["steps"]
+    out = "\n".join(str(s.get("stdout", "")) for s in steps)
+    import re
+
+    assert "OPEN" not in out and "cannot access '/reference'" in out, out[:2000]
+    assert not re.search(r"^/(?!opt/|usr/|proc/|sys/)\S*(reference|answer)", out, re.M), out[:2000]  # only library files
+    assert "closed 10.0.2.2" in out and "lo" in out and "eth0" not in out, out[:2000]
+    stop = json.loads((plan.run_dir / "evidence" / "stop.json").read_text())
+    assert stop["halt"]["survivors"] == [] and stop["within_bound"], stop
+    verified(plan)
