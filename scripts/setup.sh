@@ -7,6 +7,12 @@ cd "$(dirname "$0")/.."
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
 
+# Where this machine's engine keeps its state; a test points these into a temp folder.
+DAEMON_JSON=${ALE_DOCKER_DAEMON_JSON:-/etc/docker/daemon.json}
+DOCKER_PID_FILE=${ALE_DOCKER_PID_FILE:-/var/run/docker.pid}
+DOCKERD_LOG=${ALE_DOCKERD_LOG:-/var/log/ale-dockerd.log}
+BUSYBOX=${ALE_BUSYBOX:-/bin/busybox}
+
 apt_ready=0
 apt_install() {
   local missing=()
@@ -29,7 +35,11 @@ if command -v apt-get >/dev/null; then
   # npm: the desktop image fetches its pinned Tailwind build with `npm pack` when it is first
   # built (by `ale exp run`/`ale run` for a GUI task, `make demo` included).
   command -v npm >/dev/null || pkgs+=(npm)
-  apt_install "${pkgs[@]}" || say "could not install ${pkgs[*]} (not root?); continuing"
+  # One package apt cannot install fails the whole batch: then each alone, so the engine
+  # is not lost with (say) chromium, and the check at the end names what is missing.
+  apt_install "${pkgs[@]}" || for p in "${pkgs[@]}"; do
+    apt_install "$p" || say "could not install $p (not root?); continuing"
+  done
 fi
 
 # 1b. gVisor (runsc), the sandbox tier under a user-space kernel (docs/operator-runbook.md),
@@ -41,11 +51,10 @@ fi
 RUNSC_ARGS='["--network=none", "--oci-seccomp"]'
 register_runsc() {
   command -v runsc >/dev/null && [ "$(id -u)" = 0 ] && [ -z "${DOCKER_HOST:-}" ] || return 0
-  mkdir -p /etc/docker
-  python3 - "$(command -v runsc)" "$RUNSC_ARGS" <<'PY' || { say "could not register runsc in /etc/docker/daemon.json"; return 0; }
+  mkdir -p "$(dirname "$DAEMON_JSON")"
+  python3 - "$(command -v runsc)" "$RUNSC_ARGS" "$DAEMON_JSON" <<'PY' || { say "could not register runsc in $DAEMON_JSON"; return 0; }
 import json, os, sys
-path, args = sys.argv[1], json.loads(sys.argv[2])
-f = "/etc/docker/daemon.json"
+path, args, f = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 conf = json.load(open(f)) if os.path.exists(f) and os.path.getsize(f) else {}
 want = {"path": path, "runtimeArgs": args}
 if conf.get("runtimes", {}).get("runsc") != want:
@@ -67,8 +76,8 @@ fi
 if ! docker info >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null; then
     say "starting dockerd"
-    mkdir -p /var/log
-    nohup dockerd >/var/log/ale-dockerd.log 2>&1 &
+    mkdir -p "$(dirname "$DOCKERD_LOG")"
+    nohup dockerd ${ALE_DOCKER_DAEMON_JSON:+--config-file "$DAEMON_JSON"} >"$DOCKERD_LOG" 2>&1 &
     for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
   fi
   docker info >/dev/null 2>&1 || { say "no Docker engine is reachable; start one (dockerd) and retry"; exit 1; }
@@ -76,8 +85,8 @@ fi
 # 2b. A running engine that lacks runsc reloads its configuration (SIGHUP: no restart).
 if command -v runsc >/dev/null && [ "${ALE_SKIP_GVISOR:-0}" != 1 ] && [ -z "${DOCKER_HOST:-}" ] \
    && ! docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
-  pid=$(cat /var/run/docker.pid 2>/dev/null || true)
-  if [ "$(id -u)" = 0 ] && [ -n "$pid" ] && grep -q '"runsc"' /etc/docker/daemon.json 2>/dev/null; then
+  pid=$(cat "$DOCKER_PID_FILE" 2>/dev/null || true)
+  if [ "$(id -u)" = 0 ] && [ -n "$pid" ] && grep -q '"runsc"' "$DAEMON_JSON" 2>/dev/null; then
     say "registering runsc with the running dockerd (configuration reload)"
     kill -HUP "$pid"
     for _ in $(seq 1 10); do docker info --format '{{json .Runtimes}}' | grep -q '"runsc"' && break; sleep 1; done
@@ -142,7 +151,7 @@ if [ "${ALE_SKIP_QEMU:-0}" = 1 ]; then say "the qemu provider's tools skipped on
 else
   command -v qemu-system-x86_64 >/dev/null || need "qemu-system-x86_64" "apt-get install qemu-system-x86, or ALE_SKIP_QEMU=1"
   command -v qemu-img >/dev/null || need "qemu-img" "apt-get install qemu-utils, or ALE_SKIP_QEMU=1"
-  [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || need "a static busybox (the VM guest's initrd)" "apt-get install busybox-static, or ALE_SKIP_QEMU=1"
+  [ -x "$BUSYBOX" ] && ! ldd "$BUSYBOX" >/dev/null 2>&1 || need "a static busybox (the VM guest's initrd)" "apt-get install busybox-static, or ALE_SKIP_QEMU=1"
   command -v mkfs.ext4 >/dev/null || [ -x /usr/sbin/mkfs.ext4 ] || [ -x /sbin/mkfs.ext4 ] || need "mkfs.ext4" "apt-get install e2fsprogs, or ALE_SKIP_QEMU=1"
 fi
 if [ ${#missing[@]} -gt 0 ]; then
