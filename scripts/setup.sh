@@ -136,7 +136,7 @@ if [ "${ALE_SKIP_GVISOR:-0}" = 1 ]; then say "gVisor skipped on purpose (ALE_SKI
 else
   command -v runsc >/dev/null || need "gVisor (runsc)" "apt-get install runsc, or ALE_SKIP_GVISOR=1 to go without it"
   command -v runsc >/dev/null && ! has_runtime runsc \
-    && need "runsc registered in the Docker engine" "add it to /etc/docker/daemon.json 'runtimes' (as scripts/setup.sh does as root) and reload dockerd (kill -HUP)"
+    && need "runsc registered in the Docker engine" "add it to $DAEMON_JSON 'runtimes' (as scripts/setup.sh does as root) and reload dockerd (kill -HUP)"
 fi
 if [ "${ALE_SKIP_CHROMIUM:-0}" = 1 ]; then say "chromium skipped on purpose (ALE_SKIP_CHROMIUM=1)"
 else command -v chromium >/dev/null || need "chromium" "apt-get install chromium, or ALE_SKIP_CHROMIUM=1"; fi

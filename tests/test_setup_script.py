@@ -15,6 +15,7 @@ A missing install step thus fails here, not on a user's machine (issue 27).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,6 +23,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# What setup.sh would write or signal on the real machine (comments aside).
+HOST_PATHS = ["/etc/docker/daemon.json", "/var/run/docker.pid", "/var/log/ale-dockerd.log"]
 
 PROVIDES = {  # Debian package -> the commands it puts on PATH
     "docker.io": "docker dockerd",
@@ -118,6 +121,7 @@ class Machine:
     """A fresh Debian machine in a temp folder; ``run()`` runs setup.sh on it."""
 
     def __init__(self, root: Path, setup: Path = REPO / "scripts" / "setup.sh") -> None:
+        host_paths_overridable(setup.read_text())
         self.root = root
         self.tree = root / "repo"
         (self.tree / "scripts").mkdir(parents=True)
@@ -171,6 +175,17 @@ class Machine:
     def installed(self) -> list[str]:
         f = self.state / "installed"
         return f.read_text().split() if f.exists() else []
+
+
+def host_paths_overridable(script: str) -> None:
+    """The stubs cannot stop setup.sh writing the host's engine files (id says root):
+    each such path may appear only as the default of its ALE_* override."""
+    for line in script.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        for path in HOST_PATHS:
+            if path in line and not re.search(r"\$\{ALE_[A-Z_]+:-" + re.escape(path) + r"\}", line):
+                pytest.fail(f"setup.sh uses {path} without an ALE_* override, so this test would touch the host: {line.strip()}")
 
 
 def out(r: subprocess.CompletedProcess[str]) -> str:
@@ -250,3 +265,28 @@ def test_a_second_run_installs_nothing(machine: Machine) -> None:
     assert machine.daemon_json.read_text() == conf
     assert "installing" not in out(r) and "starting dockerd" not in out(r)
     assert "ready" in r.stderr.strip().splitlines()[-1]
+
+
+def test_a_running_engine_without_runsc_is_reloaded_not_restarted(machine: Machine) -> None:
+    """An engine already runs (docker.io installed by hand, no runsc): setup installs runsc,
+    registers it in daemon.json and sends the running dockerd SIGHUP, which rereads it."""
+    m = machine
+    for b in ("docker", "dockerd"):
+        shutil.copy(m.lib / b, m.sysbin / b)
+    (m.state / "installed").write_text("docker.io\n")
+    (m.state / "runtimes").write_text("")
+    (m.state / "dockerd-running").touch()
+    reload = f'grep -q \'"runsc"\' "{m.daemon_json}" && echo runsc > "{m.state / "runtimes"}"; echo hup >> "{m.state / "hups"}"'
+    engine = subprocess.Popen(["bash", "-c", f"trap '{reload}' HUP; for _ in $(seq 1 300); do sleep 0.1; done"])
+    try:
+        (m.root / "docker.pid").write_text(f"{engine.pid}\n")
+        r = m.run()
+    finally:
+        engine.kill()
+        engine.wait()
+    assert r.returncode == 0, out(r)
+    assert "registering runsc with the running dockerd (configuration reload)" in out(r)
+    assert (m.state / "hups").read_text().split() == ["hup"]
+    assert not m.calls("dockerd"), "the running engine was restarted"
+    assert "runsc" in m.installed()
+    assert "runsc" in r.stderr.strip().splitlines()[-1]
