@@ -132,6 +132,9 @@ need() { missing+=("$1 -- fix: $2"); }
 has_runtime() { docker info --format '{{json .Runtimes}}' 2>/dev/null | grep "\"$1\"" >/dev/null; }
 docker info >/dev/null 2>&1 || need "a running Docker engine" "start dockerd as root, then: bash scripts/setup.sh"
 command -v bwrap >/dev/null || need "bubblewrap (bwrap)" "apt-get install bubblewrap"
+command -v debootstrap >/dev/null || need "debootstrap (base images without a registry)" "apt-get install debootstrap"
+command -v ip >/dev/null || need "ip (the Ray cluster test's namespaces)" "apt-get install iproute2"
+command -v nsenter >/dev/null || need "nsenter (the Ray cluster test's namespaces)" "apt-get install util-linux"
 if [ "${ALE_SKIP_GVISOR:-0}" = 1 ]; then say "gVisor skipped on purpose (ALE_SKIP_GVISOR=1)"
 else
   command -v runsc >/dev/null || need "gVisor (runsc)" "apt-get install runsc, or ALE_SKIP_GVISOR=1 to go without it"

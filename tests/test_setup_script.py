@@ -222,6 +222,7 @@ def test_fresh_machine_installs_and_registers_everything(machine: Machine) -> No
     ("chromium", "chromium", "apt-get install chromium"),
     ("qemu-system-x86", "qemu-system-x86_64", "apt-get install qemu-system-x86"),
     ("codex", "the codex CLI", "npm install --prefix"),
+    ("debootstrap", "debootstrap", "apt-get install debootstrap"),
 ])
 def test_a_failed_install_fails_setup_naming_it_and_its_fix(machine: Machine, fail: str, named: str, fix: str) -> None:
     r = machine.run(STUB_FAIL=fail)
