@@ -451,6 +451,26 @@ def test_a_windows_task_is_refused_at_preflight(tmp_path: Path) -> None:
     assert not (tmp_path / "runs" / "win").exists()
 
 
+WINDOWS_MAIN = textwrap.dedent("""\
+    import cua_bench as cb
+
+    @cb.tasks_config(split="train")
+    def load():
+        return [cb.Task(description="d", metadata={}, computer={"setup_config": {"os_type": "windows"}})]
+
+    @cb.evaluate_task(split="train")
+    async def evaluate(task_cfg, session):
+        return [0.0]
+    """)
+
+
+def _windows_task(tmp_path: Path) -> Path:
+    """An ALE-style Windows task (vm.snapshot cpu-free, its variant's os_type windows)."""
+    d = write(tmp_path / "tasks" / "win" / "main.py", WINDOWS_MAIN).parent
+    write(d / "task_card.json", '{"vm": {"snapshot": "cpu-free"}}')
+    return d
+
+
 def test_a_windows_task_plans_under_qemu_once_its_snapshot_is_mapped(tmp_path: Path) -> None:
     """Planning names the fix until the operator maps the snapshot; mapped, the plan
     carries the disk for the qemu provider. (Nothing Windows boots here: the run
@@ -458,18 +478,7 @@ def test_a_windows_task_plans_under_qemu_once_its_snapshot_is_mapped(tmp_path: P
     from ale.runs.experiment import load_experiment, plan_experiment
     from ale.tasks.card import load_card
 
-    d = write(tmp_path / "tasks" / "win" / "main.py", textwrap.dedent("""\
-        import cua_bench as cb
-
-        @cb.tasks_config(split="train")
-        def load():
-            return [cb.Task(description="d", metadata={}, computer={"setup_config": {"os_type": "windows"}})]
-
-        @cb.evaluate_task(split="train")
-        async def evaluate(task_cfg, session):
-            return [0.0]
-        """)).parent
-    write(d / "task_card.json", '{"vm": {"snapshot": "cpu-free"}}')
+    d = _windows_task(tmp_path)
     card = load_card(d)
     assert card.unsupported_reason("qemu") == ("needs a Windows VM (vm.snapshot=cpu-free): no disk is mapped to 'cpu-free'; "
                                                "map it to a disk: environment.vm_images: {cpu-free: PATH-or-URL} in the "
@@ -871,18 +880,7 @@ def test_the_jails_tmp_is_a_size_capped_place_shared_with_its_home(tmp_path: Pat
 def test_a_foreign_disk_mapped_to_a_snapshot_is_refused_at_preflight_saying_why(tmp_path: Path) -> None:
     """A disk that is not a guest built by ale (ALE's own images) is checked, then refused
     before anything boots, naming why; nothing is left."""
-    d = write(tmp_path / "tasks" / "win" / "main.py", textwrap.dedent("""\
-        import cua_bench as cb
-
-        @cb.tasks_config(split="train")
-        def load():
-            return [cb.Task(description="d", metadata={}, computer={"setup_config": {"os_type": "windows"}})]
-
-        @cb.evaluate_task(split="train")
-        async def evaluate(task_cfg, session):
-            return [0.0]
-        """)).parent
-    write(d / "task_card.json", '{"vm": {"snapshot": "cpu-free"}}')
+    d = _windows_task(tmp_path)
     disk = tmp_path / "disks" / "win10.qcow2"
     disk.parent.mkdir()
     disk.write_bytes(b"QFI\xfb" + b"\0" * 1000)
