@@ -136,6 +136,25 @@ def runtime_writable_mounts(policy: IsolationPolicy) -> tuple[str, ...]:
     return tuple(getattr(policy, "runtime_writable_mounts", RUNTIME_WRITABLE_MOUNTS))  # /var/tmp is world-writable on Debian: EROFS only
 
 
+def status_fields(lines: list[str]) -> dict[str, str]:
+    """A ``/proc/<pid>/status`` section: field name → value."""
+    out = {}
+    for ln in lines:
+        k, _, v = ln.partition(":")
+        out[k.strip()] = v.strip()
+    return out
+
+
+def write_results(lines: list[str]) -> dict[str, str]:
+    """The ``writes`` section: path → ``ok`` / ``fail`` / ``absent`` (its write test)."""
+    out = {}
+    for ln in lines:
+        word, _, path = ln.partition(" ")
+        if word in ("ok", "fail", "absent"):
+            out[path] = word
+    return out
+
+
 @dataclass(frozen=True)
 class ProbeSubject:
     """One probe output at one moment, with the paths the probes were told."""
@@ -155,11 +174,7 @@ class ProbeSubject:
         return self.sections[name]
 
     def status(self, name: str = "status") -> dict[str, str]:
-        out = {}
-        for ln in self.section(name):
-            k, _, v = ln.partition(":")
-            out[k.strip()] = v.strip()
-        return out
+        return status_fields(self.section(name))
 
     @property
     def gvisor(self) -> bool:
@@ -177,12 +192,7 @@ class ProbeSubject:
         return out
 
     def writes(self) -> dict[str, str]:
-        out = {}
-        for ln in self.section("writes"):
-            word, _, path = ln.partition(" ")
-            if word in ("ok", "fail", "absent"):
-                out[path] = word
-        return out
+        return write_results(self.section("writes"))
 
     def mounted(self) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
         """The mount table by mount point, and which kernel paths exist."""

@@ -30,6 +30,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ale.defaults import PROBE_UID
+from ale.isolation.probe_rules import (
+    MALFORMED,
+    parse_mountinfo,
+    split_sections,
+    status_fields,
+    write_results,
+)
 from ale.isolation.registry import (
     VM_CAPTURE,
     VM_CAPTURES,
@@ -880,19 +888,10 @@ class VmProbeSubject:
         return self.sections[name]
 
     def status(self) -> dict[str, str]:
-        out = {}
-        for ln in self.section("status"):
-            k, _, v = ln.partition(":")
-            out[k.strip()] = v.strip()
-        return out
+        return status_fields(self.section("status"))
 
     def writes(self) -> dict[str, str]:
-        out = {}
-        for ln in self.section("writes"):
-            word, _, path = ln.partition(" ")
-            if word in ("ok", "fail", "absent"):
-                out[path] = word
-        return out
+        return write_results(self.section("writes"))
 
 
 def _probe(check_id: str, *, area: str, expected: Any = None, **kw: Any) -> Callable[..., Any]:
@@ -906,7 +905,6 @@ def vm_probe_complete(s: VmProbeSubject) -> Verdict:
 
     Output cut short or written into by something else proves nothing.
     """
-    from ale.isolation.probe_rules import MALFORMED
 
     if not s.sections:
         raise KeyError("no section")
@@ -930,15 +928,13 @@ def vm_probe_uid(s: VmProbeSubject) -> Verdict:
 
     Root in the guest owns the guest kernel: every other guest-side check would be moot.
     """
-    from ale.defaults import PROBE_USER
-
     line = next((ln for ln in s.section("id") if ln.startswith("numeric uid=")), None)
     if line is None:
         raise KeyError("numeric uid line")
     fields = dict(p.split("=", 1) for p in line.removeprefix("numeric ").split(" ", 2))
     uid, gid, groups = int(fields["uid"]), int(fields["gid"]), fields["groups"].split()
     want = s.expectation.candidate_uid
-    allowed = {want} | ({int(PROBE_USER.split(":")[0])} if s.moment == "after" else set())
+    allowed = {want} | ({PROBE_UID} if s.moment == "after" else set())
     ok = uid != 0 and gid != 0 and "0" not in groups and (want is None or uid in allowed)
     return ok, {"uid": uid, "gid": gid, "groups": groups}, "" if ok else f"the candidate is uid {uid} gid {gid} groups {groups}"
 
@@ -1003,7 +999,6 @@ def vm_probe_input_read_only(s: VmProbeSubject) -> Verdict:
 
     The candidate must not change its own input, which is hashed before and after.
     """
-    from ale.isolation.probe_rules import parse_mountinfo
 
     mounts = {m["mount_point"]: m for m in parse_mountinfo(s.section("mountinfo"))}
     m = mounts.get(s.input_dir)
@@ -1056,7 +1051,6 @@ def judge_vm_probes(raw: str | dict[str, list[str]] | None, expectation: VmExpec
                     moment: Moment | str, *, input_dir: str | None = None) -> list[Check]:
     """The guest's probe output (`probes.vm_probe_argv(expectation)` run as the candidate),
     judged at `moment`; ``input_dir`` defaults to the expectation's."""
-    from ale.isolation.probe_rules import split_sections
 
     expectation = as_expectation(expectation)
     sections = raw if isinstance(raw, dict) else split_sections(raw or "")
