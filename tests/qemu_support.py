@@ -47,3 +47,51 @@ def qemu_processes() -> list[str]:
         if cmd.startswith(b"qemu-system") and root in cmd:
             out.append(cmd.replace(b"\0", b" ").decode(errors="replace"))
     return out
+
+
+def use_built_guest(monkeypatch) -> None:
+    """A test's environment for the built guest under TCG; skipped locally (failed under
+    ALE_CI=1) where it cannot boot."""
+    from tests.conftest import require
+
+    monkeypatch.setenv("ALE_VM_DIR", VM_DIR)
+    monkeypatch.setenv("ALE_QEMU_ACCEL", "tcg")
+    ok, why = vm_ready()
+    require(ok, why)
+
+
+def booted_guest(tmp_path_factory, *, name: str, session: str = "exec", memory_mib: int = 512):
+    """A module's one booted guest (a generator for a module-scoped fixture): yields
+    ``(loop, sandbox, base)`` with ``base/in`` shared read-only at /input and ``base/ws``
+    read-write at /workspace; removed after, and neither its qemu nor its overlay left."""
+    import asyncio
+
+    from ale.sandbox.base import Mount, SandboxSpec
+    from ale.sandbox.policy import MIB, IsolationPolicy
+    from ale.sandbox.qemu.sandbox import QemuProvider
+    from tests.conftest import require
+
+    os.environ["ALE_VM_DIR"] = VM_DIR
+    ok, why = vm_ready()
+    require(ok, why)
+    base = tmp_path_factory.mktemp("vm")
+    (base / "in").mkdir()
+    (base / "in" / "data.txt").write_text("x\n")
+    (base / "ws").mkdir()
+    os.chown(base / "ws", 1000, 1000)
+    loop = asyncio.new_event_loop()
+    provider = QemuProvider(accel="tcg", session=session)
+    spec = SandboxSpec(name=f"ale-{name}-{os.getpid()}", image="ale-vm:latest",
+                       policy=IsolationPolicy(memory_bytes=memory_mib * MIB, cpus=1.0),
+                       mounts=(Mount(str(base / "in"), "/input", True), Mount(str(base / "ws"), "/workspace", False)),
+                       workdir="/workspace", labels={"ale.run_id": f"{name}-{os.getpid()}"}, environment={"HOME": "/tmp"})
+    sb = loop.run_until_complete(provider.create(spec))
+    try:
+        loop.run_until_complete(sb.start())
+        yield loop, sb, base
+    finally:
+        loop.run_until_complete(sb.remove())
+        loop.close()
+        os.environ.pop("ALE_VM_DIR", None)
+    assert not any(sb.state.name in p for p in qemu_processes()), "the shared guest's qemu outlived the module"
+    assert not sb.state.exists(), "the overlay outlived remove()"

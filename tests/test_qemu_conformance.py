@@ -24,11 +24,9 @@ import time
 
 import pytest
 
-from ale.sandbox.base import Mount, SandboxSpec
 from ale.sandbox.policy import MIB, IsolationPolicy
 from ale.sandbox.qemu.sandbox import QemuProvider, kill_state, state_root
-from tests.conftest import require
-from tests.qemu_support import VM_DIR, qemu_processes, vm_ready
+from tests.qemu_support import booted_guest, use_built_guest
 from tests.sandbox_conformance import (
     _STUBBORN,
     INPUT_FILE,
@@ -49,10 +47,7 @@ APPLIES = [
 
 @pytest.fixture(autouse=True)
 def _vm(monkeypatch):
-    monkeypatch.setenv("ALE_VM_DIR", VM_DIR)
-    monkeypatch.setenv("ALE_QEMU_ACCEL", "tcg")
-    ok, why = vm_ready()
-    require(ok, why)
+    use_built_guest(monkeypatch)
 
 
 def _states_with(label: str) -> dict[str, str]:
@@ -147,30 +142,8 @@ async def user_processes(sb) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def guest(tmp_path_factory):
-    os.environ["ALE_VM_DIR"] = VM_DIR
-    ok, why = vm_ready()
-    require(ok, why)
-    base = tmp_path_factory.mktemp("vm")
-    (base / "in").mkdir()
-    (base / "in" / "data.txt").write_text("x\n")
-    (base / "ws").mkdir()
-    os.chown(base / "ws", 1000, 1000)
-    loop = asyncio.new_event_loop()
-    provider = QemuProvider(accel="tcg")
-    spec = SandboxSpec(name=f"ale-test-vm-{os.getpid()}", image="ale-vm:latest",
-                       policy=IsolationPolicy(memory_bytes=512 * MIB, cpus=1.0),
-                       mounts=(Mount(str(base / "in"), "/input", True), Mount(str(base / "ws"), "/workspace", False)),
-                       workdir="/workspace", labels={"ale.run_id": f"test-vm-{os.getpid()}"}, environment={"HOME": "/tmp"})
-    sb = loop.run_until_complete(provider.create(spec))
-    try:
-        loop.run_until_complete(sb.start())
+    for loop, sb, _base in booted_guest(tmp_path_factory, name="test-vm"):
         yield loop, sb
-    finally:
-        loop.run_until_complete(sb.remove())
-        loop.close()
-        os.environ.pop("ALE_VM_DIR", None)
-    assert not any(sb.state.name in p for p in qemu_processes()), "the shared guest's qemu outlived the module"
-    assert not sb.state.exists(), "the overlay outlived remove()"
 
 
 def test_vm_timeout_kills_escaped_descendants(guest):

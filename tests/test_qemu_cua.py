@@ -5,43 +5,16 @@ routed through it (``ALE_QEMU_SESSION=cua``)."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-
 import pytest
 
-from ale.sandbox.base import Mount, SandboxSpec
-from ale.sandbox.policy import MIB, IsolationPolicy
-from ale.sandbox.qemu.sandbox import QemuCuaSandbox, QemuProvider
+from ale.sandbox.qemu.sandbox import QemuCuaSandbox
 from ale.sandbox.tools import ToolBox
-from tests.conftest import require
-from tests.qemu_support import VM_DIR, vm_ready
+from tests.qemu_support import booted_guest
 
 
 @pytest.fixture(scope="module")
 def guest(tmp_path_factory):
-    os.environ["ALE_VM_DIR"] = VM_DIR
-    ok, why = vm_ready()
-    require(ok, why)
-    base = tmp_path_factory.mktemp("vm")
-    (base / "in").mkdir()
-    (base / "in" / "data.txt").write_text("x\n")
-    (base / "ws").mkdir()
-    os.chown(base / "ws", 1000, 1000)
-    loop = asyncio.new_event_loop()
-    provider = QemuProvider(accel="tcg", session="cua")
-    spec = SandboxSpec(name=f"ale-test-cua-{os.getpid()}", image="ale-vm:latest",
-                       policy=IsolationPolicy(memory_bytes=768 * MIB, cpus=1.0),
-                       mounts=(Mount(str(base / "in"), "/input", True), Mount(str(base / "ws"), "/workspace", False)),
-                       workdir="/workspace", labels={"ale.run_id": f"test-cua-{os.getpid()}"}, environment={"HOME": "/tmp"})
-    sb = loop.run_until_complete(provider.create(spec))
-    try:
-        loop.run_until_complete(sb.start())
-        yield loop, sb, base
-    finally:
-        loop.run_until_complete(sb.remove())
-        loop.close()
-        os.environ.pop("ALE_VM_DIR", None)
+    yield from booted_guest(tmp_path_factory, name="test-cua", session="cua", memory_mib=768)
 
 
 def test_protocol_runs_as_the_candidate_with_real_exit_codes(guest):

@@ -18,18 +18,15 @@ from ale.runs.lifecycle import execute_run
 from ale.sandbox.policy import MIB, IsolationPolicy
 from ale.sandbox.qemu.sandbox import QemuProvider, state_root
 from ale.status import RunStatus
-from tests.conftest import EXAMPLES, require
-from tests.qemu_support import VM_DIR, qemu_processes, vm_ready
+from tests.conftest import EXAMPLES
+from tests.qemu_support import qemu_processes, use_built_guest
 
 POLICY = IsolationPolicy(memory_bytes=768 * MIB, cpus=1.0)
 
 
 @pytest.fixture(autouse=True)
 def _vm(monkeypatch):
-    monkeypatch.setenv("ALE_VM_DIR", VM_DIR)
-    monkeypatch.setenv("ALE_QEMU_ACCEL", "tcg")
-    ok, why = vm_ready()
-    require(ok, why)
+    use_built_guest(monkeypatch)
 
 
 def plan_for(task: str, runs_dir: Path, agent: str) -> RunPlan:
