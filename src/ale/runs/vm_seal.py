@@ -98,10 +98,12 @@ def probe_argv(state: RunState) -> list[str]:
 async def _capture(state: RunState, exp: VmExpectation) -> dict[str, Any]:
     sb: Any = state.sandbox
     meta = dict(getattr(sb, "meta", None) or {})
-    pid = ((await asyncio.to_thread(sb.inspect)).get("State") or {}).get("Pid")
+    # The pid ale started (its pid file), which the capture compares with the process
+    # answering QMP; not the whole inspect, whose QMP capture this one would repeat.
+    pid = sb.pid()
     digest = await asyncio.to_thread(base_digest, exp.base_path)
     return await asyncio.to_thread(capture_vm_at, str(meta.get("qmp_socket")), base_sha256=digest,
-                                   pid=int(pid) if pid else None)
+                                   pid=pid or None)
 
 
 async def judge_running(state: RunState, moment: Literal["before", "after"], probes_raw: str) -> None:
