@@ -8,7 +8,6 @@ an example task: each ends graded (never a grading failure no grader judged), sc
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
@@ -21,12 +20,10 @@ from ale.grading import deliverables as deliverables_mod
 from ale.grading import grader as grader_mod
 from ale.grading.deliverables import DeliverablesManifest, Folding, path_budget
 from ale.plan import AgentSpec, Limits, RunPlan
-from ale.record.verify import verify_run_dir
-from ale.runs.lifecycle import execute_run
 from ale.runs.state import RunFolder
-from ale.sandbox.docker import DockerProvider
 from ale.sandbox.policy import IsolationPolicy
-from tests.conftest import EXAMPLES, TOOLS_IMAGE, our_containers
+from tests.conftest import EXAMPLES, TOOLS_IMAGE
+from tests.test_hostile_stop import graded_zero
 
 pytestmark = pytest.mark.docker
 
@@ -49,13 +46,7 @@ def _plan(tmp_path: Path, steps: list[dict]) -> RunPlan:
 
 
 def _run(docker_client, plan: RunPlan):
-    result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
-    assert our_containers(docker_client, **{"ale.run_id": plan.run_id}) == [], "a container outlived its run"
-    assert not (Path(plan.runs_dir) / ".scratch" / plan.run_id).exists(), "scratch folder left behind"
-    assert result.status.value in {"scored", "agent_failed", "timeout"}, (result.status, result.error, result.violations)
-    assert result.scores and all(x == 0 for x in result.scores), (result.status, result.error, result.violations)
-    report = verify_run_dir(plan.run_dir)
-    assert report.valid, report.reasons
+    result = graded_zero(docker_client, plan)
     manifest = DeliverablesManifest.model_validate_json((plan.run_dir / "deliverables.json").read_bytes())
     return result, manifest
 

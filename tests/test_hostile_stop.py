@@ -34,6 +34,12 @@ def _run(docker_client, tmp_path: Path, steps: list[dict], *, wall: float = 120,
         limits=Limits(wall_time_s=wall),
         runs_dir=str(tmp_path / "runs"),
     )
+    return graded_zero(docker_client, plan, provider), plan.run_dir
+
+
+def graded_zero(docker_client, plan: RunPlan, provider=None):
+    """Run ``plan``: it ends graded (scored, agent_failed or timeout) with 0, verifies, and
+    leaves no container and no scratch folder."""
     result = asyncio.run(execute_run(plan, provider=provider or DockerProvider(docker_client)))
     assert our_containers(docker_client, **{"ale.run_id": plan.run_id}) == [], "a container outlived its run"
     assert not (Path(plan.runs_dir) / ".scratch" / plan.run_id).exists(), "scratch folder left behind"
@@ -41,7 +47,7 @@ def _run(docker_client, tmp_path: Path, steps: list[dict], *, wall: float = 120,
     assert result.scores and all(x == 0 for x in result.scores), (result.status, result.error, result.violations)
     report = verify_run_dir(plan.run_dir)
     assert report.valid, report.reasons
-    return result, plan.run_dir
+    return result
 
 
 def _shell(cmd: str) -> dict:
