@@ -817,6 +817,9 @@ class _Verifier:
             return
         before = _as_dict(self.load(layout.evidence_path(Evidence.INSPECT_BEFORE)))
         ran = before.get("Image")
+        if ran is None:  # a VM: the base disk QEMU's block graph read, hashed (judged by the VM rules)
+            base = _as_dict(self.load(layout.evidence_path(Evidence.VM_BEFORE))).get("base_sha256")
+            ran = f"sha256:{base}" if base else None
         ok = ran == env.get("image_id")
         self.check("environment.image", ok, env.get("image_id"), ran,
                    "" if ok else "evidence/environment.json names another image than the sandbox ran", area="environment")

@@ -278,7 +278,11 @@ async def _verify_created(state: RunState) -> None:
     inspect = await asyncio.to_thread(state.sandbox.inspect)
     state.record.inspect_before = inspect
     if vm_seal.is_vm(state):  # a VM: nothing runs yet to ask; QEMU's own description is judged once it booted
-        state.record.store.write_json(Evidence.IMAGE, state.prep.image_record or {})
+        booted = state.prep.image_record or {}
+        if state.live.image and booted.get("Id") != inspect.get("Image"):  # a guest made for the task's software
+            booted = await asyncio.to_thread(state.prep.provider.image_inspect, state.live.image)
+            state.live.image_record = booted
+        state.record.store.write_json(Evidence.IMAGE, booted)
         return
     state.record.store.write_json(Evidence.INSPECT_BEFORE, inspect)
     image = state.prep.image_record
@@ -750,25 +754,31 @@ async def provide_software(state: RunState) -> None:
     """The task's software before the seal: its environment image, found or built
     on the trusted side from its needs (the staged input's runtime_env included)."""
     base = state.prep.image or state.plan.image
-    if vm_seal.is_vm(state):  # a VM guest runs as built (ale image build --vm): no environment image for it yet
+    if vm_seal.is_vm(state) and not (state.plan.provision_software and vm_seal.default_guest(base)):
+        # An operator's own guest or disk runs as given: its software is what it holds.
         state.live.image = base
         raw = state.prep.task.card.raw.get("software")
         declared = [str(x) for x in ([raw] if isinstance(raw, str) else raw if isinstance(raw, list) else [])]
         state.record.store.write_json(Evidence.ENVIRONMENT, {
             "image": base, "kind": "as given", "base": base, "declared": declared,
-            "note": "the qemu provider runs its guest as built; a task's declared software is not provided in it yet"})
+            "note": "an operator's own VM guest or disk runs as given" if state.plan.provision_software
+            else "provision_software is off"})
         if declared:
-            state.record.warnings.append(f"software: the qemu provider does not provide declared software yet "
-                                         f"({', '.join(declared[:8])}); the guest has what ale image build --vm put in it")
+            state.record.warnings.append(f"software: the VM guest {base} runs as given; its declared software "
+                                         f"({', '.join(declared[:8])}) is whatever that guest holds")
         return
     if not state.plan.provision_software:
         state.live.image = base
         state.record.store.write_json(Evidence.ENVIRONMENT, {"image": base, "kind": "as given", "base": base,
                                                               "note": "provision_software is off"})
         return
-    image, doc = await software.provide(state.plan.task_dir, input_dir=state.folder.input_host,
-                                        overlay_path=state.plan.software_overlay, base_image=base,
-                                        image_id=lambda ref: _image_id(state, ref))
+    if vm_seal.is_vm(state):  # the environment image, made a VM guest of its own
+        image, doc = await software.provide_for_vm(state.plan.task_dir, input_dir=state.folder.input_host,
+                                                   overlay_path=state.plan.software_overlay, guest=base)
+    else:
+        image, doc = await software.provide(state.plan.task_dir, input_dir=state.folder.input_host,
+                                            overlay_path=state.plan.software_overlay, base_image=base,
+                                            image_id=lambda ref: _image_id(state, ref))
     state.live.image = None if doc.get("kind") == "base" else image  # nothing to add: the images as planned
     state.record.store.write_json(Evidence.ENVIRONMENT, doc)
     state.record.environment = {"image": image, "kind": doc.get("kind"), "missing": len(doc.get("missing", []))}

@@ -130,3 +130,41 @@ async def provide(task_dir: str | Path, *, input_dir: Path | None, overlay_path:
     image, doc = await asyncio.to_thread(build_for, prov, base_image, speak)
     _FOUND[memo] = (image, doc)
     return image, doc
+
+
+async def provide_for_vm(task_dir: str | Path, *, input_dir: Path | None, overlay_path: str | None, guest: str,
+                         say: Say | None = None) -> tuple[str, dict[str, Any]]:
+    """A VM run's software: the environment image built as for a container run (on
+    the tools image, on the trusted side), then made a VM guest of its own (its root
+    that image, the same kernel and guest agent: ``build_vm_image(root_image=...)``,
+    cached by content). Nothing needed: the run's guest as it is. Returns the guest's
+    ref and the environment record, whose ``image_id`` is the guest's base disk (what
+    the VM's inspect names) and ``root_image_id`` the environment image it was made of."""
+    from ale.defaults import DEFAULT_TOOLS_IMAGE
+    from ale.runs.images import ensure_images
+    from ale.sandbox.docker import DockerProvider
+    from ale.sandbox.qemu.image import build_vm_image
+
+    speak = say or log.info
+    docker = DockerProvider()
+    await asyncio.to_thread(ensure_images, [DEFAULT_TOOLS_IMAGE], speak, provider=docker)
+
+    def image_id(ref: str) -> str | None:
+        try:
+            return str(docker.image_inspect(ref).get("Id"))
+        except SandboxError:
+            return None
+
+    image, doc = await provide(task_dir, input_dir=input_dir, overlay_path=overlay_path, base_image=DEFAULT_TOOLS_IMAGE,
+                               say=speak, image_id=image_id)
+    if doc.get("kind") == "base":  # nothing to add: the guest as planned
+        return guest, {**doc, "image": guest, "base": guest, "note": "nothing declared needs more than the guest has"}
+    try:
+        built = await asyncio.to_thread(build_vm_image, say=speak, root_image=image)
+    except SandboxError as e:
+        raise SoftwareError(f"making a VM guest of {image} failed: {e}", retryable=True) from e
+    manifest = built.manifest
+    return str(manifest["ref"]), {**doc, "image": manifest["ref"], "image_id": f"sha256:{built.sha256}",
+                                  "root_image": image, "root_image_id": manifest.get("root_image_id"),
+                                  "vm_guest": {k: manifest.get(k) for k in ("ref", "key", "base_sha256", "disk_bytes",
+                                                                             "kernel_package", "built_s")}}

@@ -205,6 +205,7 @@ class LiveHandles:
     package: SharedPackage | None = None  # the shared public package this run's overlay sits on
     trajectory: TrajectoryWriter | None = None
     image: str | None = None  # the image the sandboxes start from, once the task's software is provided
+    image_record: dict | None = None  # its description, when it is not the one read at preflight
     task_process: TaskProcess | None = None  # a grading retry's fresh task process (the first is Prepared's)
     agent_outcome: AgentOutcome | None = None
     gateway: dict[str, Any] | None = None  # the gateway record's summary (record.derive), once the turn ended

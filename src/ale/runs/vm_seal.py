@@ -39,6 +39,15 @@ def is_vm(state: RunState) -> bool:
     return state.plan.provider == "qemu"
 
 
+def default_guest(ref: str) -> bool:
+    """``ref`` names ale's own default guest (``ale image build --vm``), the one a task's
+    software is added to; an operator's guest folder or disk runs as given."""
+    from ale.defaults import DEFAULT_TOOLS_IMAGE
+    from ale.sandbox.qemu.image import DEFAULT_VM_IMAGE, VM_REPO
+
+    return ref in (DEFAULT_VM_IMAGE, DEFAULT_TOOLS_IMAGE, VM_REPO)
+
+
 def base_digest(path: str) -> str:
     """The base disk's sha256 as it is now: hashed once per (device, inode, size,
     mtime, ctime), which any write or chmod changes, and cached under ale's cache."""
@@ -69,7 +78,7 @@ def expectation(state: RunState) -> VmExpectation:
     memory it gave QEMU) from the VM's record of its creation."""
     sb: Any = state.sandbox
     meta: dict[str, Any] = dict(getattr(sb, "meta", None) or {})
-    img = state.prep.image_record or {}
+    img = state.live.image_record or state.prep.image_record or {}  # the guest the VM booted
     mounts = state.folder.mounts()
     shares = {f"ale{i}": (m.source, m.read_only) for i, m in enumerate(mounts)}
     state_dir = Path(str(getattr(sb, "state", "")))

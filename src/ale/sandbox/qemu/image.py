@@ -32,6 +32,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -249,7 +250,11 @@ def _export_root(image: str, root: Path, say: Say) -> None:
             c.remove(force=True)
 
 
-def _prepare_root(root: Path) -> None:
+def _prepare_root(root: Path, image: str) -> None:
+    for need in ("usr/bin/python3",):
+        if not (root / need).exists() and not (root / need).is_symlink():
+            raise SandboxError(f"{image} has no /{need}: the guest agent (ale's init in the VM) is a Python program; "
+                               "build the guest's root from an image that has python3 (the tools image does)")
     agent = (Path(__file__).parent / "guest_agent.py").read_text()
     init = root / GUEST_INIT.lstrip("/")
     init.write_text("#!/usr/bin/python3 -I\n" + agent)
@@ -272,7 +277,8 @@ def _prepare_root(root: Path) -> None:
         if (root / tool).exists():
             break
     else:
-        raise SandboxError("the guest's root has no mount(8)")
+        raise SandboxError(f"{image} has no mount(8) (/usr/bin/mount or /bin/mount): the guest agent mounts the "
+                           "run's shares with it; install util-linux in that image")
 
 
 def _du(root: Path) -> int:
@@ -284,10 +290,15 @@ def _du(root: Path) -> int:
     return total
 
 
-def build_vm_image(cua_image: str | None = None, say: Say = print) -> VmImage:
-    """Build (or find cached) the VM guest; returns it."""
-    import docker.errors
+def build_vm_image(cua_image: str | None = None, say: Say = print, *, root_image: str | None = None) -> VmImage:
+    """Build (or find cached) the VM guest; returns it.
 
+    ``root_image``: the guest's root is that Docker image instead of the cua image (a
+    task's environment image, built on the tools image by ``ale.runs.software``): the
+    same kernel, initrd and guest agent, the image's software. It needs ``python3`` and
+    ``mount`` in the image (the guest agent is a Python program); it has no
+    computer-server unless the image has cua's in ``/opt/cua``. Such a build does not
+    become ``latest`` (the default guest stays the default)."""
     from ale.sandbox.cua.image import build_cua_image
     from ale.sandbox.docker import connect
     from ale.sandbox.image import _has_image, _sha
@@ -298,19 +309,46 @@ def build_vm_image(cua_image: str | None = None, say: Say = print) -> VmImage:
         if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}") and not os.path.exists(f"/sbin/{tool}"):
             raise SandboxError(f"{tool} is missing: bash scripts/setup.sh installs it")
     client = connect()
-    cua_ref = cua_image or build_cua_image(client, say=say)
+    cua_ref = root_image or cua_image or build_cua_image(client, say=say)
     cua_id = _has_image(client, cua_ref)
+    config = (client.api.inspect_image(cua_ref).get("Config") or {}) if cua_id else {}
+    labels, env = config.get("Labels") or {}, [str(e) for e in config.get("Env") or []]
     if cua_id is None:
-        raise ImageMissing(f"no image {cua_ref}")
+        raise ImageMissing(f"no image {cua_ref}" + (": it is the guest's root (root_image)" if root_image else ""))
     kernel = _kernel(say)
     agent_src = (Path(__file__).parent / "guest_agent.py").read_bytes()
     bb = _busybox()
-    key = _sha(cua_id, (kernel / "done").read_text(), sha256_file(bb), agent_src, INIT_SCRIPT, "\n".join(MODULES), "v2")[:12]
+    key = _sha(cua_id, (kernel / "done").read_text(), sha256_file(bb), agent_src, INIT_SCRIPT, "\n".join(MODULES), "v3")[:12]
     img = VmImage(vm_root() / key)
-    if img.complete():
-        say(f"VM guest {VM_REPO}:{key} is cached ({img.folder})")
+    with _key_lock(key):  # two runs wanting the same guest: one builds, the other finds it
+        if img.complete():
+            say(f"VM guest {VM_REPO}:{key} is cached ({img.folder})")
+            if root_image is None:
+                (vm_root() / "latest").write_text(key + "\n")
+            return img
+        _build(img, key, cua_ref, cua_id, {"root_labels": dict(labels), "root_env": env}, kernel, bb, say, t0)
+    if root_image is None:
         (vm_root() / "latest").write_text(key + "\n")
-        return img
+    say(f"VM guest {VM_REPO}:{key} built in {time.monotonic() - t0:.0f}s: {img.base} (sha256 {img.sha256[:12]}...)")
+    return img
+
+
+@contextlib.contextmanager
+def _key_lock(key: str) -> Iterator[None]:
+    import fcntl
+
+    with open(vm_root() / f".{key}.lock", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build(img: VmImage, key: str, cua_ref: str, cua_id: str, of_root: dict[str, Any], kernel: Path, bb: Path,
+           say: Say, t0: float) -> None:
+    import docker.errors
+
     mkfs = shutil.which("mkfs.ext4") or "/usr/sbin/mkfs.ext4"
     with tempfile.TemporaryDirectory(dir=vm_root()) as tmp:
         work = Path(tmp)
@@ -324,7 +362,8 @@ def build_vm_image(cua_image: str | None = None, say: Say = print) -> VmImage:
             _export_root(cua_ref, root, say)
         except docker.errors.DockerException as e:
             raise SandboxError(f"cannot export {cua_ref}: {e}") from e
-        _prepare_root(root)
+        _prepare_root(root, cua_ref)
+        server = SERVER_ARGV if (root / SERVER_ARGV[0].lstrip("/")).exists() else None
         size = _du(root)
         disk = max(2 << 30, int(size * 1.4) + (768 << 20))
         say(f"writing the root ({size >> 20} MiB) to an ext4 disk of {disk >> 20} MiB (mkfs.ext4 -d)...")
@@ -339,9 +378,9 @@ def build_vm_image(cua_image: str | None = None, say: Say = print) -> VmImage:
         digest = sha256_file(work / "base.qcow2")
         (work / "base.qcow2.sha256").write_text(f"{digest}  base.qcow2\n")
         (work / GUEST_MANIFEST).write_text(json.dumps({
-            "key": key, "ref": f"{VM_REPO}:{key}", "root_from": cua_ref, "root_image_id": cua_id,
+            "key": key, "ref": f"{VM_REPO}:{key}", "root_from": cua_ref, "root_image_id": cua_id, **of_root,
             "kernel_package": (kernel / "done").read_text().strip(), "kernel_version": (kernel / "version").read_text().strip(),
-            "base_sha256": digest, "disk_bytes": disk, "init": GUEST_INIT, "server_argv": SERVER_ARGV,
+            "base_sha256": digest, "disk_bytes": disk, "init": GUEST_INIT, "server_argv": server,
             "candidate_uid": 1000, "built_s": round(time.monotonic() - t0, 1),
         }, indent=2) + "\n")
         for p in ("base.qcow2", "vmlinuz", "initrd.img", "base.qcow2.sha256", GUEST_MANIFEST):
@@ -351,9 +390,6 @@ def build_vm_image(cua_image: str | None = None, say: Say = print) -> VmImage:
             shutil.rmtree(dest, ignore_errors=True)
         work.rename(dest)
         work.mkdir()  # TemporaryDirectory cleans up the name it made
-    (vm_root() / "latest").write_text(key + "\n")
-    say(f"VM guest {VM_REPO}:{key} built in {time.monotonic() - t0:.0f}s: {img.base} (sha256 {img.sha256[:12]}...)")
-    return img
 
 
 def ensure_vm_images(refs: list[str], say: Say = print) -> None:

@@ -85,6 +85,24 @@ def _pid_alive(pid: int, state: Path) -> bool:
     return str(state).encode() in cmd
 
 
+def cpu_model(accel: str) -> str:
+    """The guest's CPU: the host's under KVM; under TCG ``max``, every feature QEMU
+    emulates (SSE4.2, POPCNT, AVX2...). QEMU's default ``qemu64`` lacks what today's
+    wheels assume (numpy 2 needs x86-64-v2: an import dies with SIGILL)."""
+    return "host" if accel == "kvm" else "max"
+
+
+def _image_env(image: VmImage) -> dict[str, str]:
+    """The guest root's own environment (its image's ``Env``, as a container of it would
+    start with), under what the run's spec sets."""
+    out: dict[str, str] = {}
+    for item in image.manifest.get("root_env") or []:
+        k, sep, v = str(item).partition("=")
+        if sep and k:
+            out[k] = v
+    return out
+
+
 def _parse_user(user: str) -> tuple[int, int, list[int]]:
     """``uid[:gid]`` or a name (the host's passwd, which the guest's matches for root)."""
     name, _, group = user.partition(":")
@@ -183,7 +201,7 @@ class QemuSandbox:
             append = ("console=ttyS0 root=/dev/vda rw panic=-1 quiet loglevel=3 no_timer_check "
                       f"ale.cfg={base64.b64encode(json.dumps(cfg, separators=(',', ':')).encode()).decode()}")
             argv = [QEMU, "-name", f"ale-{vid}", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
-                    "-accel", accel["accel"], "-m", str(mem_mb), "-smp", str(vcpus),
+                    "-accel", accel["accel"], "-cpu", cpu_model(accel["accel"]), "-m", str(mem_mb), "-smp", str(vcpus),
                     "-kernel", str(image.kernel), "-initrd", str(image.initrd), "-append", append,
                     "-drive", f"file={state / 'overlay.qcow2'},if=virtio,format=qcow2,id=root0",
                     "-nic", "none",
@@ -204,7 +222,7 @@ class QemuSandbox:
                 "image_id": f"sha256:{image.sha256}", "base": str(image.base), "base_sha256": image.sha256,
                 "kernel": str(image.kernel), "initrd": str(image.initrd), "overlay": str(state / "overlay.qcow2"),
                 "shares": shares, "guest_cfg": cfg, "argv": argv, "accel": accel, "memory_mb": mem_mb, "vcpus": vcpus,
-                "workdir": spec.workdir, "environment": dict(spec.environment), "created": _now(), "session": session,
+                "workdir": spec.workdir, "environment": {**_image_env(image), **spec.environment}, "created": _now(), "session": session,
                 "control_socket": str(state / "ctl.sock"), "qmp_socket": str(state / "qmp.sock"),
                 "policy": policy.model_dump(mode="json"),
             }
@@ -587,9 +605,12 @@ class QemuProvider:
 
     def image_inspect(self, image: str) -> dict[str, Any]:
         img = resolve_vm_image(image)
-        return {"Id": f"sha256:{img.sha256}", "RepoTags": [image, img.manifest.get("ref", DEFAULT_VM_IMAGE)],
+        manifest = img.manifest
+        return {"Id": f"sha256:{img.sha256}", "RepoTags": [image, manifest.get("ref", DEFAULT_VM_IMAGE)],
+                # the root's own labels (an environment image's record digest), as an engine would give them
+                "Config": {"Labels": dict(manifest.get("root_labels") or {})},
                 "base": str(img.base), "sha256": img.sha256, "size": img.base.stat().st_size,
-                "kernel": str(img.kernel), "initrd": str(img.initrd), "manifest": img.manifest}
+                "kernel": str(img.kernel), "initrd": str(img.initrd), "manifest": manifest}
 
     async def create(self, spec: SandboxSpec) -> QemuSandbox:
         self.ping()
