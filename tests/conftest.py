@@ -15,6 +15,9 @@ TOOLS_IMAGE = os.environ.get("ALE_IMAGE", "ale-tools:latest")
 # lacks: answers would vary with the machine. tests/test_provision_indexes.py asks them
 # on purpose.
 os.environ.setdefault("ALE_PACKAGE_INDEXES", "off")
+# This session's VMs in a state folder of their own (short: unix socket paths are capped),
+# so a test that asserts "no qemu left" sees its own, not another process's running beside it.
+os.environ.setdefault("ALE_QEMU_STATE_DIR", f"/var/tmp/ale-qt-{os.getpid()}")
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "tasks"
 
@@ -188,3 +191,11 @@ def conformance_env(docker_client, tmp_path, label):
     for name in left:
         vanish(name)
     assert left == set(), f"the test left sandboxes behind: {sorted(left)}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The session's VM state folder, once empty (every test removes its VMs)."""
+    import contextlib
+
+    with contextlib.suppress(OSError):
+        os.rmdir(os.environ["ALE_QEMU_STATE_DIR"])

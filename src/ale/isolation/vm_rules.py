@@ -116,6 +116,10 @@ class VmExpectation:
     candidate_uid: int | None = None  # the candidate's uid in the guest (None: any non-root)
     guest_input_dir: str | None = None  # where the guest mounts the input share (probes)
     guest_workspace_dir: str | None = None  # ... and the workspace share
+    # Read-only disks between the overlay and the base, top first, with their sha256: a
+    # VM restored from a saved booted state has that state's disk there (ale.sandbox.qemu.warm).
+    layers: tuple[tuple[str, str], ...] = ()
+    restored_from: dict[str, Any] | None = None  # that saved state (its key, digests, when it was saved): recorded
 
     def __post_init__(self) -> None:
         if self.network not in NETWORKS:
@@ -132,6 +136,8 @@ class VmExpectation:
             "control_sockets": list(self.control_sockets), "console_logs": list(self.console_logs),
             "accel": self.accel, "candidate_uid": self.candidate_uid,
             "guest_input_dir": self.guest_input_dir, "guest_workspace_dir": self.guest_workspace_dir,
+            "layers": [{"path": p, "sha256": h} for p, h in self.layers],
+            **({"restored_from": self.restored_from} if self.restored_from else {}),
         }
 
     @classmethod
@@ -154,6 +160,8 @@ class VmExpectation:
                 accel=d.get("accel"),
                 candidate_uid=None if d.get("candidate_uid") is None else int(d["candidate_uid"]),
                 guest_input_dir=d.get("guest_input_dir"), guest_workspace_dir=d.get("guest_workspace_dir"),
+                layers=tuple((str(x["path"]), str(x["sha256"])) for x in d.get("layers") or ()),
+                restored_from=d.get("restored_from"),
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"malformed VM expectation: {type(e).__name__}: {e}") from e
@@ -598,7 +606,8 @@ def net_no_guestfwd(s: VmSubject) -> Verdict:
 
 
 # -- disks ----------------------------------------------------------------------------------
-@_vm_rule("vm.disk.overlay_top", area="disk", expected=lambda s: [s.expectation.overlay_path, s.expectation.base_path],
+@_vm_rule("vm.disk.overlay_top", area="disk",
+          expected=lambda s: [s.expectation.overlay_path, *(p for p, _ in s.expectation.layers), s.expectation.base_path],
           when=_is_document)
 def disk_overlay_top(s: VmSubject) -> Verdict:
     """Exactly one disk is attached, its top node reads the run's overlay, and its backing
@@ -611,7 +620,7 @@ def disk_overlay_top(s: VmSubject) -> Verdict:
     b = _block(s)
     disks = b.disks()
     chains = [[b.host_file(n) for n in b.chain(d["node"])] for d in disks]
-    want = [_norm(s.expectation.overlay_path), _norm(s.expectation.base_path)]
+    want = [_norm(s.expectation.overlay_path), *(_norm(p) for p, _ in s.expectation.layers), _norm(s.expectation.base_path)]
     ok = len(chains) == 1 and chains[0] == want
     return ok, chains, "" if ok else f"disks and their chains {chains}, planned one: {want}"
 
@@ -626,8 +635,9 @@ def disk_base_read_only(s: VmSubject) -> Verdict:
     """
     b = _block(s)
     base = _norm(s.expectation.base_path)
-    nodes = {name: bool(n.get("ro")) for name, n in b.nodes.items() if b.host_file(name) == base}
-    fds = {str(f["fd"]): f.get("flags") for f in s.get("fds") if _norm(str(f.get("path"))) == base}
+    below = {base, *(_norm(p) for p, _ in s.expectation.layers)}  # a saved state's disk is shared as the base is
+    nodes = {name: bool(n.get("ro")) for name, n in b.nodes.items() if b.host_file(name) in below}
+    fds = {str(f["fd"]): f.get("flags") for f in s.get("fds") if _norm(str(f.get("path"))) in below}
     writable_fds = [fd for fd, flags in fds.items() if flags is None or int(str(flags), 8) & 0o3 != os.O_RDONLY]
     problems = []
     if not nodes:
@@ -656,7 +666,8 @@ def disk_only_overlay_writable(s: VmSubject) -> Verdict:
 
 @_vm_rule("vm.disk.base_digest", area="disk", expected=lambda s: s.expectation.base_sha256, when=_is_document)
 def disk_base_digest(s: VmSubject) -> Verdict:
-    """The base disk's sha256, computed when the capture was taken, is the planned one.
+    """The base disk's sha256, computed when the capture was taken, is the planned one
+    (and so is each read-only layer's, for a VM restored from a saved booted state).
 
     The base is the VM's image: its digest pins it as an image id pins a container's. A
     swapped or modified base (same path, other bytes) shows here.
@@ -664,7 +675,17 @@ def disk_base_digest(s: VmSubject) -> Verdict:
     got = s.get("base_sha256")
     if got is None:
         raise Missing("base_sha256")
-    return got == s.expectation.base_sha256, got, "" if got == s.expectation.base_sha256 else "the base disk differs"
+    if not s.expectation.layers:
+        return got == s.expectation.base_sha256, got, "" if got == s.expectation.base_sha256 else "the base disk differs"
+    layers = s.get("layer_sha256")
+    if not isinstance(layers, dict):
+        raise Missing("layer_sha256")
+    want = {p: h for p, h in s.expectation.layers}
+    bad = [p for p, h in want.items() if layers.get(p) != h]
+    ok = got == s.expectation.base_sha256 and not bad
+    why = "" if ok else "; ".join((["the base disk differs"] if got != s.expectation.base_sha256 else []) +
+                                  [f"the layer {p} differs" for p in bad])
+    return ok, {"base": got, "layers": layers}, why
 
 
 # -- shares -----------------------------------------------------------------------------------

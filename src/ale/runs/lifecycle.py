@@ -805,7 +805,8 @@ async def _provision_step(state: RunState) -> None:
     await provision(state)
     await verify_created(state)
     await state.sandbox.start()
-    state.record.events.append("sandbox.started")
+    boot = getattr(state.sandbox, "boot", None)  # a VM: booted or restored, and how long it took
+    state.record.events.append("sandbox.started", **({"boot": boot} if boot else {}))
     await state.extension.sandbox_started(state)
     if state.extension.computer is None and hasattr(state.sandbox, "protocol"):
         await _cua_computer(state)

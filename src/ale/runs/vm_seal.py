@@ -97,6 +97,9 @@ def expectation(state: RunState) -> VmExpectation:
         candidate_uid=int(uid) if uid.isdigit() else None,
         guest_input_dir=state.variant.public_root,
         guest_workspace_dir=state.variant.output_dir,
+        # restored from a saved booted state: its disk sits between the overlay and the base
+        layers=((str(meta["warm"]["disk"]), str(meta["warm"]["disk_sha256"])),) if meta.get("warm") else (),
+        restored_from=dict(meta["warm"]) if meta.get("warm") else None,
     )
 
 
@@ -111,8 +114,9 @@ async def _capture(state: RunState, exp: VmExpectation) -> dict[str, Any]:
     # answering QMP; not the whole inspect, whose QMP capture this one would repeat.
     pid = sb.pid()
     digest = await asyncio.to_thread(base_digest, exp.base_path)
+    layers = {p: await asyncio.to_thread(base_digest, p) for p, _ in exp.layers} if exp.layers else None
     return await asyncio.to_thread(capture_vm_at, str(meta.get("qmp_socket")), base_sha256=digest,
-                                   pid=pid or None)
+                                   pid=pid or None, layer_sha256=layers)
 
 
 async def judge_running(state: RunState, moment: Literal["before", "after"], probes_raw: str) -> None:

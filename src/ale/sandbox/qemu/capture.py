@@ -165,11 +165,15 @@ def _peer(qmp: QmpLike) -> dict[str, int]:
 
 
 def capture_vm_at(qmp_path: str, *, base_sha256: str | None, pid: int | None = None,
-                  timeout: float = 10.0) -> dict[str, Any]:
+                  timeout: float = 10.0, layer_sha256: dict[str, str] | None = None) -> dict[str, Any]:
     """`capture_vm` over a fresh connection to the QMP socket at ``qmp_path``; ``pid``
-    defaults to the process answering it (the socket's peer)."""
+    defaults to the process answering it (the socket's peer). ``layer_sha256``: the
+    read-only layers' digests (path: sha256) as the caller computed them, recorded."""
     with QmpClient(qmp_path, timeout=timeout).connect() as qmp:
-        return capture_vm(qmp, qmp.peer()["pid"] if pid is None else pid, base_sha256=base_sha256)
+        doc = capture_vm(qmp, qmp.peer()["pid"] if pid is None else pid, base_sha256=base_sha256)
+    if layer_sha256 is not None:
+        doc["layer_sha256"] = dict(layer_sha256)
+    return doc
 
 
 def capture_vm(qmp: QmpLike, pid: int, *, base_sha256: str | None) -> dict[str, Any]:

@@ -91,7 +91,8 @@ def read_cfg():
     return {}
 
 
-def init():
+def base_setup():
+    """What every run's guest has, whatever the run: the kernel's file systems, /run."""
     for what, where, fstype, opts in (("proc", "/proc", "proc", "nosuid,nodev,noexec"),
                                       ("sysfs", "/sys", "sysfs", "nosuid,nodev,noexec"),
                                       ("devtmpfs", "/dev", "devtmpfs", "nosuid,mode=0755"),
@@ -104,16 +105,20 @@ def init():
     os.makedirs("/dev/shm", exist_ok=True)
     sh("mount", "-t", "tmpfs", "-o", "nosuid,nodev,mode=1777,size=64m", "tmpfs", "/dev/shm")
     sh("mount", "-t", "tmpfs", "-o", "nosuid,nodev,mode=0755,size=16m", "tmpfs", "/run")
-    cfg = read_cfg()
+    sh("mount", "-o", "remount,rw", "/")
+    loopback_up()
+
+
+def run_setup(cfg):
+    """This run's part: its /tmp, shares, hostname, the candidate's cgroup and limits.
+    At boot (``ale.cfg=``), or on ``configure`` in a VM restored from a booted state."""
     with open(CFG_PATH, "w") as f:
         json.dump(cfg, f)
     os.chmod(CFG_PATH, 0o600)
     tmp = cfg.get("tmp_options") or "nosuid,nodev,mode=1777,size=1g"
     sh("mount", "-t", "tmpfs", "-o", tmp, "tmpfs", "/tmp")
     os.chmod("/tmp", 0o1777)
-    sh("mount", "-o", "remount,rw", "/")
     socket.sethostname(cfg.get("hostname") or "ale-vm")
-    loopback_up()
     for s in cfg.get("shares") or []:
         os.makedirs(s["target"], exist_ok=True)
         opts = "trans=virtio,version=9p2000.L,msize=524288,cache=none"
@@ -132,13 +137,21 @@ def init():
     if cfg.get("memory_bytes"):
         write(CAND + "/memory.max", str(cfg["memory_bytes"]))
         write(CAND + "/memory.swap.max", "0")
+
+
+def init():
+    base_setup()
+    cfg = read_cfg()
+    warm = bool(cfg.get("warm"))
+    if not warm:
+        run_setup(cfg)
     for s in signal.valid_signals():
         if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
             with contextlib.suppress(OSError, ValueError, RuntimeError):
                 signal.signal(s, signal.SIG_IGN)
     agent_pid = spawn_agent()
-    server_pid = spawn_server(cfg)
-    log("ALE-READY")
+    server_pid = 0 if warm else spawn_server(cfg)
+    log("ALE-WARM" if warm else "ALE-READY")  # warm: saved now, configured by each run restored from it
     while True:
         try:
             pid, _st = os.wait()
@@ -151,6 +164,39 @@ def init():
             agent_pid = spawn_agent()
         elif pid == server_pid:
             server_pid = 0
+
+
+def reseed(entropy):
+    """Credit the host's bytes to the kernel's pool (RNDADDENTROPY) and reseed its CRNG
+    now (RNDRESEEDCRNG): a plain write to /dev/urandom is mixed in but not used until
+    the next periodic reseed, so clones would hand out the same random bytes till then."""
+    import fcntl
+
+    fd = os.open("/dev/urandom", os.O_WRONLY)
+    try:
+        fcntl.ioctl(fd, 0x40085203, struct.pack("ii", len(entropy) * 8, len(entropy)) + entropy)
+        fcntl.ioctl(fd, 0x5207)
+    except OSError as e:
+        log(f"reseeding the CRNG: {e}")
+    finally:
+        os.close(fd)
+
+
+def configure(h, payload):
+    """A VM restored from a booted state: the clock, fresh entropy (every clone starts
+    from the same random state), then this run's setup and its computer-server."""
+    t = h.get("time_ns")
+    if isinstance(t, int):
+        ts = struct.pack("qq", t // 1_000_000_000, t % 1_000_000_000)
+        if _LIBC.clock_settime(0, ctypes.c_char_p(ts)) != 0:
+            log(f"clock_settime: errno {ctypes.get_errno()}")
+    if payload:
+        reseed(payload)
+    cfg = h.get("cfg") or {}
+    run_setup(cfg)
+    server = spawn_server(cfg)
+    if server:
+        threading.Thread(target=os.waitpid, args=(server, 0), daemon=True).start()
 
 
 def loopback_up():
@@ -275,6 +321,16 @@ class Agent:
         op, ch = h.get("op"), h.get("ch", 0)
         if op == "ping":
             self.send({"op": "pong", "ch": ch, "boot_id": readf("/proc/sys/kernel/random/boot_id").strip()})
+        elif op == "configure":
+            if os.path.exists(CFG_PATH):  # once per VM: a second configure is refused
+                self.send({"op": "configured", "ch": ch, "error": "already configured"})
+                return
+            try:
+                configure(h, payload)
+                self.cfg = h.get("cfg") or {}
+                self.send({"op": "configured", "ch": ch})
+            except Exception as e:  # noqa: BLE001 (the host needs the reason)
+                self.send({"op": "configured", "ch": ch, "error": f"{type(e).__name__}: {e}"})
         elif op == "exec":
             threading.Thread(target=self.exec_, args=(h, payload), daemon=True).start()
         elif op == "halt":

@@ -121,6 +121,11 @@ def resolve_vm_image(ref: str) -> VmImage:
     elif ref.startswith("/"):
         p = Path(ref)
         folder = p.parent if p.is_file() else p
+    if folder is not None and ref in (DEFAULT_VM_IMAGE, DEFAULT_TOOLS_IMAGE, VM_REPO) and VmImage(folder).complete() \
+            and VmImage(folder).manifest.get("agent_sha256") != agent_digest():
+        # ale's default guest carries ale's guest agent: one older than this ale's is rebuilt, not booted
+        raise ImageMissing(f"the VM guest {ref} ({folder}) holds an older guest agent than this ale's: "
+                           "rebuild it with `ale image build --vm`")
     if folder is None or not VmImage(folder).complete():
         if ref.startswith("/") and Path(ref).exists():
             raise ImageMissing(f"{ref} is not a guest built by `ale image build --vm` (no guest.json, kernel and initrd "
@@ -128,6 +133,11 @@ def resolve_vm_image(ref: str) -> VmImage:
                                "published Ubuntu or Windows images) is not supported yet (docs/vm.md)")
         raise ImageMissing(f"no VM guest image {ref!r}: build it with `ale image build --vm`")
     return VmImage(folder)
+
+
+def agent_digest() -> str:
+    """The sha256 of ale's guest agent (``guest_agent.py``), which a guest's manifest records."""
+    return hashlib.sha256((Path(__file__).parent / "guest_agent.py").read_bytes()).hexdigest()
 
 
 def sha256_file(path: Path) -> str:
@@ -380,7 +390,7 @@ def _build(img: VmImage, key: str, cua_ref: str, cua_id: str, of_root: dict[str,
         (work / GUEST_MANIFEST).write_text(json.dumps({
             "key": key, "ref": f"{VM_REPO}:{key}", "root_from": cua_ref, "root_image_id": cua_id, **of_root,
             "kernel_package": (kernel / "done").read_text().strip(), "kernel_version": (kernel / "version").read_text().strip(),
-            "base_sha256": digest, "disk_bytes": disk, "init": GUEST_INIT, "server_argv": server,
+            "base_sha256": digest, "disk_bytes": disk, "init": GUEST_INIT, "server_argv": server, "agent_sha256": agent_digest(),
             "candidate_uid": 1000, "built_s": round(time.monotonic() - t0, 1),
         }, indent=2) + "\n")
         for p in ("base.qcow2", "vmlinuz", "initrd.img", "base.qcow2.sha256", GUEST_MANIFEST):

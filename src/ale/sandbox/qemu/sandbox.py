@@ -52,6 +52,7 @@ from ale.sandbox.qemu import kvm
 from ale.sandbox.qemu.channel import Channel, Relay, channel_for, drop_channel
 from ale.sandbox.qemu.image import DEFAULT_VM_IMAGE, VmImage, resolve_vm_image
 from ale.sandbox.qemu.monitor import MonitorError, capture, qmp
+from ale.sandbox.qemu.warm import WarmState
 
 QEMU = "qemu-system-x86_64"
 BOOT_TIMEOUT_S = 180.0
@@ -172,14 +173,20 @@ class QemuSandbox:
 
     # -- creation -----------------------------------------------------------------
     @classmethod
-    def create(cls, spec: SandboxSpec, image: VmImage, accel: dict[str, Any], session: str = "exec") -> QemuSandbox:
+    def create(cls, spec: SandboxSpec, image: VmImage, accel: dict[str, Any], session: str = "exec", *,
+               warm: WarmState | None = None, template: bool = False) -> QemuSandbox:
+        """A VM for ``spec``, not started. ``warm``: restored from that booted state
+        (``ale.sandbox.qemu.warm``) instead of booted, its overlay on the state's disk,
+        this run's part sent on start; ``template``: the boot that such a state is
+        saved from (no run's part)."""
         vid = uuid.uuid4().hex[:12]
         state = state_root() / vid
         state_root().mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(state_root(), 0o700)
         state.mkdir(mode=0o700)
         try:
-            r = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(image.base), "-F", "qcow2",
+            backing = str(warm.disk) if warm is not None else str(image.base)
+            r = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", backing, "-F", "qcow2",
                                 str(state / "overlay.qcow2")], capture_output=True)
             if r.returncode != 0:
                 raise SandboxError(f"qemu-img create failed: {r.stderr.decode(errors='replace')}")
@@ -198,8 +205,9 @@ class QemuSandbox:
                 "hostname": "ale-vm", "root_ro": policy.read_only_rootfs,
                 "server_argv": image.manifest.get("server_argv"), "home": spec.environment.get("HOME", "/tmp"),
             }
+            boot_cfg = {"warm": True} if template or warm is not None else cfg  # a warm run's part comes on start
             append = ("console=ttyS0 root=/dev/vda rw panic=-1 quiet loglevel=3 no_timer_check "
-                      f"ale.cfg={base64.b64encode(json.dumps(cfg, separators=(',', ':')).encode()).decode()}")
+                      f"ale.cfg={base64.b64encode(json.dumps(boot_cfg, separators=(',', ':')).encode()).decode()}")
             argv = [QEMU, "-name", f"ale-{vid}", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
                     "-accel", accel["accel"], "-cpu", cpu_model(accel["accel"]), "-m", str(mem_mb), "-smp", str(vcpus),
                     "-kernel", str(image.kernel), "-initrd", str(image.initrd), "-append", append,
@@ -217,6 +225,8 @@ class QemuSandbox:
                 if s["ro"]:
                     fs += ",readonly=on"
                 argv += ["-fsdev", fs, "-device", f"virtio-9p-pci,fsdev=fs_{s['tag']},mount_tag={s['tag']}"]
+            if warm is not None:  # the machine is the saved one's: same devices, its state streamed in on start
+                argv += ["-incoming", f"unix:{state / 'in.sock'}"]
             meta = {
                 "id": vid, "name": spec.name, "labels": {**spec.labels, LABEL_MANAGED: "1"}, "image": spec.image,
                 "image_id": f"sha256:{image.sha256}", "base": str(image.base), "base_sha256": image.sha256,
@@ -225,6 +235,7 @@ class QemuSandbox:
                 "workdir": spec.workdir, "environment": {**_image_env(image), **spec.environment}, "created": _now(), "session": session,
                 "control_socket": str(state / "ctl.sock"), "qmp_socket": str(state / "qmp.sock"),
                 "policy": policy.model_dump(mode="json"),
+                **({"warm": warm.record()} if warm is not None else {}), **({"template": True} if template else {}),
             }
             (state / "labels.json").write_text(json.dumps(meta, indent=2))
         except BaseException:
@@ -314,17 +325,33 @@ class QemuSandbox:
             self._note_exit()
             raise SandboxError(f"{QEMU} exited at once ({self._proc.returncode}): {err}")
         launched = time.monotonic() - t0
+        warm = self.meta.get("warm")
         try:
+            if warm:
+                from ale.sandbox.qemu.warm import restore
+
+                await restore(self, warm)
             ch = await channel_for(self.ctl_path)
             pong = await ch.wait_ready(BOOT_TIMEOUT_S, alive=self.running)
+            if warm:
+                await self._configure(ch)
         except SandboxError as e:
             console = self.console_tail()
             raise SandboxError(f"VM {self.name} did not become ready: {e}\nconsole:\n{console}") from e
         self.boot = {"launch_s": round(launched, 3), "ready_s": round(time.monotonic() - t0, 3),
-                     "guest_boot_id": pong.get("boot_id"), "accel": self.meta["accel"]["accel"]}
+                     "guest_boot_id": pong.get("boot_id"), "accel": self.meta["accel"]["accel"],
+                     "mode": "restored" if warm else "booted", **({"from": warm} if warm else {})}
         self.meta["boot"] = self.boot
         with contextlib.suppress(OSError):
             (self.state / "labels.json").write_text(json.dumps(self.meta, indent=2))
+
+    async def _configure(self, ch: Channel) -> None:
+        """A restored VM's part of the run: the clock, fresh entropy, then its shares,
+        /tmp, limits and computer-server (the guest agent's ``configure``)."""
+        h, _ = await ch.request({"op": "configure", "cfg": self.meta["guest_cfg"], "time_ns": time.time_ns()},
+                                os.urandom(64), timeout=60)
+        if h.get("error"):
+            raise SandboxError(f"the restored guest could not take the run's configuration: {h['error']}")
 
     def console_tail(self, n: int = 3000) -> str:
         try:
@@ -578,11 +605,15 @@ class QemuProvider:
 
     name = "qemu"
 
-    def __init__(self, accel: str | None = None, session: str | None = None):
+    def __init__(self, accel: str | None = None, session: str | None = None, boot: str | None = None):
         self.accel_request = (accel or os.environ.get("ALE_QEMU_ACCEL") or "auto").lower()
         self.session = (session or os.environ.get("ALE_QEMU_SESSION") or "exec").lower()
         if self.session not in ("exec", "cua"):
             raise SandboxError(f"unknown qemu session {self.session!r}: exec or cua")
+        # cold: every VM boots; warm: restored from a booted state saved once per shape (ale.sandbox.qemu.warm)
+        self.boot = (boot or os.environ.get("ALE_QEMU_BOOT") or "cold").lower()
+        if self.boot not in ("cold", "warm"):
+            raise SandboxError(f"ALE_QEMU_BOOT={self.boot!r}: cold (boot every VM) or warm (restore a booted state)")
         self._accel: dict[str, Any] | None = None
 
     def ping(self) -> None:
@@ -600,7 +631,7 @@ class QemuProvider:
         version = subprocess.run([QEMU, "--version"], stdout=subprocess.PIPE, text=True).stdout.splitlines()[0]
         return {"provider": "qemu", "version": version, "qemu": shutil.which(QEMU), "qemu_version": version, **self.accel(),
                 # what confines QEMU itself on the host: its own seccomp filter, as every VM is started
-                "security_options": [f"qemu -sandbox {QEMU_SECCOMP}"],
+                "security_options": [f"qemu -sandbox {QEMU_SECCOMP}"], "boot": self.boot,
                 "host_kernel": os.uname().release, "host_cpus": os.cpu_count(), "state_root": str(state_root())}
 
     def image_inspect(self, image: str) -> dict[str, Any]:
@@ -616,7 +647,12 @@ class QemuProvider:
         self.ping()
         img = resolve_vm_image(spec.image)
         accel = await asyncio.to_thread(self.accel)
-        sb = await asyncio.to_thread(QemuSandbox.create, spec, img, accel, self.session)
+        warm = None
+        if self.boot == "warm":
+            from ale.sandbox.qemu.warm import ensure_warm
+
+            warm = await ensure_warm(spec, img, accel)
+        sb = await asyncio.to_thread(QemuSandbox.create, spec, img, accel, self.session, warm=warm)
         return _sandbox_class(sb.meta)(sb.state, spec.policy) if self.session == "cua" else sb
 
     def attach(self, name_or_id: str, policy: IsolationPolicy) -> QemuSandbox:

@@ -1,0 +1,243 @@
+"""A booted guest, saved once and restored per run (``ALE_QEMU_BOOT=warm``): the boot
+(about 16 s of a 22 s run under TCG) becomes a restore.
+
+**The saved state.** Once per (guest, accelerator, CPU model, memory, vCPUs, number of
+shares, QEMU's version): ale boots a *template* VM of the run's shape whose guest does
+only what every run shares (``guest_agent.base_setup``: the kernel's file systems; no
+share mounted, no /tmp, no limits, no computer-server), waits for its agent, pauses
+it (QMP ``stop``) and migrates it to a file through a unix socket of ours (``migrate
+unix:``; QEMU's seccomp forbids ``exec:``). Its overlay, now holding what the boot
+wrote, becomes the state's disk. Both are kept read-only by content under
+``<cache>/vm/warm/<key>/`` (``disk.qcow2``, ``state.bin``, ``warm.json`` with their
+sha256s). Unmounted 9p devices migrate (QEMU blocks migration only while one is
+mounted).
+
+**A run from it.** The run's VM has the template's devices, its own overlay on the
+state's disk (the chain overlay → disk.qcow2 → base, both below the overlay
+read-only), and ``-incoming unix:STATE/in.sock``: ale streams ``state.bin`` in, checks
+QMP says ``paused``, ``cont``s, and sends the guest agent the run's part
+(``configure``: the clock, 64 bytes of fresh entropy, since every clone starts from
+the same random state, then the shares, /tmp, the candidate's cgroup and limits, the
+computer-server). The seal judges the same VM: the expectation names the state's disk
+as a layer (``vm.disk.overlay_top``, ``vm.disk.base_read_only``, ``vm.disk.base_digest``
+cover it) and the evidence records the state's digest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ale.sandbox.base import Mount, SandboxError, SandboxSpec
+from ale.sandbox.qemu.image import VmImage, sha256_file, vm_root
+from ale.sandbox.qemu.monitor import MonitorError, qmp
+
+if TYPE_CHECKING:
+    from ale.sandbox.qemu.sandbox import QemuSandbox
+
+WARM_VERSION = "w1"
+SAVE_TIMEOUT_S = 300.0
+RESTORE_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class WarmState:
+    """One saved guest: its disk (the template's overlay) and its machine state."""
+
+    folder: Path
+
+    @property
+    def disk(self) -> Path:
+        return self.folder / "disk.qcow2"
+
+    @property
+    def state(self) -> Path:
+        return self.folder / "state.bin"
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return dict(json.loads((self.folder / "warm.json").read_text()))
+
+    def complete(self) -> bool:
+        return all(p.is_file() for p in (self.disk, self.state, self.folder / "warm.json"))
+
+    def record(self) -> dict[str, Any]:
+        """What a run's VM records of the state it was restored from."""
+        m = self.manifest
+        return {"key": m["key"], "disk": str(self.disk), "disk_sha256": m["disk_sha256"], "state": str(self.state),
+                "state_sha256": m["state_sha256"], "state_bytes": m["state_bytes"], "saved_at": m["saved_at"],
+                "base_sha256": m["base_sha256"]}
+
+
+def warm_root() -> Path:
+    return vm_root() / "warm"
+
+
+def qemu_version() -> str:
+    from ale.sandbox.qemu.sandbox import QEMU
+
+    try:
+        return subprocess.run([QEMU, "--version"], capture_output=True, text=True, timeout=20).stdout.split("\n")[0]
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def warm_key(image: VmImage, accel: str, cpu: str, memory_mb: int, vcpus: int, n_shares: int) -> str:
+    from ale.sandbox.image import _sha
+
+    return _sha(image.sha256, accel, cpu, str(memory_mb), str(vcpus), str(n_shares), qemu_version(), WARM_VERSION)[:12]
+
+
+def template_spec(spec: SandboxSpec, empty: Path) -> SandboxSpec:
+    """The run's shape with nothing of the run: as many shares, each of an empty folder."""
+    mounts = tuple(Mount(str(empty), f"/run/ale-warm/{i}", True) for i in range(len(spec.mounts)))
+    return replace(spec, name=f"{spec.name}-template"[:120], mounts=mounts, environment={})
+
+
+async def ensure_warm(spec: SandboxSpec, image: VmImage, accel: dict[str, Any], say: Any = None) -> WarmState:
+    """The saved state for ``spec``'s shape, made now when missing (one boot and a save)."""
+    from ale.sandbox.qemu.sandbox import GUEST_OVERHEAD_BYTES, MIB, cpu_model
+
+    policy = spec.policy
+    vcpus = max(1, min(int(-(-policy.cpus // 1)), os.cpu_count() or 1))
+    mem_mb = (policy.memory_bytes + GUEST_OVERHEAD_BYTES) // MIB
+    key = await asyncio.to_thread(warm_key, image, accel["accel"], cpu_model(accel["accel"]), mem_mb, vcpus,
+                                  len(spec.mounts))
+    warm = WarmState(warm_root() / key)
+    if warm.complete():
+        return warm
+    warm_root().mkdir(parents=True, exist_ok=True)
+    lock = await asyncio.to_thread(_lock, key)
+    try:
+        if warm.complete():
+            return warm
+        (say or (lambda _m: None))(f"saving a booted guest for this shape (once): {warm.folder}")
+        await _make(warm, spec, image, accel, key, mem_mb, vcpus)
+    finally:
+        lock.close()
+    return warm
+
+
+def _lock(key: str) -> Any:
+    import fcntl
+
+    f = open(warm_root() / f".{key}.lock", "a+")  # noqa: SIM115 (held until the caller closes it)
+    fcntl.flock(f, fcntl.LOCK_EX)
+    return f
+
+
+async def _make(warm: WarmState, spec: SandboxSpec, image: VmImage, accel: dict[str, Any], key: str, mem_mb: int,
+                vcpus: int) -> None:
+    from ale.sandbox.qemu.sandbox import QemuSandbox
+
+    t0 = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=warm_root()))
+    sb: QemuSandbox | None = None
+    try:
+        empty = work / "empty"
+        empty.mkdir()
+        sb = await asyncio.to_thread(QemuSandbox.create, template_spec(spec, empty), image, accel, "exec", template=True)
+        await sb.start()
+        booted_s = time.monotonic() - t0
+        out = sb.state / "out.sock"
+        state_file = work / "state.bin"
+        await asyncio.to_thread(_save, sb.qmp_path, out, state_file)
+        await sb.stop()
+        shutil.copyfile(sb.overlay, work / "disk.qcow2")
+        # the disk's backing file is the base, named by path: the same for every run
+        for name in ("disk.qcow2", "state.bin"):
+            os.chmod(work / name, 0o444)
+        doc = {"key": key, "base": str(image.base), "base_sha256": image.sha256, "accel": accel["accel"],
+               "memory_mb": mem_mb, "vcpus": vcpus, "shares": len(spec.mounts), "qemu": qemu_version(),
+               "disk_sha256": sha256_file(work / "disk.qcow2"), "state_sha256": sha256_file(state_file),
+               "state_bytes": state_file.stat().st_size, "booted_s": round(booted_s, 3),
+               "saved_s": round(time.monotonic() - t0, 3), "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        (work / "warm.json").write_text(json.dumps(doc, indent=2) + "\n")
+        shutil.rmtree(empty)
+        if warm.folder.exists():
+            shutil.rmtree(warm.folder, ignore_errors=True)
+        work.rename(warm.folder)
+    finally:
+        if sb is not None:
+            await sb.remove()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _save(qmp_path: str, sock_path: Path, dest: Path) -> None:
+    """Pause the VM and migrate its state into ``dest`` through a unix socket we listen on."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(sock_path))
+    srv.listen(1)
+    srv.settimeout(SAVE_TIMEOUT_S)
+    got: dict[str, Any] = {}
+
+    def receive() -> None:
+        try:
+            conn, _ = srv.accept()
+            with conn, open(dest, "wb") as f:
+                while chunk := conn.recv(1 << 20):
+                    f.write(chunk)
+        except OSError as e:
+            got["error"] = e
+
+    t = threading.Thread(target=receive, daemon=True)
+    t.start()
+    try:
+        qmp(qmp_path, "stop")
+        qmp(qmp_path, "migrate", {"uri": f"unix:{sock_path}"})
+        deadline = time.monotonic() + SAVE_TIMEOUT_S
+        status = ""
+        while time.monotonic() < deadline:
+            status = str((qmp(qmp_path, "query-migrate") or {}).get("status"))
+            if status in ("completed", "failed", "cancelled"):
+                break
+            time.sleep(0.1)
+        if status != "completed":
+            raise SandboxError(f"saving the booted guest failed: migration {status or 'did not finish'}")
+        t.join(SAVE_TIMEOUT_S)
+        if "error" in got:
+            raise SandboxError(f"saving the booted guest failed: {got['error']}")
+    finally:
+        srv.close()
+
+
+async def restore(sb: QemuSandbox, warm: dict[str, Any]) -> None:
+    """Stream the saved state into ``sb``'s waiting QEMU (``-incoming unix:``), then run it."""
+    path = str(sb.state / "in.sock")
+    state = Path(str(warm["state"]))
+
+    def stream() -> None:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(path):
+            if time.monotonic() > deadline or not sb.running():
+                raise SandboxError(f"QEMU of {sb.name} did not wait for its saved state ({path})")
+            time.sleep(0.02)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c, open(state, "rb") as f:
+            c.connect(path)
+            c.sendfile(f)
+
+    await asyncio.to_thread(stream)
+    deadline = time.monotonic() + RESTORE_TIMEOUT_S
+    status = ""
+    while time.monotonic() < deadline:
+        if not sb.running():
+            raise SandboxError(f"QEMU of {sb.name} exited while restoring: {sb.console_tail(500)}")
+        with contextlib.suppress(MonitorError):
+            status = str((await asyncio.to_thread(qmp, sb.qmp_path, "query-status") or {}).get("status"))
+        if status not in ("", "inmigrate"):
+            break
+        await asyncio.sleep(0.05)
+    if status != "paused":
+        raise SandboxError(f"restoring the saved guest into {sb.name} ended with QEMU {status or 'silent'}")
+    await asyncio.to_thread(qmp, sb.qmp_path, "cont")
