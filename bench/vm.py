@@ -1,6 +1,7 @@
 """The qemu provider against the Docker provider on the same task, interleaved in one
 run (these machines are noisy: only the ratios mean much): a whole `files/word_count`
-oracle run under each, its provision phase (create + boot to ready: for a VM, QEMU
+oracle run under each (the VM booted, and restored from a saved booted guest:
+``ALE_QEMU_BOOT=warm``, whose one-time save is made before the timed runs), its provision phase (create + boot to ready: for a VM, QEMU
 launched until ale's guest agent answers), the seal's own cost (the verify cost the
 run records), and the disk a VM run adds (its overlay, the only per-run file; the base
 is shared and read-only). Writes bench/results/vm.{json,md} (docs/benchmarks.md cites them).
@@ -49,10 +50,13 @@ def _overlay_bytes() -> int:
 
 
 async def one(kind: str, runs: Path) -> dict:
-    provider = QemuProvider(accel="tcg") if kind == "qemu" else DockerProvider(connect())
+    vm = kind.startswith("qemu")
+    provider = QemuProvider(accel="tcg", boot="warm" if kind == "qemu-warm" else "cold") if vm \
+        else DockerProvider(connect())
     plan = RunPlan(run_id=f"bench-vm-{kind}-{uuid.uuid4().hex[:8]}", task_dir=str(TASK),
-                   agent=AgentSpec(name="oracle"), image="ale-vm:latest" if kind == "qemu" else DEFAULT_TOOLS_IMAGE,
-                   policy=POLICY, limits=Limits(), runs_dir=str(runs), provider=kind, experiment="bench-vm")
+                   agent=AgentSpec(name="oracle"), image="ale-vm:latest" if vm else DEFAULT_TOOLS_IMAGE,
+                   policy=POLICY, limits=Limits(), runs_dir=str(runs), provider="qemu" if vm else kind,
+                   experiment="bench-vm")
     overlay = 0
     stop = asyncio.Event()
 
@@ -62,7 +66,7 @@ async def one(kind: str, runs: Path) -> dict:
             overlay = max(overlay, await asyncio.to_thread(_overlay_bytes))
             await asyncio.sleep(0.5)
 
-    sampler = asyncio.create_task(sample()) if kind == "qemu" else None
+    sampler = asyncio.create_task(sample()) if vm else None
     t0 = time.perf_counter()
     result = await execute_run(plan, provider=provider)
     wall = time.perf_counter() - t0
@@ -95,30 +99,38 @@ async def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("ALE_QEMU_ACCEL", "tcg")
     build_vm_image(say=lambda m: print(m, flush=True))
-    rows: dict[str, list[dict]] = {"docker": [], "qemu": []}
+    kinds = ("docker", "qemu", "qemu-warm")
+    rows: dict[str, list[dict]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory(prefix="ale-bench-vm-") as tmp:
+        print("saving the booted guest for qemu-warm (once, not timed):", (await one("qemu-warm", Path(tmp)))["status"])
         for _ in range(args.repeats):
-            for kind in ("docker", "qemu"):
+            for kind in kinds:
                 row = await one(kind, Path(tmp))
                 rows[kind].append(row)
                 print(row, flush=True)
     figures: dict = {kind: {"runs": r, **{k: med(r, k) for k in ("run_s", "provision_s", "verify_before_s", "stop_s",
                                                                   "verify_cost_s", "overlay_bytes")}}
                      for kind, r in rows.items()}
-    d, q = figures["docker"], figures["qemu"]
-    ratio = {k: round(q[k] / d[k], 2) if q.get(k) and d.get(k) else None
-             for k in ("run_s", "provision_s", "verify_before_s", "stop_s", "verify_cost_s")}
-    figures["qemu_over_docker"] = ratio
+    d = figures["docker"]
+    keys = ("run_s", "provision_s", "verify_before_s", "stop_s", "verify_cost_s")
+
+    def over(a: dict, b: dict) -> dict:
+        return {k: round(a[k] / b[k], 2) if a.get(k) and b.get(k) else None for k in keys}
+
+    ratio = figures["qemu_over_docker"] = over(figures["qemu"], d)
+    warm = figures["qemu_warm_over_docker"] = over(figures["qemu-warm"], d)
+    cut = figures["qemu_warm_over_qemu"] = over(figures["qemu-warm"], figures["qemu"])
     figures["vm_guest"] = str(vm_root())
     lines = ["| | whole run | provision (create, boot to ready) | verify before | stop step | seal's own cost | "
              "disk per run |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for kind in ("docker", "qemu"):
+    for kind in kinds:
         f = figures[kind]
         disk = f"{f['overlay_bytes'] / 2**20:.1f} MiB (overlay)" if f.get("overlay_bytes") else "the container's layer"
         lines.append(f"| {kind} (median of {len(rows[kind])}) | {f['run_s']} s | {f['provision_s']} s | "
                      f"{f['verify_before_s']} s | {f['stop_s']} s | {f['verify_cost_s']} s | {disk} |")
-    lines.append(f"| qemu / docker | {ratio['run_s']}x | {ratio['provision_s']}x | {ratio['verify_before_s']}x | "
-                 f"{ratio['stop_s']}x | {ratio['verify_cost_s']}x | |")
+    for name, r in (("qemu / docker", ratio), ("qemu-warm / docker", warm), ("qemu-warm / qemu", cut)):
+        lines.append(f"| {name} | {r['run_s']}x | {r['provision_s']}x | {r['verify_before_s']}x | "
+                     f"{r['stop_s']}x | {r['verify_cost_s']}x | |")
     statuses = sorted({(r["kind"], r["status"], r["score"]) for rs in rows.values() for r in rs})
     lines.append("")
     lines.append(f"Every run: {statuses} (TCG here: KVM does not run a guest on this nested host).")

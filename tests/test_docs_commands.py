@@ -267,6 +267,9 @@ COMMANDS: dict[str, Run | Skip] = {
     "ale image build --vm": Skip(VM + " (a 1 GB disk per cache); tests/test_qemu_*.py use the one built"),
     "ale run examples/tasks/files/word_count --provider qemu": Skip(VM + "; tests/test_qemu_run.py runs it"),
     "ale run examples/tasks/files/word_count --provider qemu --agent oracle": Skip(VM + "; tests/test_qemu_run.py runs it"),
+    "ALE_QEMU_BOOT=warm ale run examples/tasks/files/word_count --provider qemu": Skip(VM + "; tests/test_qemu_warm.py runs it"),
+    "ALE_QEMU_BOOT=warm ale run examples/tasks/files/word_count --provider qemu --agent oracle":
+        Skip(VM + "; tests/test_qemu_warm.py runs it"),
     "ale run examples/tasks/files/word_count --provider qemu --accel kvm":
         Skip(VM + "; tests/test_qemu_conformance.py checks that --accel kvm refuses where the probe failed"),
 }
