@@ -97,3 +97,33 @@ def test_an_edited_layer_digest_fails_verification(tmp_path):
     ev.write_manifest_and_sign(plan.run_dir, load_or_create_signing_key(None))  # re-signed: only the capture lies
     report = verify_run_dir(plan.run_dir)
     assert not report.valid and any("vm.disk.base_digest" in r for r in report.reasons), report.reasons
+
+
+def test_a_saved_state_that_changed_is_never_run(tmp_path):
+    """The state's bytes are hashed as they stream into QEMU: other bytes than were saved
+    end the run before the agent (an infrastructure error, retried) and the state is
+    removed, so the next warm run saves it again."""
+    import os
+    import stat
+
+    global POLICY
+    saved, POLICY = POLICY, IsolationPolicy(memory_bytes=640 * MIB, cpus=1.0)  # a shape of its own
+    try:
+        plan, result = _run(tmp_path, "nop")
+        assert result.status is RunStatus.SCORED, (result.status, result.error)
+        exp = json.loads((plan.run_dir / "evidence" / "vm-expectation.json").read_text())
+        state = Path(exp["restored_from"]["state"])
+        os.chmod(state, stat.S_IWUSR | stat.S_IRUSR)
+        with open(state, "r+b") as f:
+            f.seek(4096)
+            b = f.read(1)
+            f.seek(4096)
+            f.write(bytes([b[0] ^ 0xFF]))
+        plan, result = _run(tmp_path, "nop")
+        assert result.status is RunStatus.INFRASTRUCTURE_ERROR and "as saved" in (result.error or ""), \
+            (result.status, result.error)
+        assert not state.parent.exists()
+        plan, result = _run(tmp_path, "nop")  # saved again
+        assert result.status is RunStatus.SCORED, (result.status, result.error)
+    finally:
+        POLICY = saved

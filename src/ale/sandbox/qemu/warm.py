@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -217,17 +218,27 @@ async def restore(sb: QemuSandbox, warm: dict[str, Any]) -> None:
     path = str(sb.state / "in.sock")
     state = Path(str(warm["state"]))
 
-    def stream() -> None:
+    def stream() -> str:
         deadline = time.monotonic() + 30
         while not os.path.exists(path):
             if time.monotonic() > deadline or not sb.running():
                 raise SandboxError(f"QEMU of {sb.name} did not wait for its saved state ({path})")
             time.sleep(0.02)
+        h = hashlib.sha256()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c, open(state, "rb") as f:
             c.connect(path)
-            c.sendfile(f)
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+                c.sendall(chunk)
+        return h.hexdigest()
 
-    await asyncio.to_thread(stream)
+    streamed = await asyncio.to_thread(stream)
+    if streamed != warm.get("state_sha256"):
+        # the bytes the VM got are not the state that was saved: never run it; the state is made again
+        with contextlib.suppress(OSError):
+            shutil.rmtree(state.parent)
+        raise SandboxError(f"the saved state {state} has sha256 {streamed}, not {warm.get('state_sha256')} as saved: "
+                           "removed (the next warm run saves it again)")
     deadline = time.monotonic() + RESTORE_TIMEOUT_S
     status = ""
     while time.monotonic() < deadline:
