@@ -1,5 +1,5 @@
 """`ale view RUN_DIR|EXP_DIR` and `ale export RUN_DIR|EXP_DIR --format atif`
-(wired into the main CLI by ``ale.cli``)."""
+(wired into the main CLI by ``ale.cli.main``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from ale.cli_output import err, fail
+from ale.cli.output import err, fail
 
 
 def _serve_root(page: Path, target: Path) -> Path:

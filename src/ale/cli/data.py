@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
-from ale.cli_output import fail
+from ale.cli.output import fail
 from ale.data.base import DataError, ImageStore, VariantKey
 from ale.defaults import DEFAULT_TOOLS_IMAGE
 
@@ -41,10 +41,6 @@ def _image_store(spec: str) -> ImageStore | None:
     from ale.sandbox.docker_images import DockerImageStore
 
     return DockerImageStore(connect())
-
-
-def _fail(message: str, code: int = 1) -> NoReturn:
-    fail(message, code)
 
 
 def _targets(target: Path, data: str | None) -> list[tuple[str, list[VariantKey], Path]]:
@@ -106,9 +102,9 @@ def pull(
             )
         typer.echo(f"{total} bytes cached")
     except (DataError, ValueError) as exc:  # TaskError is a ValueError
-        _fail(str(exc))
+        fail(str(exc), 1)
     except Exception as exc:  # SandboxError from connect(): the engine is not running
-        _fail(str(exc))
+        fail(str(exc), 1)
 
 
 @data_app.command()
@@ -127,7 +123,7 @@ def seal(
             r = seal_variant(v, secret_store, remove_clear=remove_clear, force=force, compression=compression)
             typer.echo(f"{r.archive}: sha256 {r.sha256}, {r.files} files, {r.size} bytes; password in {r.secret_store}")
     except DataError as exc:
-        _fail(str(exc))
+        fail(str(exc), 1)
 
 
 @data_app.command()
@@ -142,7 +138,7 @@ def unseal(
         for v in variant_dirs:
             typer.echo(f"unsealed into {unseal_variant(v, secret_store)}")
     except DataError as exc:
-        _fail(str(exc))
+        fail(str(exc), 1)
 
 
 @data_app.command()
@@ -160,7 +156,7 @@ def validate(
     try:
         problems = validate_root(root, layout=layout or "auto", require_sealed=require_sealed, huge_bytes=huge)
     except DataError as exc:
-        _fail(str(exc))
+        fail(str(exc), 1)
         return
     if as_json:
         typer.echo(json.dumps([p.model_dump() for p in problems], indent=2))
@@ -195,6 +191,6 @@ def bake_command(
         typer.echo(f"{tag} {image_id}")
         typer.echo(f"use it with --data image:{tag}")
     except DataError as exc:
-        _fail(str(exc))
+        fail(str(exc), 1)
     except Exception as exc:  # SandboxError from connect(): the engine is not running
-        _fail(str(exc))
+        fail(str(exc), 1)

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ale.cli_output import err, fail
+from ale.cli.output import err, fail
 
 key_app = typer.Typer(no_args_is_help=True, help="The operator's signing key.")
 

@@ -20,16 +20,11 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ale.cli_output import SafeConsole
+from ale.cli.output import SafeConsole, fail
 from ale.defaults import DEFAULT_TOOLS_IMAGE
 
 env_app = typer.Typer(no_args_is_help=True, help="Task environments: each task's software, built before its runs.")
 err = SafeConsole(stderr=True, soft_wrap=True)
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[red]error:[/] {escape(message)}")
-    return typer.Exit(code)
 
 
 def _task_dirs(path: Path) -> tuple[list[Path], str | None, str]:
@@ -118,14 +113,14 @@ def build(
     from ale.tasks.errors import TaskError
 
     if not path.exists():
-        raise _fail(f"{path}: no such file or folder")
+        fail(f"{path}: no such file or folder")
     try:
         dirs, exp_overlay, exp_image = _task_dirs(path)
         ov = read_overlay(str(overlay) if overlay is not None else exp_overlay)
     except (SoftwareError, ValueError) as e:
-        raise _fail(str(e)) from None
+        fail(str(e))
     if not dirs:
-        raise _fail(f"{path}: no task folder (a folder with main.py) under it")
+        fail(f"{path}: no task folder (a folder with main.py) under it")
     say = lambda line: err.print(f"[dim]{escape(line)}[/]")  # noqa: E731
     base = image or exp_image
     if base == DEFAULT_TOOLS_IMAGE:

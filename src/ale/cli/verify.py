@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from ale.cli_output import SafeConsole
+from ale.cli.output import SafeConsole
 from ale.record.verify import VerifyReport, verify_run_dir
 
 

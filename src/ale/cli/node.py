@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ale.cli_output import err, fail
+from ale.cli.output import err, fail
 
 node_app = typer.Typer(no_args_is_help=True, help="Cluster nodes: a Ray node with its Docker engine, slots and signing key.")
 

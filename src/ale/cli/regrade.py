@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from ale import layout
-from ale.cli_output import err, fail
+from ale.cli.output import err, fail
 
 
 def regrade_command(
@@ -45,8 +45,7 @@ def regrade_command(
     try:
         outcome = asyncio.run(regrade_run(target, **kw))
     except RegradeRefused as e:
-        err.print(f"refused: {e}", markup=False)
-        raise typer.Exit(1) from None
+        fail(str(e), 1, label="refused")
     doc = _outcome(outcome)
     print(json.dumps(doc, indent=2) if json_out else _line(doc))
 
@@ -64,7 +63,7 @@ def _line(d: dict[str, Any]) -> str:
 
 
 def _regrade_experiment(exp_dir: Path, kw: dict[str, Any], json_out: bool, regrade_experiment: Any) -> int:
-    from ale.cli_exp import write_reports
+    from ale.cli.exp import write_reports
     from ale.runs.exp_record import OutputBusy, OutputLock
 
     lock = OutputLock(exp_dir)

@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from ale.agents.errors import AgentConfigError
+from ale.cli.output import fail
 from ale.defaults import CANDIDATE_USER, DEFAULT_OUTPUT_DIR
 from ale.sandbox.tools import ALL_TOOLS
 
@@ -52,8 +53,7 @@ def check_script(path: Path) -> None:
     try:
         calls = load_script(path)
     except AgentConfigError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
+        fail(str(e), 1)
     typer.echo(f"{path}: {len(calls)} call(s): " + ", ".join(c.tool for c in calls))
 
 
@@ -77,26 +77,21 @@ def mcp_stdio(
     allowlist = tuple(t.strip() for t in allow.split(",") if t.strip())
     unknown = set(allowlist) - set(ALL_TOOLS)
     if unknown:
-        typer.echo(f"error: unknown tools {sorted(unknown)}; known: {', '.join(ALL_TOOLS)}", err=True)
-        raise typer.Exit(2)
+        fail(f"unknown tools {sorted(unknown)}; known: {', '.join(ALL_TOOLS)}", 2)
     try:
         # Only `user` is read from the policy on the exec path; the rest stays at its defaults.
         sandbox = make_provider().attach(container, IsolationPolicy(user=user, cpus=1.0))
         found = sandbox.inspect()
     except SandboxGone as e:
-        typer.echo(f"error: container {container!r} not found: {e}", err=True)
-        raise typer.Exit(1) from None
+        fail(f"container {container!r} not found: {e}", 1)
     except SandboxError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
+        fail(str(e), 1)
     labels = (found.get("Config") or {}).get("Labels") or {}
     status = (found.get("State") or {}).get("Status")
     if labels.get(LABEL_MANAGED) != "1":
-        typer.echo(f"error: container {container!r} was not created by ale (no {LABEL_MANAGED}=1 label); refusing", err=True)
-        raise typer.Exit(1)
+        fail(f"container {container!r} was not created by ale (no {LABEL_MANAGED}=1 label); refusing", 1)
     if status != "running":
-        typer.echo(f"error: container {container!r} is {status}, not running", err=True)
-        raise typer.Exit(1)
+        fail(f"container {container!r} is {status}, not running", 1)
     writer = TrajectoryWriter(trajectory_dir, "mcp-stdio", "mcp-stdio") if trajectory_dir else None
     tools = ToolBox(sandbox, workdir=workdir, allowlist=allowlist, recorder=writer)
     try:
@@ -106,5 +101,5 @@ def mcp_stdio(
             writer.close(usage={"tool_calls": tools.steps}, end="finished")
 
 
-if __name__ == "__main__":  # `python -m ale.cli_agents mcp-stdio ...` works without the main CLI
+if __name__ == "__main__":  # `python -m ale.cli.agents mcp-stdio ...` works without the main CLI
     app()

@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -18,15 +18,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from ale import layout
-from ale.cli_output import SafeConsole, err, fail
+from ale.cli.output import SafeConsole, err, fail
 from ale.status import RunStatus
 
 exp_app = typer.Typer(no_args_is_help=True, help="Run experiments: agents × tasks × repeats, resumable.")
 
-
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-    fail(message, code)
 
 
 def write_reports(exp_dir: Path) -> tuple[Path, Path]:
@@ -67,7 +63,7 @@ def run_command(
         units, skipped = plan_experiment(exp, build_envs=not dry_run)
         where = resolve_cluster(cluster, exp.environment.cluster)
     except (ExperimentError, ValueError) as e:
-        _fail(str(e))
+        fail(str(e))
     if where.kind == "local" and not dry_run:  # a cluster's nodes answer for their own engines
         from ale.sandbox.providers import require_runtime
 
@@ -75,14 +71,14 @@ def run_command(
         try:
             require_runtime(exp.environment.provider, runtime)
         except SandboxError as e:
-            _fail(f"environment.runtime {runtime!r}: {e}")
+            fail(f"environment.runtime {runtime!r}: {e}")
     out_dir = exp.output_dir
     if skipped:
         err.print(f"[yellow]{len(skipped)} task(s) or variant(s) not planned[/] (they cannot run here; the rest runs):")
         for sk in skipped:
             err.print(f"  {escape(sk.line())}", highlight=False)
     if not units:
-        _fail(f"nothing to run in {file}: every task was left out (above)")
+        fail(f"nothing to run in {file}: every task was left out (above)")
     if dry_run:
         root = runs_root(out_dir)
         for u in units:
@@ -94,7 +90,7 @@ def run_command(
     write_skipped(out_dir, skipped)
     use_plain = plain or not sys.stderr.isatty()
     progress = PlainProgress() if use_plain else RichProgress(err)
-    from ale.cli_output import software_progress
+    from ale.cli.output import software_progress
 
     try:
         with software_progress():
@@ -103,9 +99,9 @@ def run_command(
                                cluster=cluster, retry_errors=retry_errors, units=units, resume_turns=resume_turns)
             )
     except (ExperimentChanged, OutputBusy, ExperimentError) as e:
-        _fail(str(e))
+        fail(str(e))
     except SandboxError as e:
-        _fail(str(e), 1)
+        fail(str(e), 1)
     json_path, html_path = write_reports(out_dir)
     finals = ", ".join(f"{k} {v}" for k, v in sorted(summary.statuses.items())) or "none"
     err.print(
@@ -129,7 +125,7 @@ def status_command(exp_dir: Annotated[Path, typer.Argument(help="The experiment'
 
     record = exp_dir / layout.EXPERIMENT_RECORD
     if not record.is_file():
-        _fail(f"{exp_dir} is not an experiment folder (no experiment.json)")
+        fail(f"{exp_dir} is not an experiment folder (no experiment.json)")
     data = json.loads(record.read_text())
     index = RunIndex(exp_dir) if (exp_dir / INDEX_NAME).is_file() else rebuild_index(exp_dir)
     counts = index.count_by_status()
@@ -221,7 +217,7 @@ def report_command(
     try:
         report = load_report(exp_dir, options)
     except FileNotFoundError as e:
-        _fail(str(e))
+        fail(str(e))
     if as_json:
         print(to_json(report))
     if as_csv:
@@ -291,7 +287,7 @@ def cleanup_command(
     try:
         removed = make_provider().remove_managed()
     except SandboxError as e:
-        _fail(str(e), 1)
+        fail(str(e), 1)
     removed += make_provider("qemu").remove_managed()  # ale's VMs: their qemu killed, their overlays deleted
     for name in removed:
         print(name)
@@ -308,5 +304,5 @@ def cleanup_command(
 exp_app.command("report")(report_command)
 
 
-if __name__ == "__main__":  # `python -m ale.cli_exp run FILE` works without the main CLI
+if __name__ == "__main__":  # `python -m ale.cli.exp run FILE` works without the main CLI
     exp_app()

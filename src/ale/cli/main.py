@@ -11,12 +11,12 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 
-from ale.cli_output import SafeConsole, err, fail, software_progress
+from ale.cli.output import SafeConsole, err, fail, software_progress
 from ale.defaults import DEFAULT_INPUT_DIR, DEFAULT_OUTPUT_DIR, DEFAULT_TOOLS_IMAGE
 from ale.lossless import printable
 from ale.result import reason_line
@@ -39,10 +39,6 @@ RuntimeOpt = Annotated[str | None, typer.Option("--runtime", envvar="ALE_RUNTIME
 KeyOpt = Annotated[Path | None, typer.Option("--signing-key", envvar="ALE_SIGNING_KEY", help="Ed25519 PEM key that signs evidence (default: created in the config dir).")]
 
 
-def _fail(message: str, code: int = 2) -> NoReturn:
-    fail(message, code)
-
-
 def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: Path, script: Path | None,
           image: str, policy: Path | None, signing_key: Path | None, timeout: float | None, config: dict | None = None,
           workspace_max_bytes: int | None = None, *, software: bool = True, overlay: Path | None = None,
@@ -60,15 +56,15 @@ def _plan(task_dir: Path, agent: str, variant: int, data: str | None, runs_dir: 
     try:
         pol, notes = policy_for_card(IsolationPolicy.load(policy).with_runtime(runtime), card)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     mapped: dict[str, str] = {}
     for item in vm_images or []:
         snap, sep, ref = item.partition("=")
         if not sep or not snap.strip() or not ref.strip():
-            _fail(f"--vm-image {item!r}: give SNAPSHOT=PATH-or-URL (e.g. cpu-free=/disks/win10.qcow2)")
+            fail(f"--vm-image {item!r}: give SNAPSHOT=PATH-or-URL (e.g. cpu-free=/disks/win10.qcow2)")
         mapped[snap.strip()] = ref.strip()
     if mapped and provider != "qemu":
-        _fail("--vm-image maps a task's vm.snapshot to a disk for the qemu provider: add --provider qemu")
+        fail("--vm-image maps a task's vm.snapshot to a disk for the qemu provider: add --provider qemu")
     for note in notes:
         err.print(f"note: {note}", markup=False, highlight=False)
     return RunPlan(
@@ -98,12 +94,12 @@ def _resume_plan(source: Path, runs_dir: Path):
     try:
         old = RunPlan.model_validate_json((source / layout.PLAN).read_text())
     except (OSError, ValueError) as e:
-        _fail(f"--resume-from {source}: no run plan to resume ({e})")
+        fail(f"--resume-from {source}: no run plan to resume ({e})")
     if (source / layout.RESULT).is_file():
         err.print(f"note: {source} has a result; resuming it anyway", markup=False, highlight=False)
     turns, _, problems = source_turns(source)
     if problems or not turns:
-        _fail(f"--resume-from {source}: " + ("; ".join(problems[:3]) if problems else "its gateway record holds no answered model turn"))
+        fail(f"--resume-from {source}: " + ("; ".join(problems[:3]) if problems else "its gateway record holds no answered model turn"))
     _clear_interrupted(source, old)
     name = Path(old.task_dir).name
     return old.model_copy(update={"run_id": new_run_id(name, old.variant, old.agent.name), "runs_dir": str(runs_dir),
@@ -168,17 +164,17 @@ def _ready(plans: list, *, data_flag: str = "--data") -> None:
         try:
             check_agent(plan.agent)
         except AgentConfigError as e:
-            _fail(f"--agent {plan.agent.name}: {e}")
+            fail(f"--agent {plan.agent.name}: {e}")
         screen = screen_task(plan.task_dir, plan.provider, build_env=True)
         if screen.status != OK:
-            _fail(f"{plan.task_dir}: {screen.status}: {screen.reason}")
+            fail(f"{plan.task_dir}: {screen.status}: {screen.reason}")
         facts = next((v for v in screen.variants if v.index == plan.variant), None)
         if facts is None:
-            _fail(f"{plan.task_dir}: variant {plan.variant} does not exist: the task has {len(screen.variants)}")
+            fail(f"{plan.task_dir}: variant {plan.variant} does not exist: the task has {len(screen.variants)}")
         if facts.unsupported:
-            _fail(f"{plan.task_dir}: variant {plan.variant} {facts.unsupported}")
+            fail(f"{plan.task_dir}: variant {plan.variant} {facts.unsupported}")
         if facts.needs_data and not (plan.data_source or screen.data_source):
-            _fail(f"{plan.task_dir}: {no_data_reason(facts, data_flag)}")
+            fail(f"{plan.task_dir}: {no_data_reason(facts, data_flag)}")
     _require_runtimes(plans)
     say = lambda m: err.print(m, markup=False, highlight=False)  # noqa: E731
     vm_plans = [p for p in plans if p.provider == "qemu"]
@@ -187,9 +183,9 @@ def _ready(plans: list, *, data_flag: str = "--data") -> None:
     try:
         ensure_images(images_for([p for p in plans if p.provider != "qemu"]), say=say)
     except EngineUnreachable as e:  # nothing can begin: as every preflight refusal (exit 2)
-        _fail(str(e))
+        fail(str(e))
     except SandboxError as e:  # an image build that failed
-        _fail(str(e), 1)
+        fail(str(e), 1)
 
 
 def _ensure_vm_image(plans: list, say) -> None:
@@ -203,17 +199,17 @@ def _ensure_vm_image(plans: list, say) -> None:
     try:
         provider.ping()
     except SandboxError as e:
-        _fail(str(e))
+        fail(str(e))
     try:
         ensure_vm_images([p.image for p in plans], say)
     except ImageMissing as e:
-        _fail(str(e))
+        fail(str(e))
     except SandboxError as e:
-        _fail(str(e), 1)
+        fail(str(e), 1)
     try:
         accel = provider.accel()
     except SandboxError as e:
-        _fail(str(e))
+        fail(str(e))
     if accel.get("warning"):
         say(f"warning: {accel['warning']}")
 
@@ -227,7 +223,7 @@ def _require_runtimes(plans: list) -> None:
         try:
             require_runtime(provider, runtime)
         except SandboxError as e:
-            _fail(str(e))
+            fail(str(e))
 
 
 def _execute(plan):
@@ -237,7 +233,7 @@ def _execute(plan):
         with terminate_as_interrupt(), software_progress():
             return asyncio.run(execute_run(plan))
     except PreflightError as e:
-        _fail(str(e))
+        fail(str(e))
     except KeyboardInterrupt:
         err.print("interrupted: the run's containers were removed")
         raise typer.Exit(130) from None
@@ -286,7 +282,7 @@ def run(
     from ale.sandbox.providers import PROVIDERS
 
     if provider not in PROVIDERS:
-        _fail(f"--provider {provider}: choose one of {', '.join(PROVIDERS)}")
+        fail(f"--provider {provider}: choose one of {', '.join(PROVIDERS)}")
     if accel is not None:
         os.environ["ALE_QEMU_ACCEL"] = accel
     if resume_from is not None:
@@ -298,13 +294,13 @@ def run(
             raise typer.Exit(1)
         return
     if task_dir is None:
-        _fail("a task folder is required (or --resume-from RUN_DIR)")
+        fail("a task folder is required (or --resume-from RUN_DIR)")
     cfg = None
     if agent_config:
         try:
             cfg = json.loads(agent_config)
         except json.JSONDecodeError as e:
-            _fail(f"--agent-config is not valid JSON: {e}")
+            fail(f"--agent-config is not valid JSON: {e}")
     plan = _plan(task_dir, agent, variant, data, runs_dir, script, image, policy, signing_key, timeout, cfg, workspace_max_bytes,
                  software=software, overlay=overlay, runtime=runtime, provider=provider, vm_images=vm_image)
     _ready([plan])
@@ -345,11 +341,11 @@ def task_check(
     try:
         chosen = select_strategies(strategy)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     try:
         info = inspect_task_sync(task_dir)
     except (TaskError, PreflightError, TaskProcessError) as e:
-        _fail(str(e))
+        fail(str(e))
     problems: list[str] = []
     variants: list[dict] = []
     tried = 0
@@ -360,7 +356,7 @@ def task_check(
         if oracle_script is not None:
             script = Path(oracle_script.replace("{variant}", str(v)))
             if not script.is_file():
-                _fail(f"--oracle-script: {script} (variant {v}) is not a file")
+                fail(f"--oracle-script: {script} (variant {v}) is not a file")
         plans.append((_plan(task_dir, "replay" if script is not None else "oracle", v, data, runs_dir, script, image, policy, None, None,
                             runtime=runtime),
                       _plan(task_dir, "nop", v, data, runs_dir, None, image, policy, None, None, runtime=runtime)))
@@ -435,7 +431,7 @@ def _run_check(task_dir: Path, variants, plans, adversarial: bool, strategies, j
         with terminate_as_interrupt(), software_progress():
             return asyncio.run(go())
     except PreflightError as e:
-        _fail(str(e))
+        fail(str(e))
     except KeyboardInterrupt:
         err.print("interrupted: the run's containers were removed")
         raise typer.Exit(130) from None
@@ -468,11 +464,11 @@ def task_list(
     from ale.tasks.listing import list_tasks
 
     if not path.exists():
-        _fail(f"{path}: no such file or folder")
+        fail(f"{path}: no such file or folder")
     try:
         ov = load_overlay(overlay) if overlay is not None else None
     except ProvisionError as e:
-        _fail(str(e))
+        fail(str(e))
     rows = list_tasks(path, workers=jobs)
     for r in rows:
         r.software = listing_software(r.path, ov)
@@ -512,7 +508,7 @@ def task_env(
         decl = find_declaration(path)
         env = resolve_environment(path, say=lambda m: err.print(m, markup=False, highlight=False))
     except (TaskError, EnvironmentBuildError) as e:
-        _fail(str(e), 1)
+        fail(str(e), 1)
     if decl is None or not decl.dependencies:
         err.print(f"{path}: its tree declares no dependencies; task code runs with the harness's Python", markup=False)
     elif not env.description.get("requires_python_satisfied", True):
@@ -538,22 +534,22 @@ def image_build(
         from ale.sandbox.qemu.image import build_vm_image
 
         if cua or desktop:
-            _fail("--vm builds a VM guest: not with --cua or --desktop", 2)
+            fail("--vm builds a VM guest: not with --cua or --desktop", 2)
         try:
             img = build_vm_image(say=lambda m: err.print(m, markup=False, highlight=False))
         except SandboxError as e:
-            _fail(str(e), 1)
+            fail(str(e), 1)
         err.print(f"VM guest: {img.manifest['ref']} ({img.base}, sha256 {img.sha256})", markup=False, highlight=False)
         return
     if cua:
         from ale.sandbox.cua.image import DEFAULT_CUA_IMAGE, build_cua_image
 
         if desktop:
-            _fail("--cua and --desktop build different images: choose one", 2)
+            fail("--cua and --desktop build different images: choose one", 2)
         try:
             ref = build_cua_image(tag=tag or DEFAULT_CUA_IMAGE, say=lambda m: err.print(m, markup=False, highlight=False))
         except SandboxError as e:
-            _fail(str(e), 1)
+            fail(str(e), 1)
         err.print(f"cua image: {ref} (tagged {tag or DEFAULT_CUA_IMAGE})")
         return
     tag = tag or (DEFAULT_DESKTOP_IMAGE if desktop else DEFAULT_TOOLS_IMAGE)
@@ -561,7 +557,7 @@ def image_build(
         build = build_desktop_image if desktop else build_tools_image
         ref = build(base=base, tag=tag, say=lambda m: err.print(m))
     except SandboxError as e:
-        _fail(str(e), 1)
+        fail(str(e), 1)
     err.print(f"{'desktop' if desktop else 'tools'} image: {ref} (tagged {tag})")
 
 
@@ -593,23 +589,23 @@ def verify(
     import tempfile
 
     from ale import layout
-    from ale.cli_verify import verify_command
+    from ale.cli.verify import verify_command
     from ale.record.signing import SignatureInvalid
     from ale.record.trusted_keys import load_trusted_keys, signer_key
 
     if (run_dir / layout.EXPERIMENT_RECORD).is_file():  # an experiment: its runs, then its report re-derived
-        from ale.cli_verify import verify_experiment_command
+        from ale.cli.verify import verify_experiment_command
 
         raise typer.Exit(verify_experiment_command(run_dir, json_out, public_key, trusted_keys))
     if trusted_keys is None:
         raise typer.Exit(verify_command(run_dir, json_out, public_key))
     if public_key is not None:
-        _fail("give --public-key or --trusted-keys, not both")
+        fail("give --public-key or --trusted-keys, not both")
     try:
         keys = load_trusted_keys(trusted_keys)
         pem = signer_key(run_dir, keys)
     except SignatureInvalid as e:
-        _fail(str(e))
+        fail(str(e))
     with tempfile.TemporaryDirectory() as tmp:
         key_file = Path(tmp) / "trusted.pem"
         key_file.write_bytes(pem)
@@ -639,7 +635,7 @@ def verify_container_cmd(
         provider = make_provider()
         provider.ping()  # fails here, with a clear message, when no engine answers
     except (ValueError, SandboxError) as e:
-        _fail(str(e))
+        fail(str(e))
     report = verify_container(
         provider, name_or_id, input_dir=str(input_dir.resolve()), workspace_dir=str(workspace.resolve()),
         policy=pol, input_target=input_target, workspace_target=workspace_target, save_inspect=save_inspect,
@@ -649,12 +645,12 @@ def verify_container_cmd(
 
 
 def _register_subcommands() -> None:
-    from ale.cli_agents import app as agents_app
-    from ale.cli_data import bake_command, data_app
-    from ale.cli_env import env_app
-    from ale.cli_exp import cleanup_command, exp_app, report_command
-    from ale.cli_node import node_app
-    from ale.cli_view import export_command, view_command
+    from ale.cli.agents import app as agents_app
+    from ale.cli.data import bake_command, data_app
+    from ale.cli.env import env_app
+    from ale.cli.exp import cleanup_command, exp_app, report_command
+    from ale.cli.node import node_app
+    from ale.cli.view import export_command, view_command
 
     app.add_typer(exp_app, name="exp")
     app.add_typer(data_app, name="data")
@@ -663,15 +659,15 @@ def _register_subcommands() -> None:
     app.add_typer(node_app, name="node")
     app.command("report")(report_command)
     app.command("cleanup")(cleanup_command)
-    from ale.cli_regrade import regrade_command
+    from ale.cli.regrade import regrade_command
 
     app.command("regrade")(regrade_command)
     app.command("view")(view_command)
-    from ale.cli_vm import verify_vm_command
+    from ale.cli.vm import verify_vm_command
 
     app.command("verify-vm")(verify_vm_command)
     app.command("export")(export_command)
-    from ale.cli_show import key_app, task_show_command
+    from ale.cli.show import key_app, task_show_command
 
     app.add_typer(key_app, name="key")
     task_app.command("show")(task_show_command)
