@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from ale import layout
-from ale.agents.base import AgentContext, AgentEnd, AgentOutcome, provider_outcome
+from ale.agents.base import Agent, AgentContext, AgentEnd, AgentOutcome, provider_outcome
 from ale.agents.errors import AgentConfigError
 from ale.agents.gateway.confine import (
     UnixRelay,
@@ -92,7 +92,7 @@ def _substitute(template: str, values: dict[str, str]) -> str:
     return out
 
 
-class CommandAgent:
+class CommandAgent(Agent):
     name = "command"
 
     def __init__(self, config: dict[str, Any] | None = None):
@@ -149,6 +149,7 @@ class CommandAgent:
                 check_install(self._template_install, private=[])
 
     _template_install: list[str] | None = None
+    gateway_url = ""  # the run's gateway, while the harness runs with one
     limits: GatewayLimits | None = None  # endpoints, model, budgets (the named harness agents set them)
 
     def preflight(self, *, private: list[Path]) -> None:
@@ -238,7 +239,7 @@ class CommandAgent:
             "mcp_config": str(config_path),
             "mcp_url": url,
             "agent_dir": str(agent_dir),
-            "gateway_url": getattr(self, "gateway_url", ""),
+            "gateway_url": self.gateway_url,
         }
         argv = [_substitute(a, values) for a in self.argv_template]
         env = build_agent_env(

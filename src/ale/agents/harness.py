@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ale import layout
-from ale.agents.base import AgentContext, AgentEnd, AgentOutcome, provider_outcome
+from ale.agents.base import Agent, AgentContext, AgentEnd, AgentOutcome, provider_outcome
 from ale.agents.command import CommandAgent
 from ale.agents.errors import AgentConfigError
 from ale.agents.gateway.limits import GatewayLimits
@@ -81,7 +81,7 @@ def harness_prefix() -> Path:
     return Path(os.environ.get("ALE_HARNESS_PREFIX", "/opt/ale-harnesses"))
 
 
-class HarnessAgent:
+class HarnessAgent(Agent):
     """One named harness (subclasses set ``name`` and ``default_model``)."""
 
     name = ""

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ale import layout
-from ale.agents.base import AgentContext, AgentEnd, AgentOutcome, provider_outcome
+from ale.agents.base import Agent, AgentContext, AgentEnd, AgentOutcome, provider_outcome
 from ale.agents.computer import image_message  # desktop
 from ale.agents.errors import AgentConfigError
 from ale.agents.gateway.server import DEFAULT_UPSTREAMS, ModelGateway, serve_gateway
@@ -68,7 +68,7 @@ def _first_env(*names: str) -> str | None:
     return None
 
 
-class LLMAgent:
+class LLMAgent(Agent):
     name = "llm"
 
     def __init__(self, config: dict[str, Any] | None = None):

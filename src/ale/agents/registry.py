@@ -98,7 +98,7 @@ def agent_evidence(spec: AgentSpec) -> dict[str, Any]:
     except AgentConfigError as e:
         doc["config_error"] = str(e)
         return doc
-    details = getattr(agent, "evidence", None)
-    if callable(details):
-        doc["details"] = redact(details())
+    details = agent.evidence()
+    if details is not None:
+        doc["details"] = redact(details)
     return doc

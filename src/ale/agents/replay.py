@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
+from ale.agents.base import Agent, AgentContext, AgentEnd, AgentOutcome
 from ale.agents.errors import AgentConfigError
 from ale.documents import load_document
 from ale.sandbox.tools import ALL_TOOLS
@@ -54,7 +54,7 @@ def load_script(path: str | Path) -> list[ReplayCall]:
     return parse_script(data, str(path))
 
 
-class ReplayAgent:
+class ReplayAgent(Agent):
     name = "replay"
 
     def __init__(self, config: dict[str, Any] | None = None):

@@ -92,6 +92,6 @@ class NativeHarnessExtension(RunExtension):
 def make_extension(prep: Prepared) -> RunExtension:
     if prep.desktop is not None:
         return DesktopExtension(prep.desktop)
-    if getattr(prep.agent, "native", False):
+    if prep.agent is not None and prep.agent.native:  # a regrade prepares no agent: its turn is over
         return NativeHarnessExtension(prep.agent.name)
     return RunExtension()
