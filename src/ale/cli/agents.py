@@ -19,7 +19,8 @@ from ale.cli.output import fail
 from ale.defaults import CANDIDATE_USER, DEFAULT_OUTPUT_DIR
 from ale.sandbox.tools import ALL_TOOLS
 
-app = typer.Typer(help="Agents: list them, check replay scripts, publish schemas, serve the MCP bridge.", no_args_is_help=True)
+app = typer.Typer(help="Agents: list them, check replay scripts, publish schemas, serve the MCP bridge.",
+                  no_args_is_help=True)
 
 DEFAULT_SCHEMA_PATH = Path("schemas/trajectory.schema.json")
 
@@ -63,7 +64,8 @@ def mcp_stdio(
     workdir: str = typer.Option(DEFAULT_OUTPUT_DIR, help="The workspace path inside the container."),
     allow: str = typer.Option(",".join(ALL_TOOLS), help="Comma-separated tool allowlist."),
     user: str = typer.Option(CANDIDATE_USER, help="The candidate uid:gid tools run as."),
-    trajectory_dir: Path | None = typer.Option(None, help="Record steps to DIR/trajectory.jsonl (and .json at the end)."),
+    trajectory_dir: Path | None = typer.Option(
+        None, help="Record steps to DIR/trajectory.jsonl (and .json at the end)."),
     max_steps: int | None = typer.Option(None, help="Refuse tool calls past this many."),
 ) -> None:
     """Serve the MCP tools of one container over stdin/stdout."""

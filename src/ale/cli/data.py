@@ -28,7 +28,8 @@ LayoutOpt = Annotated[
     str | None,
     typer.Option(
         "--layout",
-        help="Data root layout: auto (each variant under <root>/<d>/<t>/<v> or <root>/tasks/<d>/<t>/<v>), ale or tasks.",
+        help="Data root layout: auto (each variant under <root>/<d>/<t>/<v> or <root>/tasks/<d>/<t>/<v>), "
+             "ale or tasks.",
     ),
 ]
 
@@ -85,8 +86,10 @@ def _targets(target: Path, data: str | None) -> list[tuple[str, list[VariantKey]
 @data_app.command()
 def pull(
     target: Annotated[Path, typer.Argument(help="A task folder or an experiment file.")],
-    data: Annotated[str | None, typer.Option("--data", envvar="ALE_DATA", help="Data source (default: the task card's).")] = None,
-    reference: Annotated[bool, typer.Option("--reference/--no-reference", help="Also cache the reference (sealed or not); trusted machines only.")] = False,
+    data: Annotated[str | None, typer.Option(
+        "--data", envvar="ALE_DATA", help="Data source (default: the task card's).")] = None,
+    reference: Annotated[bool, typer.Option(
+        "--reference/--no-reference", help="Also cache the reference (sealed or not); trusted machines only.")] = False,
     anon: Annotated[bool, typer.Option("--anon", help="Anonymous access (public buckets).")] = False,
     layout: LayoutOpt = None,
 ) -> None:
@@ -111,9 +114,12 @@ def pull(
 def seal(
     variant_dirs: Annotated[list[Path], typer.Argument(help="Variant folders holding reference/.")],
     secret_store: SecretsOpt = None,
-    remove_clear: Annotated[bool, typer.Option("--remove-clear", help="Delete the clear reference/ after sealing.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Re-seal over an existing reference.7z (new password).")] = False,
-    compression: Annotated[str, typer.Option("--compression", help="zstd (fast, default) | deflate | lzma2 | copy.")] = "zstd",
+    remove_clear: Annotated[bool, typer.Option(
+        "--remove-clear", help="Delete the clear reference/ after sealing.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Re-seal over an existing reference.7z (new password).")] = False,
+    compression: Annotated[str, typer.Option(
+        "--compression", help="zstd (fast, default) | deflate | lzma2 | copy.")] = "zstd",
 ) -> None:
     """Pack reference/ into an encrypted reference.7z; the password goes to the grader's secret store."""
     from ale.data.sealing import seal_variant
@@ -173,8 +179,10 @@ def bake_command(
     data_root: Annotated[Path, typer.Argument(help="A data root (either layout) with sealed references.")],
     tag: Annotated[str, typer.Option("--tag", help="The image to build.")] = "ale-data:latest",
     base: Annotated[str, typer.Option("--base", help="The image to build FROM.")] = DEFAULT_TOOLS_IMAGE,
-    task: Annotated[list[str] | None, typer.Option("--task", help="domain/task/variant to include (repeatable; default: all).")] = None,
-    image_data_root: Annotated[str, typer.Option("--data-root", help="Where the data lives inside the image.")] = "/opt/ale-data",
+    task: Annotated[list[str] | None, typer.Option(
+        "--task", help="domain/task/variant to include (repeatable; default: all).")] = None,
+    image_data_root: Annotated[str, typer.Option(
+        "--data-root", help="Where the data lives inside the image.")] = "/opt/ale-data",
     layout: LayoutOpt = None,
 ) -> None:
     """Bake task data (input, software, reference.7z; never a clear reference) into an image."""

@@ -43,7 +43,8 @@ def _task_dirs(path: Path) -> tuple[list[Path], str | None, str]:
 
 
 @contextlib.contextmanager
-def _variant_inputs(task_dir: Path, data: str | None, say: Callable[[str], None]) -> Iterator[list[tuple[int | None, Path | None]]]:
+def _variant_inputs(task_dir: Path, data: str | None,
+                    say: Callable[[str], None]) -> Iterator[list[tuple[int | None, Path | None]]]:
     """(variant index, input folder holding runtime_env/) per variant of the task, read
     from ``data`` (or the card's data_source); ``[(None, None)]`` when there is no data to
     read. A local source is read in place; a remote one fetches only the manifests; an
@@ -159,7 +160,8 @@ def build(
                        missing=[{"name": m.get("name"), "why": m.get("why")} for m in doc.get("missing", [])])
             if index is not None:
                 row["variants"] = [{"variant": ix, "image": im, "provisioned": [n.name for n in pv.needs],
-                                    "missing": [{"name": m.get("name"), "why": m.get("why")} for m in dc.get("missing", [])]}
+                                    "missing": [{"name": m.get("name"), "why": m.get("why")}
+                                                for m in dc.get("missing", [])]}
                                    for ix, pv, im, dc in variants]
         except (SoftwareError, TaskError, DataError, ValueError, OSError) as e:
             failed += 1
@@ -176,6 +178,7 @@ def build(
               f"{skipped} skipped (unsupported here), {failed} failed; {len(images)} distinct image(s)")
     for r in rows:
         for m in r.get("missing", []):
-            err.print(f"  [yellow]missing[/] {escape(Path(r['task']).name)}: {escape(str(m['name']))}: {escape(str(m['why']))}")
+            err.print(f"  [yellow]missing[/] {escape(Path(r['task']).name)}: {escape(str(m['name']))}: "
+                      f"{escape(str(m['why']))}")
     if failed:
         raise typer.Exit(1)

@@ -46,7 +46,8 @@ def print_report(report: VerifyReport, console: Console) -> None:
             where = f"[{c.get('phase')}] " if c.get("phase") else ""
             console.print(
                 f"  [yellow]•[/] {escape(where + str(c.get('id')))}: expected {escape(repr(c.get('expected')))}, "
-                f"observed {escape(repr(c.get('observed')))}" + (f" ({escape(str(c['detail']))})" if c.get("detail") else "")
+                f"observed {escape(repr(c.get('observed')))}"
+                + (f" ({escape(str(c['detail']))})" if c.get("detail") else "")
             )
     if report.key_source:
         console.print(f"  signature: {escape(report.key_source)}")

@@ -223,7 +223,8 @@ class Orchestrator:
         progress = self._start_progress(states)
         await self._build_images(states, progress)
         if moved:
-            self.progress.update(progress, f"moved {len(moved)} interrupted run folder(s) to {layout.INCOMPLETE_DIR}/; redoing them")
+            self.progress.update(
+                progress, f"moved {len(moved)} interrupted run folder(s) to {layout.INCOMPLETE_DIR}/; redoing them")
         if orphans:
             self.progress.update(progress, f"removed {len(orphans)} orphan container(s)")
         s = _Schedule(states, index, progress, changed=asyncio.Event(), slots=self.ramp_start,
@@ -323,7 +324,8 @@ class Orchestrator:
         source = interrupted_source(self.output, plan.run_id) if self.resume_turns else None
         if source is not None:  # continues from the interrupted attempt's gateway record
             plan = plan.model_copy(update={"resume_from": str(source)})
-            self.progress.update(s.progress, f"{plan.run_id}: resuming from {source.name} (its recorded model turns replayed)")
+            self.progress.update(
+                s.progress, f"{plan.run_id}: resuming from {source.name} (its recorded model turns replayed)")
         task = asyncio.create_task(self._attempt(plan), name=plan.run_id)
         s.in_flight[task] = (st, attempt)
         s.executed += 1
@@ -377,7 +379,8 @@ class Orchestrator:
             self._grow(s, status is not RunStatus.INFRASTRUCTURE_ERROR)
         score = "-" if result.score is None else f"{result.score:.3f}"
         why = reason_line(result)
-        self.progress.update(s.progress, f"{result.run_id}: {status.value} score={score}" + (f"  ({why})" if why else ""))
+        self.progress.update(s.progress, f"{result.run_id}: {status.value} score={score}"
+                             + (f"  ({why})" if why else ""))
 
     def _retry_later(self, s: _Schedule, st: UnitState, attempt: int, result: RunResult) -> None:
         """The unit's next attempt after an exponential backoff, with one slot fewer."""
