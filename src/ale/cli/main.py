@@ -504,7 +504,7 @@ def task_list(
     overlay: Annotated[Path | None, typer.Option(
         "--overlay", envvar="ALE_OVERLAY", help="An operator's overlay of software needs (YAML/JSON).")] = None,
 ) -> None:
-    """Every task folder under PATH: ok (variants), unsupported (why) or error (the message), and its declared software."""
+    """Every task folder under PATH: ok (variants), unsupported (why) or error (the message), and its declared software."""  # noqa: E501 (typer shows a docstring's line breaks)
     import json as _json
 
     from ale.provision.needs import listing_software
@@ -583,7 +583,7 @@ def image_build(
         help="Build the qemu provider's Linux guest (kernel, initrd, qcow2 base) from Debian packages and the cua "
              "image.")] = False,
 ) -> None:
-    """Build the tools image, with --desktop the desktop image, with --cua a cua-compatible image (cached by content: a second build is a lookup)."""
+    """Build the tools image, with --desktop the desktop image, with --cua a cua-compatible image (cached by content: a second build is a lookup)."""  # noqa: E501 (typer shows a docstring's line breaks)
     from ale.sandbox.base import SandboxError
     from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE
     from ale.sandbox.image import build_desktop_image, build_tools_image
