@@ -112,7 +112,7 @@ def run_experiment(base: Path, basetemp: Path, *, agents: str = "[{name: oracle}
     """) + extra)
     # the same config folder as the autouse fixture gives each test (the signing key)
     env = {**os.environ, "ALE_CONFIG_DIR": str(basetemp / "ale-config"), "ALE_CACHE_DIR": str(basetemp / "ale-cache")}
-    res = subprocess.run([sys.executable, "-m", "ale.cli_exp", "run", str(base / "exp.yaml"), "--plain"],
+    res = subprocess.run([sys.executable, "-m", "ale.cli.exp", "run", str(base / "exp.yaml"), "--plain"],
                          capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     return name

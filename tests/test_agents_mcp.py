@@ -121,7 +121,7 @@ def test_stdio_bridge_with_the_sdk_client(box, tmp_path):  # noqa: F811
     box.reset_workspace()
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "ale.cli_agents", "mcp-stdio", "--container", box.sandbox.name,
+        args=["-m", "ale.cli.agents", "mcp-stdio", "--container", box.sandbox.name,
               "--allow", "list_dir,write_file", "--trajectory-dir", str(tmp_path)],
     )
 

@@ -129,7 +129,7 @@ def test_sigterm_and_sighup_become_an_interrupt_but_an_ignored_signal_stays_igno
     ignored on purpose and must stay so."""
     import signal
 
-    from ale.cli import terminate_as_interrupt
+    from ale.cli.main import terminate_as_interrupt
 
     old_hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     old_term = signal.getsignal(signal.SIGTERM)

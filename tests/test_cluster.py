@@ -121,7 +121,7 @@ def test_trusted_key_sets(tmp_path: Path) -> None:
     bundle.write_bytes(public_key_pem(other) + public_key_pem(key))  # type: ignore[arg-type]
     assert set(load_trusted_keys(bundle)) == set(keys)
 
-    from ale.cli import app
+    from ale.cli.main import app
 
     runner = CliRunner()
     ok = runner.invoke(app, ["verify", str(run_dir), "--trusted-keys", str(nodes_json), "--json"])
@@ -149,7 +149,7 @@ def test_asking_for_ray_without_ray_says_what_to_install(monkeypatch: pytest.Mon
 
 def test_node_commands_without_nodes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("ALE_NODE_ROOT", str(tmp_path / "nodes"))
-    from ale.cli import app
+    from ale.cli.main import app
 
     runner = CliRunner()
     assert runner.invoke(app, ["node", "status"]).exit_code == 0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from ale.cli_data import data_app
+from ale.cli.data import data_app
 from ale.data.sealing import seal_variant
 from ale.data.validate import validate_root
 from tests.test_data_support import make_variant, tree_of

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ale.cli_data import data_app
+from ale.cli.data import data_app
 from ale.data.base import DataError, ReferenceError, VariantKey
 from ale.data.hashing import hash_tree
 from ale.data.local import LocalSource

@@ -192,7 +192,7 @@ def test_the_folding_probe_and_key(tmp_path):
 
 
 def test_printed_names_have_their_controls_escaped():
-    from ale.cli_output import terminal_safe
+    from ale.cli.output import terminal_safe
     from ale.lossless import display_name, printable
 
     name = "o\x1b]52;c;aGk=\x07\x9b2J\u2028x\ud800"
@@ -206,7 +206,7 @@ def test_any_renderable_a_console_prints_has_its_controls_escaped():
 
     from rich.table import Table
 
-    from ale.cli_output import SafeConsole
+    from ale.cli.output import SafeConsole
 
     buf = io.StringIO()
     console = SafeConsole(file=buf, force_terminal=True, width=80)

@@ -441,7 +441,7 @@ def synopses(doc: Path) -> list[str]:
 def _command(words: list[str]):  # a click command of ale's CLI, by its words
     import typer.main
 
-    from ale.cli import app
+    from ale.cli.main import app
 
     cmd = typer.main.get_command(app)
     for w in words:

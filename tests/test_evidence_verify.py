@@ -14,7 +14,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ale import layout
-from ale.cli_verify import verify_command
+from ale.cli.verify import verify_command
 from ale.record import evidence as ev
 from ale.record.signing import public_key_pem
 from ale.record.verify import VerifyReport, verify_run_dir

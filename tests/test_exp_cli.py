@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from ale.cli_exp import exp_app, report_command
+from ale.cli.exp import exp_app, report_command
 
 runner = CliRunner()
 

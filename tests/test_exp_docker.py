@@ -60,7 +60,7 @@ def make_experiment(tmp: Path, name: str, repeats: int = 2, concurrency: int = 2
 
 def start(exp: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "ale.cli_exp", "run", str(exp), "--plain"],
+        [sys.executable, "-m", "ale.cli.exp", "run", str(exp), "--plain"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
 
@@ -116,7 +116,7 @@ def test_sigkill_then_resume_ends_every_run_once(tmp_path: Path, docker_client, 
     done_before = len(results(out))
     assert done_before < 8
 
-    second = subprocess.run([sys.executable, "-m", "ale.cli_exp", "run", str(exp), "--plain"],
+    second = subprocess.run([sys.executable, "-m", "ale.cli.exp", "run", str(exp), "--plain"],
                             capture_output=True, text=True, timeout=180)
     assert second.returncode == 0, second.stderr
     assert second.stdout.strip().endswith("report.html")

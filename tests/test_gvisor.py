@@ -119,7 +119,7 @@ def test_a_missing_runtime_is_refused_with_the_commands_that_add_it():
 def test_cli_refuses_an_unknown_runtime():
     from typer.testing import CliRunner
 
-    from ale.cli import app
+    from ale.cli.main import app
 
     task = REPO / "examples" / "tasks" / "files" / "word_count"
     r = CliRunner().invoke(app, ["run", str(task), "--agent", "nop", "--runtime", "kata"])
@@ -258,7 +258,7 @@ def test_exp_run_refuses_a_missing_runtime_before_any_run(tmp_path, monkeypatch)
     from typer.testing import CliRunner
 
     import ale.sandbox.providers as providers
-    from ale.cli import app
+    from ale.cli.main import app
     from ale.sandbox.docker import DockerProvider
 
     monkeypatch.setattr(providers, "make_provider", lambda *a, **k: DockerProvider(_Engine(["runc"])))

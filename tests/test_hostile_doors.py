@@ -119,7 +119,7 @@ def test_a_tree_at_the_path_length_edge_is_graded_and_its_name_printed_escaped(d
     assert m.limits is not None and m.limits.max_path_bytes == edge
     warnings = result.extra.get("warnings", [])
     assert any(top in w for w in warnings), warnings  # the record keeps the exact name ...
-    from ale.cli import _print_result
+    from ale.cli.main import _print_result
 
     _print_result(result, run_dir)
     printed = capsys.readouterr().err

@@ -50,7 +50,7 @@ def _layer(module: str) -> int:
     best, best_len = -1, -1
     for i, names in enumerate(LAYERS):
         for n in names:
-            inside = module == n or module.startswith(n + ".") or (n == "ale.cli" and module.startswith("ale.cli_"))
+            inside = module == n or module.startswith(n + ".")
             if inside and len(n) > best_len:
                 best, best_len = i, len(n)
     if best < 0:

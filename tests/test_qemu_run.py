@@ -125,7 +125,7 @@ def test_an_experiment_of_the_example_tasks_under_qemu(tmp_path):
     exp.write_text(f"name: vm-{uuid.uuid4().hex[:6]}\ntasks:\n{tasks}agents: [{{name: oracle}}, {{name: nop}}]\n"
                    "environment: {provider: qemu, policy: {memory_bytes: 805306368, cpus: 1.0}}\n"
                    "concurrency: 1\noutput: out\n")
-    p = subprocess.run([sys.executable, "-m", "ale.cli_exp", "run", str(exp), "--plain"], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "ale.cli.exp", "run", str(exp), "--plain"], capture_output=True, text=True,
                        timeout=1500)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = tmp_path / "out"

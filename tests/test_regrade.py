@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ale import layout
-from ale.cli import app
+from ale.cli.main import app
 from ale.record import regrades as rg
 from ale.record.verify import verify_run_dir
 from ale.runs.regrade import latest_grading, map_task
@@ -210,7 +210,7 @@ def test_an_experiment_of_a_task_whose_start_writes_its_input_regrades_every_run
                                    "tasks: [{path: secrets/echo_secret}]\nrepeats: 2\nconcurrency: 2\noutput: out\n")
     basetemp = tmp_path_factory.getbasetemp()
     env = {**os.environ, "ALE_CONFIG_DIR": str(basetemp / "ale-config"), "ALE_CACHE_DIR": str(basetemp / "ale-cache")}
-    res = subprocess.run([sys.executable, "-m", "ale.cli_exp", "run", str(base / "exp.yaml"), "--plain"],
+    res = subprocess.run([sys.executable, "-m", "ale.cli.exp", "run", str(base / "exp.yaml"), "--plain"],
                          capture_output=True, text=True, timeout=900, env=env)
     try:
         assert res.returncode == 0, res.stderr[-3000:]

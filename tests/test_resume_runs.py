@@ -198,7 +198,7 @@ def test_ale_exp_run_resume_turns_continues_an_attempt_killed_mid_run(docker_cli
         "agents": [{"name": "llm", "config": _config(fake)}], "tasks": [{"path": TASK.name, "variants": [0]}],
     }))
     out = tmp_path / "out"
-    argv = [sys.executable, "-m", "ale.cli_exp", "run", str(exp), "--plain"]
+    argv = [sys.executable, "-m", "ale.cli.exp", "run", str(exp), "--plain"]
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path)
         deadline = time.monotonic() + 240
@@ -238,7 +238,7 @@ def test_ale_exp_run_resume_turns_continues_an_attempt_killed_mid_run(docker_cli
 
     checked = verify_experiment(out)
     assert not checked.problems, checked.problems
-    shown = subprocess.run([sys.executable, "-m", "ale.cli_exp", "report", str(out)], capture_output=True, text=True, timeout=120)
+    shown = subprocess.run([sys.executable, "-m", "ale.cli.exp", "report", str(out)], capture_output=True, text=True, timeout=120)
     assert "1 resumed run(s)" in shown.stdout and f"{resumed['replayed_turns']} replayed" in shown.stdout, shown.stdout
 
 

@@ -132,7 +132,7 @@ def test_env_build_reads_the_variants_runtime_env_and_builds_the_runs_image(tree
     source (here local), so the image it builds ahead is the one the run uses."""
     from typer.testing import CliRunner
 
-    from ale.cli import app
+    from ale.cli.main import app
 
     plan, result = _run(tree, tmp_path, "nop", docker_client)
     run_image = json.loads((plan.run_dir / "evidence" / "environment.json").read_text())["image"]

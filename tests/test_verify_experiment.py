@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ale import layout
-from ale.cli import app
+from ale.cli.main import app
 from ale.record.signing import load_or_create_signing_key, public_key_pem
 from ale.report.verify_experiment import verify_experiment
 from tests.regrade_rig import Finished, finished_experiment

@@ -438,7 +438,7 @@ def test_an_overlay_on_another_base_is_rejected_by_its_chain(rig: Rig) -> None:
 def test_verify_vm_command(rig: Rig, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from ale.cli import app
+    from ale.cli.main import app
 
     vm = rig.launch("cli")
     exp_file = tmp_path / "vm-expectation.json"

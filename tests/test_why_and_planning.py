@@ -19,7 +19,7 @@ import typer
 from typer.testing import CliRunner
 
 import ale
-from ale.cli_exp import exp_app, report_command
+from ale.cli.exp import exp_app, report_command
 from ale.plan import RunPlan
 from ale.result import RunResult, reason_line
 from ale.status import InvalidAttribution, RunStatus
@@ -240,7 +240,7 @@ def test_agents_are_checked_at_planning(tmp_path: Path, agents: str, expected: s
 
 
 def test_ale_run_refuses_a_typo_and_missing_data_before_any_sandbox(tmp_path: Path) -> None:
-    from ale.cli import app
+    from ale.cli.main import app
 
     _tasks(tmp_path, {"data": NEEDS_DATA})
     res = runner.invoke(app, ["run", str(tmp_path / "tasks" / "data"), "--agent", "oracel", "--runs-dir", str(tmp_path / "runs")])
@@ -293,7 +293,7 @@ def test_store_endpoints() -> None:
 
 
 def test_task_show_prints_variants_and_prompts() -> None:
-    from ale.cli import app
+    from ale.cli.main import app
 
     res = runner.invoke(app, ["task", "show", str(ROOT / "examples/tasks/gui/click_button")])
     assert res.exit_code == 0, res.output
@@ -304,7 +304,7 @@ def test_task_show_prints_variants_and_prompts() -> None:
 
 
 def test_key_show_prints_the_key_verify_takes(tmp_path: Path) -> None:
-    from ale.cli import app
+    from ale.cli.main import app
     from ale.record.signing import load_or_create_signing_key, public_key_pem
 
     key = tmp_path / "k.pem"

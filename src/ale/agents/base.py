@@ -8,6 +8,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
+from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.tools import ToolBox
 from ale.status import AgentLimit, ModelFailure
 
@@ -54,7 +55,36 @@ def provider_outcome(gw: Any, usage: dict[str, Any]) -> AgentOutcome:
 
 
 class Agent(Protocol):
+    """What the run asks of an agent: ``run``. Every agent class subclasses this
+    protocol, so the optional abilities below are there with their defaults (an agent
+    that has one overrides it) and the run asks for them by name, never by look-up."""
+
     name: str
     config: dict[str, Any]  # recorded as evidence, secrets redacted
+    # The agent is given the task's solve() in its context (``AgentContext.oracle``).
+    takes_oracle: bool = False
+    # A named harness's mode ("native" or "bridge"), recorded in result.json.
+    mode: str | None = None
+    # What ``fit_policy`` did to the sandbox's limits (its "raised" ones are an event).
+    sandbox_limits: dict[str, Any] | None = None
+
+    @property
+    def native(self) -> bool:
+        """The agent runs inside the sandbox (a native harness: the run layers its image)."""
+        return False
+
+    def preflight(self, *, private: list[Path]) -> None:
+        """Before a run: check the agent's set-up against the run's private folders
+        (the runs and task folders); AgentConfigError names what is wrong."""
+
+    def fit_policy(self, policy: IsolationPolicy) -> IsolationPolicy:
+        """The run's policy with the sandbox limits the agent needs (raised within the
+        policy's bounds), or AgentConfigError; by default the policy as given."""
+        return policy
+
+    def evidence(self) -> dict[str, Any] | None:
+        """What the agent is given, for the run's evidence (names, never values); None
+        when it has nothing beyond its name and config."""
+        return None
 
     async def run(self, ctx: AgentContext) -> AgentOutcome: ...

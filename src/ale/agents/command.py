@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from ale import layout
-from ale.agents.base import AgentContext, AgentEnd, AgentOutcome, provider_outcome
+from ale.agents.base import Agent, AgentContext, AgentEnd, AgentOutcome, provider_outcome
 from ale.agents.errors import AgentConfigError
 from ale.agents.gateway.confine import (
     UnixRelay,
@@ -92,35 +92,40 @@ def _substitute(template: str, values: dict[str, str]) -> str:
     return out
 
 
-class CommandAgent:
+class CommandAgent(Agent):
     name = "command"
 
     def __init__(self, config: dict[str, Any] | None = None):
         self.config = dict(config or {})
         unknown = set(self.config) - _KNOWN_KEYS
         if unknown:
-            raise AgentConfigError(f"command agent: unknown config keys {sorted(unknown)}; known: {sorted(_KNOWN_KEYS)}")
+            raise AgentConfigError(
+                f"command agent: unknown config keys {sorted(unknown)}; known: {sorted(_KNOWN_KEYS)}")
         cmd = self.config.get("command")
         if isinstance(cmd, str):
             try:
                 cmd = shlex.split(cmd)
             except ValueError as e:
-                raise AgentConfigError(f"command agent: config 'command' cannot be split ({e}): {self.config['command']!r}") from e
+                raise AgentConfigError(
+                    f"command agent: config 'command' cannot be split ({e}): {self.config['command']!r}") from e
         if not isinstance(cmd, list) or not cmd or not all(isinstance(a, str) for a in cmd):
-            raise AgentConfigError("command agent: config 'command' must be a non-empty list of strings (or one string)")
+            raise AgentConfigError(
+                "command agent: config 'command' must be a non-empty list of strings (or one string)")
         self.argv_template: list[str] = cmd
         self.env_pass = list(self.config.get("env_pass", []))
         self.env_constants = {str(k): str(v) for k, v in dict(self.config.get("env", {})).items()}
         self.mcp_format = str(self.config.get("mcp_config_format", "claude"))
         if self.mcp_format not in ("claude", "gemini"):
-            raise AgentConfigError(f"command agent: mcp_config_format {self.mcp_format!r} unknown; use 'claude' or 'gemini'")
+            raise AgentConfigError(
+                f"command agent: mcp_config_format {self.mcp_format!r} unknown; use 'claude' or 'gemini'")
         self.max_steps = self.config.get("max_steps")
         self.kill_grace_s = float(self.config.get("kill_grace_s", 2.0))
         self.gateway = bool(self.config.get("gateway", True))
         self.profile = HarnessProfile.load(self.config.get("harness_profile"))
         self.prices = dict(self.config.get("prices") or {})
         if self.config.get("budgets") is not None:  # the gateway's budgets and retries (a named harness sets its own)
-            self.limits = GatewayLimits.from_config(self.config["budgets"], models=(), model_calls_only=False, max_body_bytes=None)
+            self.limits = GatewayLimits.from_config(self.config["budgets"], models=(), model_calls_only=False,
+                                                    max_body_bytes=None)
         if self.gateway:  # the operator's keys stay in the gateway: the harness gets the run's token
             self.env_pass = [n for n in self.env_pass if n not in _OPERATOR_KEYS]
         # Validate the environment now, so a forbidden name fails before any run starts.
@@ -133,7 +138,8 @@ class CommandAgent:
         if confine is True:
             confine = {}
         if confine is not False and not isinstance(confine, dict):
-            raise AgentConfigError("command agent: confine must be true, false or {\"install\": [...], \"python\": ..., \"infer\": true}")
+            raise AgentConfigError(
+                "command agent: confine must be true, false or {\"install\": [...], \"python\": ..., \"infer\": true}")
         self.confine: dict[str, Any] | None = confine if isinstance(confine, dict) else None
         if self.confine is not None:
             try:
@@ -141,7 +147,8 @@ class CommandAgent:
             except AgentConfigError as e:
                 if "confine" in self.config:
                     raise
-                raise AgentConfigError(f"{e}; or set confine: false to run the harness unconfined (recorded in the evidence)") from e
+                raise AgentConfigError(
+                    f"{e}; or set confine: false to run the harness unconfined (recorded in the evidence)") from e
             if "{" not in cmd[0]:
                 # A harness not found fails before any run starts; the folders are
                 # kept for every run's preflight (same command line, same PATH).
@@ -149,6 +156,7 @@ class CommandAgent:
                 check_install(self._template_install, private=[])
 
     _template_install: list[str] | None = None
+    gateway_url = ""  # the run's gateway, while the harness runs with one
     limits: GatewayLimits | None = None  # endpoints, model, budgets (the named harness agents set them)
 
     def preflight(self, *, private: list[Path]) -> None:
@@ -172,7 +180,8 @@ class CommandAgent:
         """What the harness is given, for the run's evidence (names, never values)."""
         return {
             "argv_template": self.argv_template,
-            "env_names": sorted({*BASE_ENV, *self.env_pass, *self.env_constants, "ALE_MCP_URL", "ALE_MCP_TOKEN", "ALE_MCP_CONFIG",
+            "env_names": sorted({*BASE_ENV, *self.env_pass, *self.env_constants,
+                                 "ALE_MCP_URL", "ALE_MCP_TOKEN", "ALE_MCP_CONFIG",
                                  *(harness_env("", "") if self.gateway else {})}),
             "mcp_config_format": self.mcp_format,
             "process_group_killed_at_end": True,
@@ -190,7 +199,8 @@ class CommandAgent:
         prompt_file.write_text(ctx.prompt)
         limits = [n for n in (self.max_steps, ctx.max_steps) if n is not None]
         bridge = ToolBridge(ctx.tools, max_steps=min(limits) if limits else None)
-        config_path = agent_dir / (layout.Agent.MCP_SETTINGS if self.mcp_format == "gemini" else layout.Agent.MCP_CONFIG)
+        config_path = agent_dir / (
+            layout.Agent.MCP_SETTINGS if self.mcp_format == "gemini" else layout.Agent.MCP_CONFIG)
         async with contextlib.AsyncExitStack() as stack:
             sock_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ale-gw-")))  # short: unix paths
             gw: ModelGateway | None = None
@@ -207,10 +217,12 @@ class CommandAgent:
                 sockets[int(self.gateway_url.rsplit(":", 1)[1])] = sock_dir / "gateway.sock"
                 bport = int(url.split(":")[2].split("/")[0])
                 sockets[bport] = await stack.enter_async_context(UnixRelay(sock_dir / "bridge.sock", bport).serve())
-            config_path.write_text(json.dumps(mcp_config(url, token, fmt=self.mcp_format, tools=ctx.tools.allowlist), indent=2))
+            config_path.write_text(
+                json.dumps(mcp_config(url, token, fmt=self.mcp_format, tools=ctx.tools.allowlist), indent=2))
             os.chmod(config_path, 0o600)
             try:
-                return await self._run_harness(ctx, bridge, agent_dir, cwd, url, token, config_path, prompt_file, gw, sockets)
+                return await self._run_harness(ctx, bridge, agent_dir, cwd, url, token, config_path, prompt_file,
+                                               gw, sockets)
             finally:
                 # The token dies with the bridge; the file keeps the shape, not the secret.
                 with contextlib.suppress(OSError):
@@ -238,7 +250,7 @@ class CommandAgent:
             "mcp_config": str(config_path),
             "mcp_url": url,
             "agent_dir": str(agent_dir),
-            "gateway_url": getattr(self, "gateway_url", ""),
+            "gateway_url": self.gateway_url,
         }
         argv = [_substitute(a, values) for a in self.argv_template]
         env = build_agent_env(
@@ -301,32 +313,42 @@ class CommandAgent:
             failed.cancel()
             if not exited.done():
                 exited.cancel()
-        usage: dict[str, Any] = {"tool_calls": bridge.executed, "rejected_http_requests": bridge.rejected_requests, "seconds": round(time.monotonic() - started, 3)}
+        usage: dict[str, Any] = {"tool_calls": bridge.executed, "rejected_http_requests": bridge.rejected_requests,
+                                 "seconds": round(time.monotonic() - started, 3)}
         if gw is not None:
             usage.update(gw.usage)
             usage["gateway_unauthorized"] = gw.unauthorized
         if refused in done:
             r = gw.refusals[0] if gw is not None and gw.refusals else {}
-            return AgentOutcome(AgentEnd.FAILED, detail=f"the model gateway refused request {r.get('seq')}: it offered the model "
-                                f"{', '.join(r.get('forbidden', []))}, outside the allowlist; harness stopped", usage=usage)
+            return AgentOutcome(AgentEnd.FAILED,
+                                detail=f"the model gateway refused request {r.get('seq')}: it offered the model "
+                                f"{', '.join(r.get('forbidden', []))}, outside the allowlist; harness stopped",
+                                usage=usage)
         if budget in done and gw is not None:
-            return AgentOutcome(AgentEnd.TIMEOUT, detail=f"{gw.budget_reason}; harness stopped", usage=usage, limit=gw.budget_kind)
+            return AgentOutcome(AgentEnd.TIMEOUT, detail=f"{gw.budget_reason}; harness stopped", usage=usage,
+                                limit=gw.budget_kind)
         if gw is not None and gw.provider_failure is not None and (failed in done or proc.returncode != 0):
             return provider_outcome(gw, usage)
         if exited in done:
             rc = proc.returncode
             usage["exit_code"] = -1 if rc is None else rc
             if bridge.failures:
-                return AgentOutcome(AgentEnd.FAILED, detail="tool calls failed in the provider: " + "; ".join(bridge.failures[:5]), usage=usage)
+                return AgentOutcome(AgentEnd.FAILED,
+                                    detail="tool calls failed in the provider: " + "; ".join(bridge.failures[:5]),
+                                    usage=usage)
             if rc != 0:
                 tail = _tail(agent_dir / layout.Agent.STDERR)
-                return AgentOutcome(AgentEnd.FAILED, detail=f"harness exited with code {rc}" + (f"; stderr ends:\n{tail}" if tail else ""), usage=usage)
+                return AgentOutcome(AgentEnd.FAILED,
+                                    detail=f"harness exited with code {rc}"
+                                    + (f"; stderr ends:\n{tail}" if tail else ""),
+                                    usage=usage)
             return AgentOutcome(AgentEnd.FINISHED, detail="harness exited with code 0", usage=usage)
         if limited in done:
-            return AgentOutcome(AgentEnd.TIMEOUT, detail=f"step limit of {bridge.max_steps} tool calls reached; harness stopped", usage=usage,
-                                limit=AgentLimit.TOOL_CALLS)
-        return AgentOutcome(AgentEnd.TIMEOUT, detail=f"wall time of {ctx.wall_time_s:.0f}s reached; harness stopped", usage=usage,
-                            limit=AgentLimit.WALL_TIME)
+            return AgentOutcome(AgentEnd.TIMEOUT,
+                                detail=f"step limit of {bridge.max_steps} tool calls reached; harness stopped",
+                                usage=usage, limit=AgentLimit.TOOL_CALLS)
+        return AgentOutcome(AgentEnd.TIMEOUT, detail=f"wall time of {ctx.wall_time_s:.0f}s reached; harness stopped",
+                            usage=usage, limit=AgentLimit.WALL_TIME)
 
 
 async def _kill_group(proc: asyncio.subprocess.Process, grace_s: float) -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ale import layout
-from ale.agents.base import AgentContext, AgentEnd, AgentOutcome, provider_outcome
+from ale.agents.base import Agent, AgentContext, AgentEnd, AgentOutcome, provider_outcome
 from ale.agents.command import CommandAgent
 from ale.agents.errors import AgentConfigError
 from ale.agents.gateway.limits import GatewayLimits
@@ -72,16 +72,17 @@ PREFIX_DIRS = {"claude-code": "claude", "codex": "codex", "gemini-cli": "gemini"
 # policy gives less has it raised where the policy leaves the limit to its default,
 # and refused at preflight where the operator or the task card states it.
 SANDBOX_NEEDS = LimitNeeds(pids=128, memory_bytes=1 * GIB, tmp_bytes=256 * MIB)
-GEMINI_SUBAGENTS = ("codebase_investigator", "cli_help", "generalist", "confucius", "browser_agent")  # Gemini CLI 0.61's own
-CODEX_OFF = ["--disable", "shell_tool", "--disable", "unified_exec", "--disable", "view_image", "--disable", "image_generation",
-             "--disable", "goals", "--disable", "apps", "--disable", "plugins"]
+# Gemini CLI 0.61's own
+GEMINI_SUBAGENTS = ("codebase_investigator", "cli_help", "generalist", "confucius", "browser_agent")
+CODEX_OFF = ["--disable", "shell_tool", "--disable", "unified_exec", "--disable", "view_image",
+             "--disable", "image_generation", "--disable", "goals", "--disable", "apps", "--disable", "plugins"]
 
 
 def harness_prefix() -> Path:
     return Path(os.environ.get("ALE_HARNESS_PREFIX", "/opt/ale-harnesses"))
 
 
-class HarnessAgent:
+class HarnessAgent(Agent):
     """One named harness (subclasses set ``name`` and ``default_model``)."""
 
     name = ""
@@ -91,7 +92,8 @@ class HarnessAgent:
         self.config = dict(config or {})
         unknown = set(self.config) - _KNOWN_KEYS
         if unknown:
-            raise AgentConfigError(f"{self.name} agent: unknown config keys {sorted(unknown)}; known: {sorted(_KNOWN_KEYS)}")
+            raise AgentConfigError(
+                f"{self.name} agent: unknown config keys {sorted(unknown)}; known: {sorted(_KNOWN_KEYS)}")
         self.harness: HarnessPackage = HARNESSES[self.name]
         self.mode = str(self.config.get("mode", "native"))
         if self.mode not in MODES:
@@ -108,7 +110,8 @@ class HarnessAgent:
         self.limits = GatewayLimits.from_config(self.config.get("budgets"), models=(self.model,), model_calls_only=True)
         self.channel_port = int(self.config.get("channel_port", 8417))
         self.bridge: CommandAgent | None = None
-        self.sandbox_limits: dict[str, Any] | None = None  # fit_policy's record: needs, what the policy gave, what was raised
+        # fit_policy's record: needs, what the policy gave, what was raised
+        self.sandbox_limits: dict[str, Any] | None = None
         if self.mode == "bridge":
             self.bridge = CommandAgent(self._bridge_config())
             self.bridge.limits = self.limits
@@ -129,7 +132,8 @@ class HarnessAgent:
             doc["sandbox_needs"] = SANDBOX_NEEDS.to_dict()
             doc.update({"install_dir": self.harness.install_dir, "home": NATIVE_HOME,
                         "channel": {"kind": "exec-stream", "listen_inside": f"127.0.0.1:{self.channel_port}"},
-                        "argv_template": self._native_argv("{prompt}", "{input_dir}"), "env_names": sorted(self._native_env("", "x"))})
+                        "argv_template": self._native_argv("{prompt}", "{input_dir}"),
+                        "env_names": sorted(self._native_env("", "x"))})
         return doc
 
     @property
@@ -186,16 +190,21 @@ class HarnessAgent:
         if self.name == "claude-code":
             cfg["command"] = [bin_, "-p", "--mcp-config", "{mcp_config}", "--strict-mcp-config", "--tools", "",
                               "--allowedTools", ",".join(f"mcp__ale__{t}" for t in BRIDGE_TOOLS),
-                              "--disallowedTools", "Bash,Edit,Write,Read,MultiEdit,NotebookEdit,Glob,Grep,LS,WebFetch,WebSearch,Task",
-                              "--output-format", "stream-json", "--verbose", "--model", self.model, *self.args, "--", "{prompt}"]
+                              "--disallowedTools",
+                              "Bash,Edit,Write,Read,MultiEdit,NotebookEdit,Glob,Grep,LS,WebFetch,WebSearch,Task",
+                              "--output-format", "stream-json", "--verbose", "--model", self.model, *self.args,
+                              "--", "{prompt}"]
             cfg["env"] = {**_QUIET, **self._model_env(), **self.env}
         elif self.name == "codex":
             provider = ('model_providers.gw={name="gw", base_url="{gateway_url}/openai/v1", wire_api="responses", '
                         'env_key="CODEX_API_KEY", supports_websockets=false}')
-            cfg["command"] = [bin_, "exec", "--skip-git-repo-check", "--ephemeral", "--ignore-user-config", "--sandbox", "read-only",
+            cfg["command"] = [bin_, "exec", "--skip-git-repo-check", "--ephemeral", "--ignore-user-config",
+                              "--sandbox", "read-only",
                               "-c", provider, "-c", 'model_provider="gw"', "-m", self.model,
-                              "-c", 'mcp_servers.ale.url="{mcp_url}"', "-c", 'mcp_servers.ale.bearer_token_env_var="ALE_MCP_TOKEN"',
-                              "-c", 'mcp_servers.ale.default_tools_approval_mode="approve"', "-c", 'web_search="disabled"',
+                              "-c", 'mcp_servers.ale.url="{mcp_url}"',
+                              "-c", 'mcp_servers.ale.bearer_token_env_var="ALE_MCP_TOKEN"',
+                              "-c", 'mcp_servers.ale.default_tools_approval_mode="approve"',
+                              "-c", 'web_search="disabled"',
                               *CODEX_OFF, *self.args, "--", "{prompt}"]
             cfg["harness_profile"] = "codex-0.171"
             cfg["env"] = dict(self.env)
@@ -209,7 +218,8 @@ class HarnessAgent:
         """Gemini CLI reads its MCP server and tool list from user settings in its HOME."""
         if self.name != "gemini-cli":
             return
-        settings = {"mcpServers": {"ale": {"httpUrl": "${ALE_MCP_URL}", "headers": {"Authorization": "Bearer ${ALE_MCP_TOKEN}"},
+        settings = {"mcpServers": {"ale": {"httpUrl": "${ALE_MCP_URL}",
+                                           "headers": {"Authorization": "Bearer ${ALE_MCP_TOKEN}"},
                                            "trust": True, "timeout": 600000}},
                     "security": {"auth": {"selectedType": "gemini-api-key"}},
                     "privacy": {"usageStatisticsEnabled": False}, "general": {"disableAutoUpdate": True},
@@ -222,9 +232,9 @@ class HarnessAgent:
     def _model_env(self) -> dict[str, str]:
         """Every model the harness would pick by itself is the run's model."""
         if self.name == "claude-code":
-            return {k: self.model for k in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
-                                            "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL",
-                                            "CLAUDE_CODE_SUBAGENT_MODEL")}
+            return {k: self.model for k in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL",
+                                            "ANTHROPIC_DEFAULT_HAIKU_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL",
+                                            "ANTHROPIC_DEFAULT_OPUS_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL")}
         if self.name == "gemini-cli":
             return {"GEMINI_MODEL": self.model}
         return {}
@@ -239,9 +249,11 @@ class HarnessAgent:
             provider = ('model_providers.gw={name="gw", base_url="' + f"http://127.0.0.1:{self.channel_port}/openai/v1"
                         + '", wire_api="responses", env_key="CODEX_API_KEY", supports_websockets=false}')
             # Not --ephemeral: its session file is the transcript ale copies out (harness_transcript.py).
-            return [self.harness.node, exe, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+            return [self.harness.node, exe, "exec", "--skip-git-repo-check",
+                    "--dangerously-bypass-approvals-and-sandbox",
                     "-c", provider, "-c", 'model_provider="gw"', "-m", self.model, "-c", 'web_search="disabled"',
-                    "--disable", "image_generation", "--disable", "apps", "--disable", "plugins", *self.args, "--", prompt]
+                    "--disable", "image_generation", "--disable", "apps", "--disable", "plugins", *self.args,
+                    "--", prompt]
         # Gemini CLI's file tools reach only its workspace folders: the public package is one of them.
         include = ["--include-directories", input_dir] if input_dir else []
         return [self.harness.node, exe, f"--prompt={prompt}", "--yolo", "--skip-trust", "--model", self.model, *include,
@@ -257,7 +269,8 @@ class HarnessAgent:
             return {".gemini/settings.json": json.dumps({
                 "security": {"auth": {"selectedType": "gemini-api-key"}}, "privacy": {"usageStatisticsEnabled": False},
                 "general": {"disableAutoUpdate": True}, "tools": {"exclude": ["google_web_search", "web_fetch"]},
-                # Its sub-agents name their own models (gemini-2.5-pro, flash): the run's model, or the gateway refuses them.
+                # Its sub-agents name their own models (gemini-2.5-pro, flash): the run's model, or the
+                # gateway refuses them.
                 "agents": {"overrides": {a: {"modelConfig": {"model": self.model}} for a in GEMINI_SUBAGENTS}},
                 # Not a heap of half the *host's* memory (its relaunch's --max-old-space-size, 12 GB on a 24 GB
                 # host), above the sandbox's limit: node's own default, sized by the cgroup's memory limit.
@@ -272,10 +285,12 @@ class HarnessAgent:
         agent_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         policy = ToolPolicy(tuple(ctx.tools.allowlist), HarnessProfile(), client_tools=True)
-        gw = ModelGateway(Path(ctx.run_dir), policy, upstreams=resolve_upstreams(self.config), prices=self.prices, limits=self.limits)
+        gw = ModelGateway(Path(ctx.run_dir), policy, upstreams=resolve_upstreams(self.config), prices=self.prices,
+                          limits=self.limits)
         usage: dict[str, Any] = {}
         record: dict[str, Any] = {"kind": "sandbox-native", "mode": "native", "harness": self.harness.spec,
-                                  "user": getattr(getattr(sandbox, "policy", None), "user", None), "home": f"{NATIVE_HOME}/{self.name}"}
+                                  "user": getattr(getattr(sandbox, "policy", None), "user", None),
+                                  "home": f"{NATIVE_HOME}/{self.name}"}
         if self.sandbox_limits is not None:
             record["sandbox_limits"] = self.sandbox_limits
         try:
@@ -286,7 +301,8 @@ class HarnessAgent:
                 try:
                     async with channel.serve(), monitor.watching():
                         outcome = await self._drive(ctx, sandbox, gw, agent_dir, started)
-                        await copy_out(sandbox, Path(ctx.run_dir), self.name, f"{NATIVE_HOME}/{self.name}")  # candidate-written
+                        # candidate-written
+                        await copy_out(sandbox, Path(ctx.run_dir), self.name, f"{NATIVE_HOME}/{self.name}")
                 finally:
                     record["channel"] = await channel.record()
                     record["resources"] = monitor.record()
@@ -302,7 +318,8 @@ class HarnessAgent:
         outcome.usage = usage
         return outcome
 
-    async def _drive(self, ctx: AgentContext, sandbox: Any, gw: ModelGateway, agent_dir: Path, started: float) -> AgentOutcome:
+    async def _drive(self, ctx: AgentContext, sandbox: Any, gw: ModelGateway, agent_dir: Path,
+                     started: float) -> AgentOutcome:
         url = f"http://127.0.0.1:{self.channel_port}"
         env = self._native_env(url, gw.token)
         argv = self._native_argv(ctx.prompt, ctx.input_dir)
@@ -312,11 +329,12 @@ class HarnessAgent:
             setup += f' && mkdir -p "$HOME/$(dirname {rel})" && printf %s "$ALE_FILE_{i}" > "$HOME/{rel}"'
             env[f"ALE_FILE_{i}"] = files[rel]
         (agent_dir / layout.Agent.COMMAND).write_text(json.dumps(
-            {"argv": [*argv[:-1], "{prompt}"] if argv[-1] == ctx.prompt else argv, "cwd": ctx.workdir, "env_names": sorted(env),
-             "where": "inside the sandbox, as the candidate user"}, indent=2))
+            {"argv": [*argv[:-1], "{prompt}"] if argv[-1] == ctx.prompt else argv, "cwd": ctx.workdir,
+             "env_names": sorted(env), "where": "inside the sandbox, as the candidate user"}, indent=2))
         remaining = max(1.0, ctx.wall_time_s - (time.monotonic() - started) - 5)
-        run = asyncio.ensure_future(sandbox.exec(["sh", "-c", setup + ' && exec "$@"', "harness", *argv], workdir=ctx.workdir,
-                                                 env=env, timeout=remaining, output_limit=16 * 1024 * 1024))
+        run = asyncio.ensure_future(sandbox.exec(["sh", "-c", setup + ' && exec "$@"', "harness", *argv],
+                                                 workdir=ctx.workdir, env=env, timeout=remaining,
+                                                 output_limit=16 * 1024 * 1024))
         refused = asyncio.ensure_future(gw.refused.wait())
         budget = asyncio.ensure_future(gw.budget_reached.wait())
         failed = asyncio.ensure_future(gw.provider_failed.wait())
@@ -332,24 +350,31 @@ class HarnessAgent:
             with contextlib.suppress(BaseException):
                 await sandbox.kill_user_processes()  # the harness and whatever it started; the lifecycle sweeps again
             if budget in done:
-                return AgentOutcome(AgentEnd.TIMEOUT, detail=f"{gw.budget_reason}; harness stopped", usage=base, limit=gw.budget_kind)
+                return AgentOutcome(AgentEnd.TIMEOUT, detail=f"{gw.budget_reason}; harness stopped", usage=base,
+                                    limit=gw.budget_kind)
             if failed in done:
                 return provider_outcome(gw, base)
             r = gw.refusals[0] if gw.refusals else {}
-            return AgentOutcome(AgentEnd.FAILED, detail=f"the model gateway refused request {r.get('seq')}: it offered the model "
-                                f"{', '.join(r.get('forbidden', []))}, which reach outside the seal; harness stopped", usage=base)
+            return AgentOutcome(AgentEnd.FAILED,
+                                detail=f"the model gateway refused request {r.get('seq')}: it offered the model "
+                                f"{', '.join(r.get('forbidden', []))}, which reach outside the seal; harness stopped",
+                                usage=base)
         res = run.result()
         (agent_dir / layout.Agent.STDOUT).write_bytes(res.stdout)
         (agent_dir / layout.Agent.STDERR).write_bytes(res.stderr)
         base["exit_code"] = res.exit_code
         if res.timed_out:
-            return AgentOutcome(AgentEnd.TIMEOUT, detail=f"wall time of {ctx.wall_time_s:.0f}s reached; harness stopped", usage=base,
-                                limit=AgentLimit.WALL_TIME)
+            return AgentOutcome(AgentEnd.TIMEOUT,
+                                detail=f"wall time of {ctx.wall_time_s:.0f}s reached; harness stopped",
+                                usage=base, limit=AgentLimit.WALL_TIME)
         if res.exit_code != 0 and gw.provider_failure is not None:
             return provider_outcome(gw, base)
         if res.exit_code != 0:
-            tail = res.stderr[-2000:].decode(errors="replace").strip() or res.stdout[-2000:].decode(errors="replace").strip()
-            return AgentOutcome(AgentEnd.FAILED, detail=f"harness exited with code {res.exit_code}" + (f"; output ends:\n{tail}" if tail else ""),
+            tail = (res.stderr[-2000:].decode(errors="replace").strip()
+                    or res.stdout[-2000:].decode(errors="replace").strip())
+            return AgentOutcome(AgentEnd.FAILED,
+                                detail=f"harness exited with code {res.exit_code}"
+                                + (f"; output ends:\n{tail}" if tail else ""),
                                 usage=base)
         return AgentOutcome(AgentEnd.FINISHED, detail="harness exited with code 0", usage=base)
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ale import layout
-from ale.agents.base import AgentContext, AgentEnd, AgentOutcome, provider_outcome
+from ale.agents.base import Agent, AgentContext, AgentEnd, AgentOutcome, provider_outcome
 from ale.agents.computer import image_message  # desktop
 from ale.agents.errors import AgentConfigError
 from ale.agents.gateway.server import DEFAULT_UPSTREAMS, ModelGateway, serve_gateway
@@ -68,7 +68,7 @@ def _first_env(*names: str) -> str | None:
     return None
 
 
-class LLMAgent:
+class LLMAgent(Agent):
     name = "llm"
 
     def __init__(self, config: dict[str, Any] | None = None):
@@ -78,7 +78,8 @@ class LLMAgent:
             raise AgentConfigError(f"llm agent: unknown config keys {sorted(unknown)}; known: {sorted(_KNOWN_KEYS)}")
         key_env = self.config.get("api_key_env")
         if key_env and is_forbidden_env(str(key_env)):
-            raise AgentConfigError(f"llm agent: api_key_env {key_env!r} names a grader or cloud credential; agents never get those")
+            raise AgentConfigError(
+                f"llm agent: api_key_env {key_env!r} names a grader or cloud credential; agents never get those")
         self.max_steps = int(self.config.get("max_steps", DEFAULT_MAX_STEPS))
         self.max_tokens_total = self.config.get("max_tokens_total")
         self.wall_time_s = self.config.get("wall_time_s")
@@ -102,14 +103,16 @@ class LLMAgent:
             raise AgentConfigError("llm agent: no model; set config 'model' or ALE_LLM_MODEL (or OPENAI_MODEL)")
         if not key:
             if not base_url:
-                raise AgentConfigError("llm agent: no API key; set config 'api_key'/'api_key_env' or ALE_LLM_API_KEY (or OPENAI_API_KEY)")
+                raise AgentConfigError(
+                    "llm agent: no API key; set config 'api_key'/'api_key_env' or ALE_LLM_API_KEY (or OPENAI_API_KEY)")
             key = "unused"  # local OpenAI-compatible servers often need none; the SDK insists on one
         return base_url, str(model), key
 
     def evidence(self) -> dict[str, Any]:
         base_url = self.config.get("base_url") or _first_env("ALE_LLM_BASE_URL", "OPENAI_BASE_URL")
         model = self.config.get("model") or _first_env("ALE_LLM_MODEL", "OPENAI_MODEL")
-        return {"base_url": base_url, "model": model, "max_steps": self.max_steps, "max_tokens_total": self.max_tokens_total, "wall_time_s": self.wall_time_s}
+        return {"base_url": base_url, "model": model, "max_steps": self.max_steps,
+                "max_tokens_total": self.max_tokens_total, "wall_time_s": self.wall_time_s}
 
     # -- the loop ----------------------------------------------------------
     async def run(self, ctx: AgentContext) -> AgentOutcome:
@@ -132,11 +135,13 @@ class LLMAgent:
                 upstream = (self.config.get("ALE_GATEWAY_OPENAI_UPSTREAM") or base_url
                             or os.environ.get("ALE_GATEWAY_OPENAI_UPSTREAM") or DEFAULT_UPSTREAMS[OPENAI])
                 gw = ModelGateway(Path(ctx.run_dir), ToolPolicy(tuple(ctx.tools.allowlist)), upstreams={
-                    **DEFAULT_UPSTREAMS, OPENAI: str(upstream).rstrip("/")}, keys={OPENAI: key}, prices=dict(self.config.get("prices") or {}))
+                    **DEFAULT_UPSTREAMS, OPENAI: str(upstream).rstrip("/")}, keys={OPENAI: key},
+                    prices=dict(self.config.get("prices") or {}))
                 gw_url = await stack.enter_async_context(serve_gateway(gw))
                 base_url, key = f"{gw_url}/openai/v1", gw.token
                 state.gateway = gw
-            client = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=2, timeout=float(self.config.get("request_timeout_s", 300)))
+            client = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=2,
+                                 timeout=float(self.config.get("request_timeout_s", 300)))
             try:
                 async with asyncio.timeout_at(None if wall is None else loop.time() + wall):
                     return await self._loop(ctx, client, state)
@@ -151,16 +156,19 @@ class LLMAgent:
 
         specs = allowed_specs(ctx.tools.offered)  # desktop: computer only where there is one
         tools = [
-            {"type": "function", "function": {"name": n, "description": s["description"], "parameters": s["input_schema"]}}
+            {"type": "function",
+             "function": {"name": n, "description": s["description"], "parameters": s["input_schema"]}}
             for n, s in specs.items()
         ]
         system = str(self.config.get("system_prompt") or DEFAULT_SYSTEM_PROMPT)
         system = system.replace("{input_dir}", ctx.input_dir).replace("{workdir}", ctx.workdir)
-        messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": ctx.prompt}]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system},
+                                          {"role": "user", "content": ctx.prompt}]
         usage = state.usage
         while True:
             if self._tokens_spent(usage):
-                return state.outcome(AgentEnd.TIMEOUT, f"token limit of {self.max_tokens_total} reached ({usage['total_tokens']} used)",
+                return state.outcome(AgentEnd.TIMEOUT,
+                                     f"token limit of {self.max_tokens_total} reached ({usage['total_tokens']} used)",
                                      AgentLimit.TOTAL_TOKENS)
             kwargs: dict[str, Any] = {"model": state.model, "messages": messages}
             if tools:
@@ -186,21 +194,27 @@ class LLMAgent:
             assistant: dict[str, Any] = {"role": "assistant", "content": msg.content or ""}
             if calls:
                 assistant["tool_calls"] = [
-                    {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments or "{}"}}
+                    {"id": c.id, "type": "function",
+                     "function": {"name": c.function.name, "arguments": c.function.arguments or "{}"}}
                     for c in calls
                 ]
             messages.append(assistant)
             if not calls:
-                return state.outcome(AgentEnd.FINISHED, (msg.content or "").strip()[:2000] or "the model stopped calling tools")
+                return state.outcome(AgentEnd.FINISHED,
+                                     (msg.content or "").strip()[:2000] or "the model stopped calling tools")
             images: list[dict[str, Any]] = []  # desktop
             for c in calls:
                 if usage["tool_calls"] >= state.max_steps:
-                    return state.outcome(AgentEnd.TIMEOUT, f"step limit of {state.max_steps} tool calls reached", AgentLimit.TOOL_CALLS)
+                    return state.outcome(AgentEnd.TIMEOUT, f"step limit of {state.max_steps} tool calls reached",
+                                         AgentLimit.TOOL_CALLS)
                 if self._tokens_spent(usage):
-                    return state.outcome(AgentEnd.TIMEOUT, f"token limit of {self.max_tokens_total} reached ({usage['total_tokens']} used)",
-                                     AgentLimit.TOTAL_TOKENS)
+                    return state.outcome(
+                        AgentEnd.TIMEOUT,
+                        f"token limit of {self.max_tokens_total} reached ({usage['total_tokens']} used)",
+                        AgentLimit.TOTAL_TOKENS)
                 usage["tool_calls"] += 1
-                messages.append({"role": "tool", "tool_call_id": c.id, "content": await self._call_tool(ctx, c.function.name, c.function.arguments)})
+                messages.append({"role": "tool", "tool_call_id": c.id,
+                                 "content": await self._call_tool(ctx, c.function.name, c.function.arguments)})
                 if self._image is not None:  # desktop: screenshots follow the turn's tool messages
                     images.append(image_message(self._image))
             messages.extend(images)
@@ -235,7 +249,8 @@ class _LoopState:
     gateway: Any = None
 
     def __post_init__(self) -> None:
-        self.usage = {"model": self.model, "requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "tool_calls": 0}
+        self.usage = {"model": self.model, "requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
+                      "tool_calls": 0}
 
     def outcome(self, end: AgentEnd, detail: str, limit: AgentLimit | None = None) -> AgentOutcome:
         usage = dict(self.usage)

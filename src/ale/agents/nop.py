@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
+from ale.agents.base import Agent, AgentContext, AgentEnd, AgentOutcome
 
 
-class NopAgent:
+class NopAgent(Agent):
     name = "nop"
 
     def __init__(self, config: dict[str, Any] | None = None):

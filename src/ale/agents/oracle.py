@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
+from ale.agents.base import Agent, AgentContext, AgentEnd, AgentOutcome
 from ale.sandbox.session import ContainerSession
 
 
-class OracleAgent:
+class OracleAgent(Agent):
     name = "oracle"
+    takes_oracle = True
 
     def __init__(self, config: dict[str, Any] | None = None):
         self.config = dict(config or {})

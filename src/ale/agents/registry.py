@@ -39,7 +39,8 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 def _agent_class(name: str) -> type:
     if name not in AGENTS:
-        raise AgentConfigError(f"unknown agent {name!r}{_did_you_mean(name, AGENTS)} (known agents: {', '.join(AGENTS)})")
+        raise AgentConfigError(
+            f"unknown agent {name!r}{_did_you_mean(name, AGENTS)} (known agents: {', '.join(AGENTS)})")
     module, cls = AGENTS[name]
     return getattr(importlib.import_module(module), cls)
 
@@ -72,7 +73,8 @@ def make_agent(spec: AgentSpec) -> Agent:
     """Build the agent a spec names; configuration errors raise AgentConfigError."""
     unknown = set(spec.allowlist) - set(ALL_TOOLS)
     if unknown:
-        raise AgentConfigError(f"agent {spec.display!r}: unknown tools in allowlist {sorted(unknown)}; known: {', '.join(ALL_TOOLS)}")
+        raise AgentConfigError(f"agent {spec.display!r}: unknown tools in allowlist {sorted(unknown)}; "
+                               f"known: {', '.join(ALL_TOOLS)}")
     cls = _agent_class(spec.name)
     try:
         return cls(dict(spec.config))
@@ -98,7 +100,7 @@ def agent_evidence(spec: AgentSpec) -> dict[str, Any]:
     except AgentConfigError as e:
         doc["config_error"] = str(e)
         return doc
-    details = getattr(agent, "evidence", None)
-    if callable(details):
-        doc["details"] = redact(details())
+    details = agent.evidence()
+    if details is not None:
+        doc["details"] = redact(details)
     return doc

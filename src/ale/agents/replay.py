@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ale.agents.base import AgentContext, AgentEnd, AgentOutcome
+from ale.agents.base import Agent, AgentContext, AgentEnd, AgentOutcome
 from ale.agents.errors import AgentConfigError
 from ale.documents import load_document
 from ale.sandbox.tools import ALL_TOOLS
@@ -36,7 +36,8 @@ def parse_script(data: Any, source: str) -> list[ReplayCall]:
         try:
             call = ReplayCall.model_validate(item)
         except ValidationError as e:
-            problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(item)'}: {err['msg']}" for err in e.errors())
+            problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(item)'}: {err['msg']}"
+                                 for err in e.errors())
             raise AgentConfigError(
                 f"replay script {source}, index {i}: {problems} (each item is "
                 '{"tool": NAME, "args": {...}})'
@@ -54,7 +55,7 @@ def load_script(path: str | Path) -> list[ReplayCall]:
     return parse_script(data, str(path))
 
 
-class ReplayAgent:
+class ReplayAgent(Agent):
     name = "replay"
 
     def __init__(self, config: dict[str, Any] | None = None):
@@ -64,7 +65,8 @@ class ReplayAgent:
             raise AgentConfigError(f"replay agent: unknown config keys {sorted(unknown)}; known: {sorted(_KNOWN_KEYS)}")
         has_script, has_steps = "script" in self.config, "steps" in self.config
         if has_script == has_steps:
-            raise AgentConfigError("replay agent: give exactly one of config 'script' (a JSON file path) or 'steps' (a list)")
+            raise AgentConfigError(
+                "replay agent: give exactly one of config 'script' (a JSON file path) or 'steps' (a list)")
         if has_script:
             self.calls = load_script(self.config["script"])
         else:
@@ -75,9 +77,11 @@ class ReplayAgent:
         done = 0
         for i, call in enumerate(self.calls):
             if ctx.max_steps is not None and done >= ctx.max_steps:
-                return AgentOutcome(AgentEnd.TIMEOUT, detail=f"step limit of {ctx.max_steps} reached at script index {i}")
+                return AgentOutcome(AgentEnd.TIMEOUT,
+                                    detail=f"step limit of {ctx.max_steps} reached at script index {i}")
             out = await ctx.tools.call(call.tool, dict(call.args))
             done += 1
             if self.stop_on_error and not out.ok:
-                return AgentOutcome(AgentEnd.FAILED, detail=f"script index {i} ({call.tool}) failed: {out.error or out.exit_code}")
+                return AgentOutcome(AgentEnd.FAILED,
+                                    detail=f"script index {i} ({call.tool}) failed: {out.error or out.exit_code}")
         return AgentOutcome(AgentEnd.FINISHED, detail=f"replayed {done} call(s)")

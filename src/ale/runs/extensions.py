@@ -72,7 +72,8 @@ class NativeHarnessExtension(RunExtension):
 
         client = getattr(state.prep.provider, "client", None)
         if client is None:
-            raise SandboxError(f"native mode needs the Docker provider (the run's provider is {type(state.prep.provider).__name__})")
+            raise SandboxError("native mode needs the Docker provider "
+                               f"(the run's provider is {type(state.prep.provider).__name__})")
         base = state.live.image or state.prep.image or state.plan.image
         self._plain = state.live.image
         t0 = time.perf_counter()
@@ -82,7 +83,8 @@ class NativeHarnessExtension(RunExtension):
         path = state.folder.run_dir / layout.agent_path(HARNESS_IMAGE_RECORD)
         path.parent.mkdir(exist_ok=True)
         path.write_text(json.dumps(record, indent=2))
-        state.record.events.append("harness.layered", harness=self.harness, image=tag, base=base, cached=record["cached"])
+        state.record.events.append("harness.layered", harness=self.harness, image=tag, base=base,
+                                   cached=record["cached"])
         state.live.image = tag
 
     async def sandbox_started(self, state: RunState) -> None:
@@ -92,6 +94,6 @@ class NativeHarnessExtension(RunExtension):
 def make_extension(prep: Prepared) -> RunExtension:
     if prep.desktop is not None:
         return DesktopExtension(prep.desktop)
-    if getattr(prep.agent, "native", False):
+    if prep.agent is not None and prep.agent.native:  # a regrade prepares no agent: its turn is over
         return NativeHarnessExtension(prep.agent.name)
     return RunExtension()

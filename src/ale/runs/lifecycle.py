@@ -171,14 +171,10 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
         agent = make_agent(plan.agent)
         # An agent that checks its set-up against the run's private folders (the
         # command agent: a confined harness's installation must not enclose them).
-        check = getattr(agent, "preflight", None)
-        if check is not None:
-            check(private=[Path(plan.runs_dir), Path(plan.task_dir)])
+        agent.preflight(private=[Path(plan.runs_dir), Path(plan.task_dir)])
         # An agent that needs more of the sandbox's limits (a native harness) raises
         # them within the policy's bounds, or refuses here (evidence/policy.json: what ran).
-        fit = getattr(agent, "fit_policy", None)
-        if fit is not None:
-            plan = plan.model_copy(update={"policy": fit(plan.policy)})
+        plan = plan.model_copy(update={"policy": agent.fit_policy(plan.policy)})
     except AgentConfigError as e:
         raise PreflightError(str(e)) from e
     data_spec = plan.data_source or task.card.data_source
@@ -404,7 +400,7 @@ async def run_agent(state: RunState) -> None:
     prompt.parent.mkdir(exist_ok=True)
     prompt.write_text(v.description, encoding="utf-8", errors="surrogateescape")
     network = {"network_mode": plan.policy.network_mode, "controller": "outside the sandbox; tools reach it only through docker exec"}
-    if getattr(agent, "native", False):  # a named harness in native mode (ale.agents.harness)
+    if agent.native:  # a named harness in native mode (ale.agents.harness)
         network["controller"] = ("the harness runs inside the sandbox; its only way out is an exec-attached stream to the "
                                  "run's model gateway (agent/confinement.json)")
     state.record.store.write_json(Evidence.NETWORK, network)
@@ -427,7 +423,7 @@ async def run_agent(state: RunState) -> None:
         run_dir=state.folder.run_dir,
         wall_time_s=state.prep.wall_time_s,
         max_steps=plan.limits.max_steps,
-        oracle=_oracle(state) if plan.agent.name == "oracle" else None,
+        oracle=_oracle(state) if agent.takes_oracle else None,
     )
     limits = WorkspaceLimits.for_host(state.folder.workspace_host, plan.limits.workspace_max_bytes)
     state.record.events.append("workspace.watch", **limits.to_dict())
@@ -1109,7 +1105,7 @@ async def execute_run(
     error: str | None = None
     extra: dict[str, Any] = {}
     record.events.append("run.start", run_id=plan.run_id, plan_digest=plan.digest())
-    raised = (getattr(prep.agent, "sandbox_limits", None) or {}).get("raised")
+    raised = (prep.agent.sandbox_limits or {}).get("raised")
     if raised:  # the agent's needs raised the planned policy's limits (evidence/policy.json is what ran)
         record.events.append("policy.raised", by=prep.agent.name, raised=raised)
     with record.cost("evidence"):
@@ -1150,9 +1146,8 @@ async def execute_run(
     if model_failure is not None and FAILURE_OWNER[model_failure] is FailureOwner.OPERATOR:
         extra["retryable"] = False  # the key, the quota or the model name: another attempt cannot change it
     resumed = resumed_result(gw_summary["resumed"], run_dir) if isinstance(gw_summary.get("resumed"), dict) else None
-    mode = getattr(prep.agent, "mode", None)
-    if isinstance(mode, str):  # a named harness: native or bridge, never mixed up
-        extra["agent_mode"] = mode
+    if prep.agent.mode is not None:  # a named harness: native or bridge, never mixed up
+        extra["agent_mode"] = prep.agent.mode
     extra["costs"] = {k: round(v, 4) for k, v in state.record.costs.items()}
     if state.record.environment is not None:
         extra["environment"] = state.record.environment

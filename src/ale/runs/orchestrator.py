@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -106,6 +106,25 @@ class OrchestratorSummary:
     @property
     def all_final(self) -> bool:
         return sum(self.statuses.values()) == self.total
+
+
+@dataclass
+class _Schedule:
+    """One session's scheduling state: the units, what waits, what runs, the slots."""
+
+    states: list[UnitState]
+    index: RunIndex
+    progress: ProgressState
+    changed: asyncio.Event  # set when a slot, a requeued unit or a stop may let the loop act
+    slots: int
+    pending: deque[UnitState]
+    in_flight: dict[asyncio.Task[RunResult], tuple[UnitState, int]] = field(default_factory=dict)
+    delayed: set[asyncio.Task[None]] = field(default_factory=set)  # retries waiting out their backoff
+    ramp_timers: set[asyncio.Task[None]] = field(default_factory=set)
+    ramped: set[str] = field(default_factory=set)  # runs that already earned a slot
+    executed: int = 0
+    retried: int = 0
+    stop_deadline: float | None = None
 
 
 class Orchestrator:
@@ -200,6 +219,26 @@ class Orchestrator:
                 self._cluster.close()
 
     async def _run_locked(self) -> OrchestratorSummary:
+        states, index, orphans, moved = await self._prepare()
+        progress = self._start_progress(states)
+        await self._build_images(states, progress)
+        if moved:
+            self.progress.update(
+                progress, f"moved {len(moved)} interrupted run folder(s) to {layout.INCOMPLETE_DIR}/; redoing them")
+        if orphans:
+            self.progress.update(progress, f"removed {len(orphans)} orphan container(s)")
+        s = _Schedule(states, index, progress, changed=asyncio.Event(), slots=self.ramp_start,
+                      pending=deque(st for st in states if st.final is None))
+        self._changed = s.changed
+        try:
+            await self._schedule(s)
+        finally:
+            await self._wind_down(s)
+        return self._summary(s, orphans, moved)
+
+    async def _prepare(self) -> tuple[list[UnitState], RunIndex, list[str], list[str]]:
+        """The session's worker threads, the experiment record, the reconcile after a
+        crash (its orphans removed, its unfinished folders moved) and each unit's state."""
         # Each run in flight holds worker threads for its blocking calls (an exec's
         # output stream for as long as the command runs, a package build, a hash):
         # the loop's default pool (CPUs + 4, at most 32) would queue one run's engine
@@ -212,6 +251,10 @@ class Orchestrator:
         index = RunIndex(self.output)
         states = await asyncio.to_thread(resume_states, self.units, self.output, index, self.exp.retry.max_attempts,
                                        retry_errors=self.retry_errors)
+        return states, index, orphans, moved
+
+    def _start_progress(self, states: list[UnitState]) -> ProgressState:
+        """The progress display, started with the units an earlier session finished."""
         progress = ProgressState(total=len(states))
         for st in states:
             if st.final is not None:
@@ -219,177 +262,196 @@ class Orchestrator:
         progress.skipped = progress.done
         progress.slots = self.ramp_start
         self.progress.start(progress)
-        if self._provider is not None:  # runs on this engine: build the images they need first
-            plans = [st.unit.plan for st in states if st.final is None]
-            try:
-                say = lambda m: self.progress.update(progress, m)  # noqa: E731
-                if getattr(self._provider, "name", "docker") == "qemu":  # ale's VM guest (ale image build --vm)
-                    from ale.sandbox.qemu.image import ensure_vm_images
+        return progress
 
-                    await asyncio.to_thread(ensure_vm_images, [p.image for p in plans], say)
-                else:
-                    await asyncio.to_thread(ensure_images, images_for(plans), say)
-            except BaseException:
-                self.progress.stop(progress)
-                raise
-        if moved:
-            self.progress.update(progress, f"moved {len(moved)} interrupted run folder(s) to {layout.INCOMPLETE_DIR}/; redoing them")
-        if orphans:
-            self.progress.update(progress, f"removed {len(orphans)} orphan container(s)")
-
-        pending: deque[UnitState] = deque(st for st in states if st.final is None)
-        in_flight: dict[asyncio.Task[RunResult], tuple[UnitState, int]] = {}
-        delayed: set[asyncio.Task[None]] = set()
-        ramp_timers: set[asyncio.Task[None]] = set()
-        changed = self._changed = asyncio.Event()
-        executed = retried = 0
-        slots = self.ramp_start
-
-        def grow(reason_ok: bool) -> None:
-            nonlocal slots
-            if reason_ok and slots < self.concurrency:
-                slots += 1
-                progress.slots = slots
-                changed.set()
-
-        ramped: set[str] = set()  # runs that already earned a slot
-
-        async def ramp_timer(task: asyncio.Task[RunResult]) -> None:
-            await asyncio.sleep(self.ramp_after_s)
-            if not task.done() and task.get_name() not in ramped:
-                ramped.add(task.get_name())
-                grow(True)
-
-        async def requeue_later(st: UnitState, delay: float) -> None:
-            await asyncio.sleep(delay)
-            if not self.stopping:
-                pending.appendleft(st)
-                changed.set()
-
-        def launch(st: UnitState) -> None:
-            nonlocal executed
-            attempt = st.next_attempt
-            plan = st.unit.plan_for(attempt)
-            source = interrupted_source(self.output, plan.run_id) if self.resume_turns else None
-            if source is not None:  # continues from the interrupted attempt's gateway record
-                plan = plan.model_copy(update={"resume_from": str(source)})
-                self.progress.update(progress, f"{plan.run_id}: resuming from {source.name} (its recorded model turns replayed)")
-            task = asyncio.create_task(self._attempt(plan), name=plan.run_id)
-            in_flight[task] = (st, attempt)
-            executed += 1
-            self.max_in_flight = max(self.max_in_flight, len(in_flight))
-            progress.running = len(in_flight)
-            timer = asyncio.create_task(ramp_timer(task))
-            ramp_timers.add(timer)
-            timer.add_done_callback(ramp_timers.discard)
-
-        stop_deadline: float | None = None
+    async def _build_images(self, states: list[UnitState], progress: ProgressState) -> None:
+        """Runs on this engine: build the images the units still to run need, first."""
+        if self._provider is None:
+            return
+        plans = [st.unit.plan for st in states if st.final is None]
         try:
-            while pending or in_flight or delayed:
-                if self.stopping:
-                    if stop_deadline is None:
-                        stop_deadline = time.monotonic() + self.stop_grace_s
-                        progress.stopping = True
-                        pending.clear()
-                        for d in list(delayed):
-                            d.cancel()
-                        # The lifecycle ends a run on task cancellation (its cleanup
-                        # is shielded); the cancel event tells runners that watch it.
-                        for t in in_flight:
-                            t.cancel()
-                        self.progress.update(progress, f"stopping: cancelling {len(in_flight)} in-flight run(s)")
-                    if not in_flight:
-                        break
-                else:
-                    while pending and len(in_flight) < slots:
-                        launch(pending.popleft())
-                changed.clear()
-                waiters: set[asyncio.Future[Any]] = set(in_flight) | set(delayed)
-                change_waiter = asyncio.ensure_future(changed.wait())
-                waiters.add(change_waiter)
-                timeout = None
-                if stop_deadline is not None:
-                    timeout = max(0.0, stop_deadline - time.monotonic())
-                done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                if not change_waiter.done():
-                    change_waiter.cancel()
-                if stop_deadline is not None and time.monotonic() >= stop_deadline and in_flight:
-                    # The runs did not end within the grace period: leave them.
-                    break
-                for task in [t for t in done if t in in_flight]:
-                    st, attempt = in_flight.pop(task)
-                    progress.running = len(in_flight)
-                    if task.cancelled():
-                        self.progress.update(progress, f"{task.get_name()}: cancelled")
-                        continue
-                    exc = task.exception()
-                    if exc is not None:  # _attempt turns runner errors into results
-                        raise exc
-                    result = task.result()
-                    index.record(result, unit_info(st.unit), runs_root(self.output) / result.run_id)
-                    status = RunStatus(result.status)
-                    retryable = result.retryable
-                    if retryable and attempt < self.exp.retry.max_attempts and not self.stopping:
-                        st.next_attempt = attempt + 1
-                        retried += 1
-                        progress.retries += 1
-                        if slots > 1:
-                            slots -= 1
-                            progress.slots = slots
-                        delay = min(
-                            self.exp.retry.backoff_max_s,
-                            self.exp.retry.backoff_initial_s * (2 ** (attempt - 1)),
-                        )
-                        d = asyncio.create_task(requeue_later(st, delay))
-                        delayed.add(d)
-                        d.add_done_callback(delayed.discard)
-                        self.progress.update(
-                            progress,
-                            f"{result.run_id}: {status.value} ({_short(result.error)}); "
-                            f"attempt {attempt + 1} in {delay:.1f}s",
-                        )
-                        continue
-                    if retryable and attempt < self.exp.retry.max_attempts:
-                        # Stopping: leave the retry for the next start.
-                        continue
-                    st.final = result
-                    progress.count_final(result)
-                    progress.finished_this_session += 1
-                    if result.run_id not in ramped:
-                        ramped.add(result.run_id)
-                        grow(status is not RunStatus.INFRASTRUCTURE_ERROR)
-                    score = "-" if result.score is None else f"{result.score:.3f}"
-                    why = reason_line(result)
-                    self.progress.update(progress, f"{result.run_id}: {status.value} score={score}" + (f"  ({why})" if why else ""))
-                for task in [t for t in done if t in delayed]:
-                    delayed.discard(task)
-        finally:
-            pending_tasks: list[asyncio.Task[Any]] = [*in_flight, *delayed, *ramp_timers]
-            for t in pending_tasks:
-                t.cancel()
-            if in_flight:
-                await asyncio.wait(list(in_flight), timeout=30)
-            for timer in ramp_timers:
-                timer.cancel()
-            progress.running = 0
-            # Whatever the runs left (a crash, a cancelled run): remove it.
-            with contextlib.suppress(Exception):
-                leftovers = await asyncio.to_thread(self.janitor, self.exp.name)
-                if leftovers:
-                    self.progress.update(progress, f"removed {len(leftovers)} leftover container(s)")
+            say = lambda m: self.progress.update(progress, m)  # noqa: E731
+            if getattr(self._provider, "name", "docker") == "qemu":  # ale's VM guest (ale image build --vm)
+                from ale.sandbox.qemu.image import ensure_vm_images
+
+                await asyncio.to_thread(ensure_vm_images, [p.image for p in plans], say)
+            else:
+                await asyncio.to_thread(ensure_images, images_for(plans), say)
+        except BaseException:
             self.progress.stop(progress)
-            self._changed = None
+            raise
+
+    async def _schedule(self, s: _Schedule) -> None:
+        """Launch pending units into the free slots and take each run that ends, until
+        every unit is final or waits for a later session; on a stop, cancel and wait
+        for the runs in flight up to the grace period."""
+        while s.pending or s.in_flight or s.delayed:
+            if self.stopping:
+                if s.stop_deadline is None:
+                    self._begin_stop(s)
+                if not s.in_flight:
+                    break
+            else:
+                while s.pending and len(s.in_flight) < s.slots:
+                    self._launch(s, s.pending.popleft())
+            done = await self._wait(s)
+            if s.stop_deadline is not None and time.monotonic() >= s.stop_deadline and s.in_flight:
+                # The runs did not end within the grace period: leave them.
+                break
+            for task in [t for t in done if t in s.in_flight]:
+                self._take(s, task)
+            for task in [t for t in done if t in s.delayed]:
+                s.delayed.discard(task)
+
+    def _begin_stop(self, s: _Schedule) -> None:
+        """The first pass after a stop request: launch nothing more, cancel the rest."""
+        s.stop_deadline = time.monotonic() + self.stop_grace_s
+        s.progress.stopping = True
+        s.pending.clear()
+        for d in list(s.delayed):
+            d.cancel()
+        # The lifecycle ends a run on task cancellation (its cleanup
+        # is shielded); the cancel event tells runners that watch it.
+        for t in s.in_flight:
+            t.cancel()
+        self.progress.update(s.progress, f"stopping: cancelling {len(s.in_flight)} in-flight run(s)")
+
+    def _launch(self, s: _Schedule, st: UnitState) -> None:
+        """Start the unit's next attempt (resumed from its interrupted one's turns when
+        asked), with the timer that grows the slots if it is still running later."""
+        attempt = st.next_attempt
+        plan = st.unit.plan_for(attempt)
+        source = interrupted_source(self.output, plan.run_id) if self.resume_turns else None
+        if source is not None:  # continues from the interrupted attempt's gateway record
+            plan = plan.model_copy(update={"resume_from": str(source)})
+            self.progress.update(
+                s.progress, f"{plan.run_id}: resuming from {source.name} (its recorded model turns replayed)")
+        task = asyncio.create_task(self._attempt(plan), name=plan.run_id)
+        s.in_flight[task] = (st, attempt)
+        s.executed += 1
+        self.max_in_flight = max(self.max_in_flight, len(s.in_flight))
+        s.progress.running = len(s.in_flight)
+        timer = asyncio.create_task(self._ramp_timer(s, task))
+        s.ramp_timers.add(timer)
+        timer.add_done_callback(s.ramp_timers.discard)
+
+    async def _wait(self, s: _Schedule) -> set[asyncio.Future[Any]]:
+        """Until a run ends, a delayed retry is due, something changed (a slot, a
+        stop) or the stop's grace period is over: what ended."""
+        s.changed.clear()
+        waiters: set[asyncio.Future[Any]] = set(s.in_flight) | set(s.delayed)
+        change_waiter = asyncio.ensure_future(s.changed.wait())
+        waiters.add(change_waiter)
+        timeout = None
+        if s.stop_deadline is not None:
+            timeout = max(0.0, s.stop_deadline - time.monotonic())
+        done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if not change_waiter.done():
+            change_waiter.cancel()
+        return done
+
+    def _take(self, s: _Schedule, task: asyncio.Task[RunResult]) -> None:
+        """A run that ended: recorded in the index, then retried later (an error worth
+        another attempt) or final."""
+        st, attempt = s.in_flight.pop(task)
+        s.progress.running = len(s.in_flight)
+        if task.cancelled():
+            self.progress.update(s.progress, f"{task.get_name()}: cancelled")
+            return
+        exc = task.exception()
+        if exc is not None:  # _attempt turns runner errors into results
+            raise exc
+        result = task.result()
+        s.index.record(result, unit_info(st.unit), runs_root(self.output) / result.run_id)
+        status = RunStatus(result.status)
+        retryable = result.retryable
+        if retryable and attempt < self.exp.retry.max_attempts and not self.stopping:
+            self._retry_later(s, st, attempt, result)
+            return
+        if retryable and attempt < self.exp.retry.max_attempts:
+            # Stopping: leave the retry for the next start.
+            return
+        st.final = result
+        s.progress.count_final(result)
+        s.progress.finished_this_session += 1
+        if result.run_id not in s.ramped:
+            s.ramped.add(result.run_id)
+            self._grow(s, status is not RunStatus.INFRASTRUCTURE_ERROR)
+        score = "-" if result.score is None else f"{result.score:.3f}"
+        why = reason_line(result)
+        self.progress.update(s.progress, f"{result.run_id}: {status.value} score={score}"
+                             + (f"  ({why})" if why else ""))
+
+    def _retry_later(self, s: _Schedule, st: UnitState, attempt: int, result: RunResult) -> None:
+        """The unit's next attempt after an exponential backoff, with one slot fewer."""
+        st.next_attempt = attempt + 1
+        s.retried += 1
+        s.progress.retries += 1
+        if s.slots > 1:
+            s.slots -= 1
+            s.progress.slots = s.slots
+        delay = min(
+            self.exp.retry.backoff_max_s,
+            self.exp.retry.backoff_initial_s * (2 ** (attempt - 1)),
+        )
+        d = asyncio.create_task(self._requeue_later(s, st, delay))
+        s.delayed.add(d)
+        d.add_done_callback(s.delayed.discard)
+        self.progress.update(
+            s.progress,
+            f"{result.run_id}: {RunStatus(result.status).value} ({_short(result.error)}); "
+            f"attempt {attempt + 1} in {delay:.1f}s",
+        )
+
+    def _grow(self, s: _Schedule, reason_ok: bool) -> None:
+        if reason_ok and s.slots < self.concurrency:
+            s.slots += 1
+            s.progress.slots = s.slots
+            s.changed.set()
+
+    async def _ramp_timer(self, s: _Schedule, task: asyncio.Task[RunResult]) -> None:
+        await asyncio.sleep(self.ramp_after_s)
+        if not task.done() and task.get_name() not in s.ramped:
+            s.ramped.add(task.get_name())
+            self._grow(s, True)
+
+    async def _requeue_later(self, s: _Schedule, st: UnitState, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if not self.stopping:
+            s.pending.appendleft(st)
+            s.changed.set()
+
+    async def _wind_down(self, s: _Schedule) -> None:
+        """However the schedule ended: cancel what is left, remove what the runs left
+        (a crash, a cancelled run), stop the progress display."""
+        pending_tasks: list[asyncio.Task[Any]] = [*s.in_flight, *s.delayed, *s.ramp_timers]
+        for t in pending_tasks:
+            t.cancel()
+        if s.in_flight:
+            await asyncio.wait(list(s.in_flight), timeout=30)
+        for timer in s.ramp_timers:
+            timer.cancel()
+        s.progress.running = 0
+        # Whatever the runs left (a crash, a cancelled run): remove it.
+        with contextlib.suppress(Exception):
+            leftovers = await asyncio.to_thread(self.janitor, self.exp.name)
+            if leftovers:
+                self.progress.update(s.progress, f"removed {len(leftovers)} leftover container(s)")
+        self.progress.stop(s.progress)
+        self._changed = None
+
+    def _summary(self, s: _Schedule, orphans: list[str], moved: list[str]) -> OrchestratorSummary:
         statuses: dict[str, int] = {}
-        for st in states:
+        for st in s.states:
             if st.final is not None:
                 key = str(RunStatus(st.final.status))
                 statuses[key] = statuses.get(key, 0) + 1
         return OrchestratorSummary(
             output=self.output,
-            total=len(states),
-            skipped=progress.skipped,
-            executed=executed,
-            retried=retried,
+            total=len(s.states),
+            skipped=s.progress.skipped,
+            executed=s.executed,
+            retried=s.retried,
             interrupted=self.stopping,
             incomplete_moved=moved,
             orphans_removed=orphans,

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from ale.cli_output import SafeConsole
+from ale.cli.output import SafeConsole
 from ale.record.verify import VerifyReport, verify_run_dir
 
 
@@ -46,7 +46,8 @@ def print_report(report: VerifyReport, console: Console) -> None:
             where = f"[{c.get('phase')}] " if c.get("phase") else ""
             console.print(
                 f"  [yellow]•[/] {escape(where + str(c.get('id')))}: expected {escape(repr(c.get('expected')))}, "
-                f"observed {escape(repr(c.get('observed')))}" + (f" ({escape(str(c['detail']))})" if c.get("detail") else "")
+                f"observed {escape(repr(c.get('observed')))}"
+                + (f" ({escape(str(c['detail']))})" if c.get("detail") else "")
             )
     if report.key_source:
         console.print(f"  signature: {escape(report.key_source)}")

@@ -20,16 +20,11 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ale.cli_output import SafeConsole
+from ale.cli.output import SafeConsole, fail
 from ale.defaults import DEFAULT_TOOLS_IMAGE
 
 env_app = typer.Typer(no_args_is_help=True, help="Task environments: each task's software, built before its runs.")
 err = SafeConsole(stderr=True, soft_wrap=True)
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[red]error:[/] {escape(message)}")
-    return typer.Exit(code)
 
 
 def _task_dirs(path: Path) -> tuple[list[Path], str | None, str]:
@@ -48,7 +43,8 @@ def _task_dirs(path: Path) -> tuple[list[Path], str | None, str]:
 
 
 @contextlib.contextmanager
-def _variant_inputs(task_dir: Path, data: str | None, say: Callable[[str], None]) -> Iterator[list[tuple[int | None, Path | None]]]:
+def _variant_inputs(task_dir: Path, data: str | None,
+                    say: Callable[[str], None]) -> Iterator[list[tuple[int | None, Path | None]]]:
     """(variant index, input folder holding runtime_env/) per variant of the task, read
     from ``data`` (or the card's data_source); ``[(None, None)]`` when there is no data to
     read. A local source is read in place; a remote one fetches only the manifests; an
@@ -118,14 +114,14 @@ def build(
     from ale.tasks.errors import TaskError
 
     if not path.exists():
-        raise _fail(f"{path}: no such file or folder")
+        fail(f"{path}: no such file or folder")
     try:
         dirs, exp_overlay, exp_image = _task_dirs(path)
         ov = read_overlay(str(overlay) if overlay is not None else exp_overlay)
     except (SoftwareError, ValueError) as e:
-        raise _fail(str(e)) from None
+        fail(str(e))
     if not dirs:
-        raise _fail(f"{path}: no task folder (a folder with main.py) under it")
+        fail(f"{path}: no task folder (a folder with main.py) under it")
     say = lambda line: err.print(f"[dim]{escape(line)}[/]")  # noqa: E731
     base = image or exp_image
     if base == DEFAULT_TOOLS_IMAGE:
@@ -164,7 +160,8 @@ def build(
                        missing=[{"name": m.get("name"), "why": m.get("why")} for m in doc.get("missing", [])])
             if index is not None:
                 row["variants"] = [{"variant": ix, "image": im, "provisioned": [n.name for n in pv.needs],
-                                    "missing": [{"name": m.get("name"), "why": m.get("why")} for m in dc.get("missing", [])]}
+                                    "missing": [{"name": m.get("name"), "why": m.get("why")}
+                                                for m in dc.get("missing", [])]}
                                    for ix, pv, im, dc in variants]
         except (SoftwareError, TaskError, DataError, ValueError, OSError) as e:
             failed += 1
@@ -181,6 +178,7 @@ def build(
               f"{skipped} skipped (unsupported here), {failed} failed; {len(images)} distinct image(s)")
     for r in rows:
         for m in r.get("missing", []):
-            err.print(f"  [yellow]missing[/] {escape(Path(r['task']).name)}: {escape(str(m['name']))}: {escape(str(m['why']))}")
+            err.print(f"  [yellow]missing[/] {escape(Path(r['task']).name)}: {escape(str(m['name']))}: "
+                      f"{escape(str(m['why']))}")
     if failed:
         raise typer.Exit(1)

@@ -11,16 +11,23 @@ from typing import Annotated, Any
 import typer
 
 from ale import layout
-from ale.cli_output import err, fail
+from ale.cli.output import err, fail
 
 
 def regrade_command(
-    target: Annotated[Path, typer.Argument(help="A run folder, or an experiment's output folder (each final run in it).")],
-    tasks: Annotated[Path | None, typer.Option("--tasks", help="Grade with the same task in this task tree (default: the task folder the run names, as its code is now).")] = None,
+    target: Annotated[Path, typer.Argument(
+        help="A run folder, or an experiment's output folder (each final run in it).")],
+    tasks: Annotated[Path | None, typer.Option(
+        "--tasks",
+        help="Grade with the same task in this task tree (default: the task folder the run names, "
+             "as its code is now).")] = None,
     reason: Annotated[str, typer.Option("--reason", help="Why (recorded and signed with the regrade).")] = "",
-    signing_key: Annotated[Path | None, typer.Option("--signing-key", help="Sign the regrade with this key (default: the run's, else the operator's).")] = None,
-    public_key: Annotated[Path | None, typer.Option("--public-key", help="Verify the runs against this public key first.")] = None,
-    trusted_keys: Annotated[Path | None, typer.Option("--trusted-keys", help="Accept runs signed by any of these keys (nodes.json, PEM bundle, folder).")] = None,
+    signing_key: Annotated[Path | None, typer.Option(
+        "--signing-key", help="Sign the regrade with this key (default: the run's, else the operator's).")] = None,
+    public_key: Annotated[Path | None, typer.Option(
+        "--public-key", help="Verify the runs against this public key first.")] = None,
+    trusted_keys: Annotated[Path | None, typer.Option(
+        "--trusted-keys", help="Accept runs signed by any of these keys (nodes.json, PEM bundle, folder).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print what was regraded as JSON.")] = False,
 ) -> None:
     """Re-grade finished runs with the current (or a named) task code; the new grading
@@ -41,12 +48,12 @@ def regrade_command(
     if (target / layout.EXPERIMENT_RECORD).is_file():
         raise typer.Exit(_regrade_experiment(target, kw, json_out, regrade_experiment))
     if not (target / layout.RESULT).is_file():
-        fail(f"{target} is neither a run folder ({layout.RESULT}) nor an experiment folder ({layout.EXPERIMENT_RECORD})")
+        fail(f"{target} is neither a run folder ({layout.RESULT}) "
+             f"nor an experiment folder ({layout.EXPERIMENT_RECORD})")
     try:
         outcome = asyncio.run(regrade_run(target, **kw))
     except RegradeRefused as e:
-        err.print(f"refused: {e}", markup=False)
-        raise typer.Exit(1) from None
+        fail(str(e), 1, label="refused")
     doc = _outcome(outcome)
     print(json.dumps(doc, indent=2) if json_out else _line(doc))
 
@@ -64,7 +71,7 @@ def _line(d: dict[str, Any]) -> str:
 
 
 def _regrade_experiment(exp_dir: Path, kw: dict[str, Any], json_out: bool, regrade_experiment: Any) -> int:
-    from ale.cli_exp import write_reports
+    from ale.cli.exp import write_reports
     from ale.runs.exp_record import OutputBusy, OutputLock
 
     lock = OutputLock(exp_dir)
@@ -73,7 +80,8 @@ def _regrade_experiment(exp_dir: Path, kw: dict[str, Any], json_out: bool, regra
     except OutputBusy as e:
         fail(str(e))
     try:
-        done = asyncio.run(regrade_experiment(exp_dir, **kw, progress=lambda o: err.print(_line(_outcome(o)), markup=False)))
+        done = asyncio.run(regrade_experiment(
+            exp_dir, **kw, progress=lambda o: err.print(_line(_outcome(o)), markup=False)))
         if done.regraded:
             json_path, _ = write_reports(exp_dir)
             err.print(f"report rewritten with the latest gradings: {json_path}")

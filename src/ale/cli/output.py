@@ -55,9 +55,13 @@ class SafeConsole(Console):
 err = SafeConsole(stderr=True, soft_wrap=True, highlight=False)
 
 
-def fail(message: str, code: int = 2) -> NoReturn:
-    """Print ``error: message`` on stderr (never wrapped) and exit with ``code``."""
-    text = Text("error: ", style="bold red")
+def fail(message: str, code: int = 2, *, label: str = "error") -> NoReturn:
+    """The one way an `ale` command fails: print ``error: message`` on stderr (never
+    wrapped, its controls escaped) and exit with ``code`` (2, the usual refusal of
+    input, unless the command's documented code differs). ``message`` names the path
+    or value at fault; ``label`` replaces ``error`` where a command says something
+    else (``refused``)."""
+    text = Text(f"{label}: ", style="bold red")
     text.append(terminal_safe(message))
     err.print(text)
     raise typer.Exit(code)

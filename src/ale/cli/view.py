@@ -1,5 +1,5 @@
 """`ale view RUN_DIR|EXP_DIR` and `ale export RUN_DIR|EXP_DIR --format atif`
-(wired into the main CLI by ``ale.cli``)."""
+(wired into the main CLI by ``ale.cli.main``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from ale.cli_output import err, fail
+from ale.cli.output import err, fail
 
 
 def _serve_root(page: Path, target: Path) -> Path:
@@ -23,12 +23,15 @@ def _serve_root(page: Path, target: Path) -> Path:
 
 def view_command(
     target: Annotated[Path, typer.Argument(help="A run folder, or an experiment's output folder.")],
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="The page to write (default: <run>.view.html beside the run folder; "
-                                             "<output>/views/index.html for an experiment, with a page per run beside it).")] = None,
-    serve: Annotated[bool, typer.Option("--serve", help="Also serve the page on 127.0.0.1 until Ctrl-C (the page needs no server).")] = False,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="The page to write (default: <run>.view.html beside the run folder; "
+                            "<output>/views/index.html for an experiment, with a page per run beside it).")] = None,
+    serve: Annotated[bool, typer.Option(
+        "--serve", help="Also serve the page on 127.0.0.1 until Ctrl-C (the page needs no server).")] = False,
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="The port for --serve (0: any free one).")] = 0,
     open_: Annotated[bool, typer.Option("--open", help="Open the page in a browser.")] = False,
-    no_verify: Annotated[bool, typer.Option("--no-verify", help="Leave out the evidence verdict (ale verify) to write faster.")] = False,
+    no_verify: Annotated[bool, typer.Option(
+        "--no-verify", help="Leave out the evidence verdict (ale verify) to write faster.")] = False,
 ) -> None:
     """Write a static, self-contained HTML page of a run (or of an experiment and each of its runs)."""
     from ale.report.viewer import is_experiment_dir, timed_view
@@ -69,9 +72,11 @@ def view_command(
 
 def export_command(
     target: Annotated[Path, typer.Argument(help="A run folder, or an experiment's output folder.")],
-    format_: Annotated[str, typer.Option("--format", "-f", help="The format: atif (Harbor's Agent Trajectory Interchange Format).")] = "atif",
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Where to write (default: <run>.atif.json beside the run folder; "
-                                             "<output>/atif/ for an experiment, one file per run).")] = None,
+    format_: Annotated[str, typer.Option(
+        "--format", "-f", help="The format: atif (Harbor's Agent Trajectory Interchange Format).")] = "atif",
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Where to write (default: <run>.atif.json beside the run folder; "
+                            "<output>/atif/ for an experiment, one file per run).")] = None,
 ) -> None:
     """Export trajectories in a format other tools read; prints each file written."""
     from pydantic import ValidationError

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
-from ale.cli_output import fail
+from ale.cli.output import fail
 from ale.data.base import DataError, ImageStore, VariantKey
 from ale.defaults import DEFAULT_TOOLS_IMAGE
 
@@ -28,7 +28,8 @@ LayoutOpt = Annotated[
     str | None,
     typer.Option(
         "--layout",
-        help="Data root layout: auto (each variant under <root>/<d>/<t>/<v> or <root>/tasks/<d>/<t>/<v>), ale or tasks.",
+        help="Data root layout: auto (each variant under <root>/<d>/<t>/<v> or <root>/tasks/<d>/<t>/<v>), "
+             "ale or tasks.",
     ),
 ]
 
@@ -41,10 +42,6 @@ def _image_store(spec: str) -> ImageStore | None:
     from ale.sandbox.docker_images import DockerImageStore
 
     return DockerImageStore(connect())
-
-
-def _fail(message: str, code: int = 1) -> NoReturn:
-    fail(message, code)
 
 
 def _targets(target: Path, data: str | None) -> list[tuple[str, list[VariantKey], Path]]:
@@ -89,8 +86,10 @@ def _targets(target: Path, data: str | None) -> list[tuple[str, list[VariantKey]
 @data_app.command()
 def pull(
     target: Annotated[Path, typer.Argument(help="A task folder or an experiment file.")],
-    data: Annotated[str | None, typer.Option("--data", envvar="ALE_DATA", help="Data source (default: the task card's).")] = None,
-    reference: Annotated[bool, typer.Option("--reference/--no-reference", help="Also cache the reference (sealed or not); trusted machines only.")] = False,
+    data: Annotated[str | None, typer.Option(
+        "--data", envvar="ALE_DATA", help="Data source (default: the task card's).")] = None,
+    reference: Annotated[bool, typer.Option(
+        "--reference/--no-reference", help="Also cache the reference (sealed or not); trusted machines only.")] = False,
     anon: Annotated[bool, typer.Option("--anon", help="Anonymous access (public buckets).")] = False,
     layout: LayoutOpt = None,
 ) -> None:
@@ -106,18 +105,21 @@ def pull(
             )
         typer.echo(f"{total} bytes cached")
     except (DataError, ValueError) as exc:  # TaskError is a ValueError
-        _fail(str(exc))
+        fail(str(exc), 1)
     except Exception as exc:  # SandboxError from connect(): the engine is not running
-        _fail(str(exc))
+        fail(str(exc), 1)
 
 
 @data_app.command()
 def seal(
     variant_dirs: Annotated[list[Path], typer.Argument(help="Variant folders holding reference/.")],
     secret_store: SecretsOpt = None,
-    remove_clear: Annotated[bool, typer.Option("--remove-clear", help="Delete the clear reference/ after sealing.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Re-seal over an existing reference.7z (new password).")] = False,
-    compression: Annotated[str, typer.Option("--compression", help="zstd (fast, default) | deflate | lzma2 | copy.")] = "zstd",
+    remove_clear: Annotated[bool, typer.Option(
+        "--remove-clear", help="Delete the clear reference/ after sealing.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Re-seal over an existing reference.7z (new password).")] = False,
+    compression: Annotated[str, typer.Option(
+        "--compression", help="zstd (fast, default) | deflate | lzma2 | copy.")] = "zstd",
 ) -> None:
     """Pack reference/ into an encrypted reference.7z; the password goes to the grader's secret store."""
     from ale.data.sealing import seal_variant
@@ -127,7 +129,7 @@ def seal(
             r = seal_variant(v, secret_store, remove_clear=remove_clear, force=force, compression=compression)
             typer.echo(f"{r.archive}: sha256 {r.sha256}, {r.files} files, {r.size} bytes; password in {r.secret_store}")
     except DataError as exc:
-        _fail(str(exc))
+        fail(str(exc), 1)
 
 
 @data_app.command()
@@ -142,7 +144,7 @@ def unseal(
         for v in variant_dirs:
             typer.echo(f"unsealed into {unseal_variant(v, secret_store)}")
     except DataError as exc:
-        _fail(str(exc))
+        fail(str(exc), 1)
 
 
 @data_app.command()
@@ -160,7 +162,7 @@ def validate(
     try:
         problems = validate_root(root, layout=layout or "auto", require_sealed=require_sealed, huge_bytes=huge)
     except DataError as exc:
-        _fail(str(exc))
+        fail(str(exc), 1)
         return
     if as_json:
         typer.echo(json.dumps([p.model_dump() for p in problems], indent=2))
@@ -177,8 +179,10 @@ def bake_command(
     data_root: Annotated[Path, typer.Argument(help="A data root (either layout) with sealed references.")],
     tag: Annotated[str, typer.Option("--tag", help="The image to build.")] = "ale-data:latest",
     base: Annotated[str, typer.Option("--base", help="The image to build FROM.")] = DEFAULT_TOOLS_IMAGE,
-    task: Annotated[list[str] | None, typer.Option("--task", help="domain/task/variant to include (repeatable; default: all).")] = None,
-    image_data_root: Annotated[str, typer.Option("--data-root", help="Where the data lives inside the image.")] = "/opt/ale-data",
+    task: Annotated[list[str] | None, typer.Option(
+        "--task", help="domain/task/variant to include (repeatable; default: all).")] = None,
+    image_data_root: Annotated[str, typer.Option(
+        "--data-root", help="Where the data lives inside the image.")] = "/opt/ale-data",
     layout: LayoutOpt = None,
 ) -> None:
     """Bake task data (input, software, reference.7z; never a clear reference) into an image."""
@@ -195,6 +199,6 @@ def bake_command(
         typer.echo(f"{tag} {image_id}")
         typer.echo(f"use it with --data image:{tag}")
     except DataError as exc:
-        _fail(str(exc))
+        fail(str(exc), 1)
     except Exception as exc:  # SandboxError from connect(): the engine is not running
-        _fail(str(exc))
+        fail(str(exc), 1)

@@ -15,6 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
+from ale.cli.output import fail
+
 
 def _sha256(path: str) -> str:
     h = hashlib.sha256()
@@ -55,8 +57,7 @@ def verify_vm_command(
         exp = VmExpectation.from_dict(json.loads(expectation.read_text()))
         capture, checks = verify_vm(str(qmp), exp)
     except (OSError, ValueError, SandboxError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        fail(str(e), 2)
     if save_capture is not None:
         save_capture.write_text(json.dumps(capture, indent=1, sort_keys=True) + "\n")
     bad = failures(checks)

@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -18,15 +18,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from ale import layout
-from ale.cli_output import SafeConsole, err, fail
+from ale.cli.output import SafeConsole, err, fail
 from ale.status import RunStatus
 
 exp_app = typer.Typer(no_args_is_help=True, help="Run experiments: agents × tasks × repeats, resumable.")
 
-
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-    fail(message, code)
 
 
 def write_reports(exp_dir: Path) -> tuple[Path, Path]:
@@ -45,12 +41,26 @@ def write_reports(exp_dir: Path) -> tuple[Path, Path]:
 def run_command(
     file: Annotated[Path, typer.Argument(help="The experiment file (YAML).")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the planned runs; run nothing.")] = False,
-    plain: Annotated[bool, typer.Option("--plain", help="Plain progress lines (CI logs); the default when stderr is not a terminal.")] = False,
-    allow_changed: Annotated[bool, typer.Option("--allow-changed", help="Continue an output folder although the experiment changed.")] = False,
-    concurrency: Annotated[int | None, typer.Option("--concurrency", "-j", min=1, help="Runs at once (default: the file's `concurrency`).")] = None,
-    cluster: Annotated[str | None, typer.Option("--cluster", envvar="ALE_CLUSTER", help="Where runs execute: `local` (default) or `ray:HOST:PORT` (a Ray cluster; default: the file's environment.cluster).")] = None,
-    retry_errors: Annotated[bool, typer.Option("--retry-errors", help="Run once more each unit whose final run ended in an error (infrastructure, or a grading failure or invalid run not charged to the agent).")] = False,
-    resume_turns: Annotated[bool, typer.Option("--resume-turns", help="An attempt interrupted after its agent started (a crash, a lost node, Ctrl-C) continues from its gateway record: a fresh sandbox, its recorded model turns replayed until the first that differs, then the live model (docs/experiments.md). Off: it starts again from turn 1.")] = False,
+    plain: Annotated[bool, typer.Option(
+        "--plain", help="Plain progress lines (CI logs); the default when stderr is not a terminal.")] = False,
+    allow_changed: Annotated[bool, typer.Option(
+        "--allow-changed", help="Continue an output folder although the experiment changed.")] = False,
+    concurrency: Annotated[int | None, typer.Option(
+        "--concurrency", "-j", min=1, help="Runs at once (default: the file's `concurrency`).")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        "--cluster", envvar="ALE_CLUSTER",
+        help="Where runs execute: `local` (default) or `ray:HOST:PORT` (a Ray cluster; default: "
+             "the file's environment.cluster).")] = None,
+    retry_errors: Annotated[bool, typer.Option(
+        "--retry-errors",
+        help="Run once more each unit whose final run ended in an error (infrastructure, "
+             "or a grading failure or invalid run not charged to the agent).")] = False,
+    resume_turns: Annotated[bool, typer.Option(
+        "--resume-turns",
+        help="An attempt interrupted after its agent started (a crash, a lost node, "
+             "Ctrl-C) continues from its gateway record: a fresh sandbox, its recorded model turns replayed until the "
+             "first that differs, then the live model (docs/experiments.md). Off: "
+             "it starts again from turn 1.")] = False,
 ) -> None:
     """Run (or resume) an experiment; prints where the report is, last."""
     from ale.runs.cluster import resolve_cluster
@@ -67,7 +77,7 @@ def run_command(
         units, skipped = plan_experiment(exp, build_envs=not dry_run)
         where = resolve_cluster(cluster, exp.environment.cluster)
     except (ExperimentError, ValueError) as e:
-        _fail(str(e))
+        fail(str(e))
     if where.kind == "local" and not dry_run:  # a cluster's nodes answer for their own engines
         from ale.sandbox.providers import require_runtime
 
@@ -75,14 +85,14 @@ def run_command(
         try:
             require_runtime(exp.environment.provider, runtime)
         except SandboxError as e:
-            _fail(f"environment.runtime {runtime!r}: {e}")
+            fail(f"environment.runtime {runtime!r}: {e}")
     out_dir = exp.output_dir
     if skipped:
         err.print(f"[yellow]{len(skipped)} task(s) or variant(s) not planned[/] (they cannot run here; the rest runs):")
         for sk in skipped:
             err.print(f"  {escape(sk.line())}", highlight=False)
     if not units:
-        _fail(f"nothing to run in {file}: every task was left out (above)")
+        fail(f"nothing to run in {file}: every task was left out (above)")
     if dry_run:
         root = runs_root(out_dir)
         for u in units:
@@ -94,7 +104,7 @@ def run_command(
     write_skipped(out_dir, skipped)
     use_plain = plain or not sys.stderr.isatty()
     progress = PlainProgress() if use_plain else RichProgress(err)
-    from ale.cli_output import software_progress
+    from ale.cli.output import software_progress
 
     try:
         with software_progress():
@@ -103,9 +113,9 @@ def run_command(
                                cluster=cluster, retry_errors=retry_errors, units=units, resume_turns=resume_turns)
             )
     except (ExperimentChanged, OutputBusy, ExperimentError) as e:
-        _fail(str(e))
+        fail(str(e))
     except SandboxError as e:
-        _fail(str(e), 1)
+        fail(str(e), 1)
     json_path, html_path = write_reports(out_dir)
     finals = ", ".join(f"{k} {v}" for k, v in sorted(summary.statuses.items())) or "none"
     err.print(
@@ -129,7 +139,7 @@ def status_command(exp_dir: Annotated[Path, typer.Argument(help="The experiment'
 
     record = exp_dir / layout.EXPERIMENT_RECORD
     if not record.is_file():
-        _fail(f"{exp_dir} is not an experiment folder (no experiment.json)")
+        fail(f"{exp_dir} is not an experiment folder (no experiment.json)")
     data = json.loads(record.read_text())
     index = RunIndex(exp_dir) if (exp_dir / INDEX_NAME).is_file() else rebuild_index(exp_dir)
     counts = index.count_by_status()
@@ -179,7 +189,8 @@ def print_skipped_tasks(console: Console, exp_dir: Path) -> None:
 
     skipped = read_skipped(exp_dir)
     if skipped:
-        console.print(f"[yellow]{len(skipped)} task(s) or variant(s) not planned[/] (recorded in {exp_dir / SKIPPED_FILE}):")
+        console.print(f"[yellow]{len(skipped)} task(s) or variant(s) not planned[/] "
+                      f"(recorded in {exp_dir / SKIPPED_FILE}):")
         for s in skipped:
             console.print(f"  {escape(s['status'])}  {escape(s['task'])}: {escape(s['reason'])}", highlight=False)
 
@@ -203,7 +214,8 @@ def report_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print one CSV row per run (final attempts).")] = False,
     html: Annotated[Path | None, typer.Option("--html", help="Write a self-contained HTML report to FILE.")] = None,
-    threshold: Annotated[float | None, typer.Option("--threshold", min=0.0, max=1.0, help="Pass threshold (default: the experiment's, else 0.5).")] = None,
+    threshold: Annotated[float | None, typer.Option(
+        "--threshold", min=0.0, max=1.0, help="Pass threshold (default: the experiment's, else 0.5).")] = None,
 ) -> None:
     """Scores per agent (bootstrap 95% CI over tasks), pass rates, pass@k, tiers."""
     from ale.report import load_report, to_csv, to_json, write_html
@@ -221,7 +233,7 @@ def report_command(
     try:
         report = load_report(exp_dir, options)
     except FileNotFoundError as e:
-        _fail(str(e))
+        fail(str(e))
     if as_json:
         print(to_json(report))
     if as_csv:
@@ -240,14 +252,16 @@ def report_command(
             pak = ["-" if a.pass_at_k.get(k) is None else f"{a.pass_at_k[k]:.3f}" for k in range(1, max_k + 1)]
             table.add_row(escape(a.agent), "-" if a.mean is None else f"{a.mean:.3f}", ci,
                           "-" if a.valid_mean is None else f"{a.valid_mean:.3f}",
-                          "-" if a.pass_rate is None else f"{a.pass_rate:.3f}", *pak, str(a.items), f"{a.counted}/{a.runs}",
+                          "-" if a.pass_rate is None else f"{a.pass_rate:.3f}", *pak, str(a.items),
+                          f"{a.counted}/{a.runs}",
                           str(a.statuses.get(RunStatus.INVALID_EVALUATION_ENVIRONMENT, 0)), str(a.flagged))
         console = wide_console()
         console.print(table)
         console.print("by status: " + ", ".join(f"{k} {v}" for k, v in report.counts_by_status.items() if v))
         console.print("tiers: " + ", ".join(f"{k} {len(v)}" for k, v in report.tiers.items()))
         if report.flagged_runs:
-            console.print(f"[red]{len(report.flagged_runs)} run(s) charged to the candidate[/] (invalid after the agent "
+            console.print(f"[red]{len(report.flagged_runs)} run(s) charged to the candidate[/] "
+                          "(invalid after the agent "
                           "started, or a grader that failed again and again on its deliverables; counted as 0 in the "
                           "headline; review them): " + ", ".join(r.run_id for r in report.flagged_runs[:10]))
         others = [r for r in report.invalid_runs if r not in report.flagged_runs]
@@ -255,15 +269,19 @@ def report_command(
             console.print(f"[red]{len(others)} invalid run(s)[/] charged to the harness or the controller (excluded): "
                           + ", ".join(r.run_id for r in others[:10]))
         if report.warned_runs:
-            console.print(f"[yellow]{len(report.warned_runs)} run(s) with warnings[/] (scored as they are; look at them): "
-                          + escape("; ".join(f"{r.run_id}: {r.warnings[0]}" for r in report.warned_runs[:5])), highlight=False)
+            console.print(f"[yellow]{len(report.warned_runs)} run(s) with warnings[/] "
+                          "(scored as they are; look at them): "
+                          + escape("; ".join(f"{r.run_id}: {r.warnings[0]}" for r in report.warned_runs[:5])),
+                          highlight=False)
         console.print("by kind: " + ", ".join(f"{k} {v}" for k, v in report.counts_by_kind.items()), highlight=False)
         resumed = [r for r in report.runs if r.resumed]
         if resumed:  # continued from an interrupted attempt's record: shown, with any divergence
-            console.print(f"[yellow]{len(resumed)} resumed run(s)[/] (recorded turns replayed from an interrupted attempt): "
+            console.print(f"[yellow]{len(resumed)} resumed run(s)[/] "
+                          "(recorded turns replayed from an interrupted attempt): "
                           + escape("; ".join(f"{r.run_id}: {(r.resumed or {}).get('replayed_turns')} replayed"
                                              + (f", diverged at turn {(r.resumed or {}).get('diverged_at')}"
-                                                if (r.resumed or {}).get("diverged_at") else "") for r in resumed[:10])),
+                                                if (r.resumed or {}).get("diverged_at") else "")
+                                             for r in resumed[:10])),
                           highlight=False)
         from ale.report.verify_experiment import experiment_report
 
@@ -272,7 +290,8 @@ def report_command(
             console.print(f"{regrades['runs']} run(s) counted with a regrade, with task code "
                           + ", ".join(f"{c[:12]}… ({n})" for c, n in regrades["task_code"].items()), highlight=False)
         if max_k == 0:
-            console.print("pass@k: no task has two or more counted runs of an agent (repeats: 2 or more)", highlight=False)
+            console.print("pass@k: no task has two or more counted runs of an agent (repeats: 2 or more)",
+                          highlight=False)
         print_not_scored(console, report.runs)
         print_skipped_tasks(console, exp_dir)
         console.print(report.counting_policy, markup=False, highlight=False)
@@ -291,7 +310,7 @@ def cleanup_command(
     try:
         removed = make_provider().remove_managed()
     except SandboxError as e:
-        _fail(str(e), 1)
+        fail(str(e), 1)
     removed += make_provider("qemu").remove_managed()  # ale's VMs: their qemu killed, their overlays deleted
     for name in removed:
         print(name)
@@ -308,5 +327,5 @@ def cleanup_command(
 exp_app.command("report")(report_command)
 
 
-if __name__ == "__main__":  # `python -m ale.cli_exp run FILE` works without the main CLI
+if __name__ == "__main__":  # `python -m ale.cli.exp run FILE` works without the main CLI
     exp_app()

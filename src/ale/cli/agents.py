@@ -15,10 +15,12 @@ from pathlib import Path
 import typer
 
 from ale.agents.errors import AgentConfigError
+from ale.cli.output import fail
 from ale.defaults import CANDIDATE_USER, DEFAULT_OUTPUT_DIR
 from ale.sandbox.tools import ALL_TOOLS
 
-app = typer.Typer(help="Agents: list them, check replay scripts, publish schemas, serve the MCP bridge.", no_args_is_help=True)
+app = typer.Typer(help="Agents: list them, check replay scripts, publish schemas, serve the MCP bridge.",
+                  no_args_is_help=True)
 
 DEFAULT_SCHEMA_PATH = Path("schemas/trajectory.schema.json")
 
@@ -52,8 +54,7 @@ def check_script(path: Path) -> None:
     try:
         calls = load_script(path)
     except AgentConfigError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
+        fail(str(e), 1)
     typer.echo(f"{path}: {len(calls)} call(s): " + ", ".join(c.tool for c in calls))
 
 
@@ -63,7 +64,8 @@ def mcp_stdio(
     workdir: str = typer.Option(DEFAULT_OUTPUT_DIR, help="The workspace path inside the container."),
     allow: str = typer.Option(",".join(ALL_TOOLS), help="Comma-separated tool allowlist."),
     user: str = typer.Option(CANDIDATE_USER, help="The candidate uid:gid tools run as."),
-    trajectory_dir: Path | None = typer.Option(None, help="Record steps to DIR/trajectory.jsonl (and .json at the end)."),
+    trajectory_dir: Path | None = typer.Option(
+        None, help="Record steps to DIR/trajectory.jsonl (and .json at the end)."),
     max_steps: int | None = typer.Option(None, help="Refuse tool calls past this many."),
 ) -> None:
     """Serve the MCP tools of one container over stdin/stdout."""
@@ -77,26 +79,21 @@ def mcp_stdio(
     allowlist = tuple(t.strip() for t in allow.split(",") if t.strip())
     unknown = set(allowlist) - set(ALL_TOOLS)
     if unknown:
-        typer.echo(f"error: unknown tools {sorted(unknown)}; known: {', '.join(ALL_TOOLS)}", err=True)
-        raise typer.Exit(2)
+        fail(f"unknown tools {sorted(unknown)}; known: {', '.join(ALL_TOOLS)}", 2)
     try:
         # Only `user` is read from the policy on the exec path; the rest stays at its defaults.
         sandbox = make_provider().attach(container, IsolationPolicy(user=user, cpus=1.0))
         found = sandbox.inspect()
     except SandboxGone as e:
-        typer.echo(f"error: container {container!r} not found: {e}", err=True)
-        raise typer.Exit(1) from None
+        fail(f"container {container!r} not found: {e}", 1)
     except SandboxError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
+        fail(str(e), 1)
     labels = (found.get("Config") or {}).get("Labels") or {}
     status = (found.get("State") or {}).get("Status")
     if labels.get(LABEL_MANAGED) != "1":
-        typer.echo(f"error: container {container!r} was not created by ale (no {LABEL_MANAGED}=1 label); refusing", err=True)
-        raise typer.Exit(1)
+        fail(f"container {container!r} was not created by ale (no {LABEL_MANAGED}=1 label); refusing", 1)
     if status != "running":
-        typer.echo(f"error: container {container!r} is {status}, not running", err=True)
-        raise typer.Exit(1)
+        fail(f"container {container!r} is {status}, not running", 1)
     writer = TrajectoryWriter(trajectory_dir, "mcp-stdio", "mcp-stdio") if trajectory_dir else None
     tools = ToolBox(sandbox, workdir=workdir, allowlist=allowlist, recorder=writer)
     try:
@@ -106,5 +103,5 @@ def mcp_stdio(
             writer.close(usage={"tool_calls": tools.steps}, end="finished")
 
 
-if __name__ == "__main__":  # `python -m ale.cli_agents mcp-stdio ...` works without the main CLI
+if __name__ == "__main__":  # `python -m ale.cli.agents mcp-stdio ...` works without the main CLI
     app()

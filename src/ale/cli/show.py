@@ -9,14 +9,17 @@ from typing import Annotated
 
 import typer
 
-from ale.cli_output import err, fail
+from ale.cli.output import err, fail
 
 key_app = typer.Typer(no_args_is_help=True, help="The operator's signing key.")
 
 
 @key_app.command("show")
 def key_show(
-    signing_key: Annotated[Path | None, typer.Option("--signing-key", envvar="ALE_SIGNING_KEY", help="The Ed25519 PEM private key runs are signed with (default: the one in the config dir, created on first use).")] = None,
+    signing_key: Annotated[Path | None, typer.Option(
+        "--signing-key", envvar="ALE_SIGNING_KEY",
+        help="The Ed25519 PEM private key runs are signed with (default: the one in the config dir, created on "
+             "first use).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Also write the public key (PEM) to FILE.")] = None,
 ) -> None:
     """Print the operator's public key (PEM): give it to `ale verify --public-key FILE`."""
@@ -39,7 +42,8 @@ def key_show(
         err.print(f"wrote {out}", markup=False, highlight=False)
     print(pem.decode().rstrip("\n"))
     err.print(f"the public key of {path} (sha256:{public_key_sha256(key)}); check a run with "
-              "`ale key show -o operator.pem && ale verify RUN --public-key operator.pem`", markup=False, highlight=False)
+              "`ale key show -o operator.pem && ale verify RUN --public-key operator.pem`",
+              markup=False, highlight=False)
 
 
 def task_show_command(

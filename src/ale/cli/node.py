@@ -8,21 +8,32 @@ from typing import Annotated
 
 import typer
 
-from ale.cli_output import err, fail
+from ale.cli.output import err, fail
 
-node_app = typer.Typer(no_args_is_help=True, help="Cluster nodes: a Ray node with its Docker engine, slots and signing key.")
+node_app = typer.Typer(no_args_is_help=True,
+                       help="Cluster nodes: a Ray node with its Docker engine, slots and signing key.")
 
 
 @node_app.command("start")
 def start_command(
-    head: Annotated[bool, typer.Option("--head", help="Start the cluster's head (prints the cluster's address last).")] = False,
-    address: Annotated[str | None, typer.Option("--address", help="Join the cluster at HOST:PORT (the head's address).")] = None,
+    head: Annotated[bool, typer.Option(
+        "--head", help="Start the cluster's head (prints the cluster's address last).")] = False,
+    address: Annotated[str | None, typer.Option(
+        "--address", help="Join the cluster at HOST:PORT (the head's address).")] = None,
     port: Annotated[int, typer.Option("--port", help="The head's GCS port (0: any free port).")] = 6379,
-    node_ip: Annotated[str | None, typer.Option("--node-ip", help="The address this node is reached at (head default: 127.0.0.1, a cluster on this machine only).")] = None,
-    docker_host: Annotated[str | None, typer.Option("--docker-host", help="The node's Docker engine (default: DOCKER_HOST or the local socket).")] = None,
-    slots: Annotated[int | None, typer.Option("--slots", min=0, help="Sandboxes at once on this node (default: 1 on a worker, 0 on a head).")] = None,
-    name: Annotated[str | None, typer.Option("--name", help="The node's name on this machine (default: HOSTNAME-RANDOM).")] = None,
-    token_file: Annotated[Path | None, typer.Option("--token-file", help="Ray's authentication token (default: RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; the head creates it).")] = None,
+    node_ip: Annotated[str | None, typer.Option(
+        "--node-ip",
+        help="The address this node is reached at (head default: 127.0.0.1, a cluster on this machine only).")] = None,
+    docker_host: Annotated[str | None, typer.Option(
+        "--docker-host", help="The node's Docker engine (default: DOCKER_HOST or the local socket).")] = None,
+    slots: Annotated[int | None, typer.Option(
+        "--slots", min=0, help="Sandboxes at once on this node (default: 1 on a worker, 0 on a head).")] = None,
+    name: Annotated[str | None, typer.Option(
+        "--name", help="The node's name on this machine (default: HOSTNAME-RANDOM).")] = None,
+    token_file: Annotated[Path | None, typer.Option(
+        "--token-file",
+        help="Ray's authentication token (default: RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; "
+             "the head creates it).")] = None,
 ) -> None:
     """Start a Ray node that runs ale's sandboxes; token authentication is always on."""
     from ale.runs.node import NodeError, start_node
@@ -43,7 +54,8 @@ def start_command(
 @node_app.command("stop")
 def stop_command(
     names: Annotated[list[str] | None, typer.Argument(help="Nodes to stop (default: the only one running).")] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Stop every node `ale node start` started on this machine.")] = False,
+    all_: Annotated[bool, typer.Option(
+        "--all", help="Stop every node `ale node start` started on this machine.")] = False,
 ) -> None:
     """Stop nodes started here (their own processes only; never other Ray processes)."""
     from ale.runs.node import NodeError, list_nodes, stop_nodes
