@@ -22,7 +22,6 @@ import asyncio
 import base64
 import contextlib
 import json
-import math
 import os
 import pwd
 import shutil
@@ -47,17 +46,15 @@ from ale.sandbox.base import (
     SandboxSpec,
 )
 from ale.sandbox.halt import STOP_BOUND_S, StopOutcome
-from ale.sandbox.policy import MIB, IsolationPolicy
+from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.qemu import kvm
 from ale.sandbox.qemu.channel import Channel, Relay, channel_for, drop_channel
 from ale.sandbox.qemu.image import DEFAULT_VM_IMAGE, VmImage, resolve_vm_image
 from ale.sandbox.qemu.monitor import MonitorError, capture, qmp
+from ale.sandbox.qemu.shape import QEMU, cpu_model, machine_size
 from ale.sandbox.qemu.warm import WarmState
 
-QEMU = "qemu-system-x86_64"
 BOOT_TIMEOUT_S = 180.0
-# The guest's own kernel, init and agent on top of what the policy gives the candidate.
-GUEST_OVERHEAD_BYTES = 384 * MIB
 # Over a command's own timeout: the agent's kill and the answer.
 HOST_GRACE_S = 15.0
 SERVER_PORT = 8000
@@ -84,13 +81,6 @@ def _pid_alive(pid: int, state: Path) -> bool:
     if st.rsplit(")", 1)[-1].split()[0] == "Z":
         return False
     return str(state).encode() in cmd
-
-
-def cpu_model(accel: str) -> str:
-    """The guest's CPU: the host's under KVM; under TCG ``max``, every feature QEMU
-    emulates (SSE4.2, POPCNT, AVX2...). QEMU's default ``qemu64`` lacks what today's
-    wheels assume (numpy 2 needs x86-64-v2: an import dies with SIGILL)."""
-    return "host" if accel == "kvm" else "max"
 
 
 def _image_env(image: VmImage) -> dict[str, str]:
@@ -192,8 +182,7 @@ class QemuSandbox:
                 raise SandboxError(f"qemu-img create failed: {r.stderr.decode(errors='replace')}")
             policy = spec.policy
             uid, gid, _groups = _parse_user(policy.user)
-            vcpus = max(1, min(math.ceil(policy.cpus), os.cpu_count() or 1))
-            mem_mb = (policy.memory_bytes + GUEST_OVERHEAD_BYTES) // MIB
+            vcpus, mem_mb = machine_size(policy)
             shares = []
             for i, m in enumerate(spec.mounts):
                 shares.append({"tag": f"ale{i}", "source": m.source, "target": m.target, "ro": m.read_only})
@@ -651,7 +640,8 @@ class QemuProvider:
         if self.boot == "warm":
             from ale.sandbox.qemu.warm import ensure_warm
 
-            warm = await ensure_warm(spec, img, accel)
+            warm = await ensure_warm(spec, img, accel, template=lambda tspec: QemuSandbox.create(
+                tspec, img, accel, "exec", template=True))
         sb = await asyncio.to_thread(QemuSandbox.create, spec, img, accel, self.session, warm=warm)
         return _sandbox_class(sb.meta)(sb.state, spec.policy) if self.session == "cua" else sb
 

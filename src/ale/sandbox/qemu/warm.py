@@ -36,16 +36,41 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ale.sandbox.base import Mount, SandboxError, SandboxSpec
 from ale.sandbox.qemu.image import VmImage, sha256_file, vm_root
 from ale.sandbox.qemu.monitor import MonitorError, qmp
+from ale.sandbox.qemu.shape import QEMU, cpu_model, machine_size
 
-if TYPE_CHECKING:
-    from ale.sandbox.qemu.sandbox import QemuSandbox
+
+class Vm(Protocol):
+    """What this module needs of a VM (``QemuSandbox``): its state folder and QMP, start, stop."""
+
+    name: str
+    state: Path
+
+    @property
+    def qmp_path(self) -> str: ...
+
+    @property
+    def overlay(self) -> Path: ...
+
+    def running(self) -> bool: ...
+
+    def console_tail(self, n: int = 3000) -> str: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def remove(self) -> None: ...
+
+
+Template = Callable[[SandboxSpec], Vm]  # makes the template VM of a spec's shape (not started)
 
 WARM_VERSION = "w1"
 SAVE_TIMEOUT_S = 300.0
@@ -86,8 +111,6 @@ def warm_root() -> Path:
 
 
 def qemu_version() -> str:
-    from ale.sandbox.qemu.sandbox import QEMU
-
     try:
         return subprocess.run([QEMU, "--version"], capture_output=True, text=True, timeout=20).stdout.split("\n")[0]
     except (OSError, subprocess.SubprocessError):
@@ -106,13 +129,11 @@ def template_spec(spec: SandboxSpec, empty: Path) -> SandboxSpec:
     return replace(spec, name=f"{spec.name}-template"[:120], mounts=mounts, environment={})
 
 
-async def ensure_warm(spec: SandboxSpec, image: VmImage, accel: dict[str, Any], say: Any = None) -> WarmState:
-    """The saved state for ``spec``'s shape, made now when missing (one boot and a save)."""
-    from ale.sandbox.qemu.sandbox import GUEST_OVERHEAD_BYTES, MIB, cpu_model
-
-    policy = spec.policy
-    vcpus = max(1, min(int(-(-policy.cpus // 1)), os.cpu_count() or 1))
-    mem_mb = (policy.memory_bytes + GUEST_OVERHEAD_BYTES) // MIB
+async def ensure_warm(spec: SandboxSpec, image: VmImage, accel: dict[str, Any], *, template: Template,
+                      say: Any = None) -> WarmState:
+    """The saved state for ``spec``'s shape, made now when missing (one boot of the VM
+    ``template`` makes, and a save)."""
+    vcpus, mem_mb = machine_size(spec.policy)
     key = await asyncio.to_thread(warm_key, image, accel["accel"], cpu_model(accel["accel"]), mem_mb, vcpus,
                                   len(spec.mounts))
     warm = WarmState(warm_root() / key)
@@ -124,7 +145,7 @@ async def ensure_warm(spec: SandboxSpec, image: VmImage, accel: dict[str, Any], 
         if warm.complete():
             return warm
         (say or (lambda _m: None))(f"saving a booted guest for this shape (once): {warm.folder}")
-        await _make(warm, spec, image, accel, key, mem_mb, vcpus)
+        await _make(warm, spec, image, accel, key, mem_mb, vcpus, template)
     finally:
         lock.close()
     return warm
@@ -139,16 +160,14 @@ def _lock(key: str) -> Any:
 
 
 async def _make(warm: WarmState, spec: SandboxSpec, image: VmImage, accel: dict[str, Any], key: str, mem_mb: int,
-                vcpus: int) -> None:
-    from ale.sandbox.qemu.sandbox import QemuSandbox
-
+                vcpus: int, template: Template) -> None:
     t0 = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=warm_root()))
-    sb: QemuSandbox | None = None
+    sb: Vm | None = None
     try:
         empty = work / "empty"
         empty.mkdir()
-        sb = await asyncio.to_thread(QemuSandbox.create, template_spec(spec, empty), image, accel, "exec", template=True)
+        sb = await asyncio.to_thread(template, template_spec(spec, empty))
         await sb.start()
         booted_s = time.monotonic() - t0
         out = sb.state / "out.sock"
@@ -213,7 +232,7 @@ def _save(qmp_path: str, sock_path: Path, dest: Path) -> None:
         srv.close()
 
 
-async def restore(sb: QemuSandbox, warm: dict[str, Any]) -> None:
+async def restore(sb: Vm, warm: dict[str, Any]) -> None:
     """Stream the saved state into ``sb``'s waiting QEMU (``-incoming unix:``), then run it."""
     path = str(sb.state / "in.sock")
     state = Path(str(warm["state"]))
