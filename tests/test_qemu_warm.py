@@ -127,3 +127,22 @@ def test_a_saved_state_that_changed_is_never_run(tmp_path):
         assert result.status is RunStatus.SCORED, (result.status, result.error)
     finally:
         POLICY = saved
+
+
+def test_cleanup_removes_a_save_a_crash_left_half_made(tmp_path, monkeypatch):
+    from ale.sandbox.qemu import warm
+
+    monkeypatch.setenv("ALE_VM_DIR", str(tmp_path))
+    (tmp_path / "warm").mkdir()
+    crashed = tmp_path / "warm" / ".aaaaaaaaaaaa-x1"
+    crashed.mkdir()
+    (crashed / "state.bin").write_bytes(b"half")
+    busy = tmp_path / "warm" / ".bbbbbbbbbbbb-x2"
+    busy.mkdir()
+    held = warm._lock("bbbbbbbbbbbb")  # a save being made now, by another process
+    try:
+        removed = QemuProvider(accel="tcg").remove_managed()
+    finally:
+        held.close()
+    assert any(str(crashed) in r for r in removed) and not crashed.exists()
+    assert busy.exists()

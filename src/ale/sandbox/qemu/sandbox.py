@@ -675,6 +675,10 @@ class QemuProvider:
             drop_channel(str(state / "ctl.sock"))
             kill_state(state)
             removed.append(str(meta.get("name")))
+        if run_id is None and experiment is None:  # a whole cleanup: saves a crash left half made
+            from ale.sandbox.qemu.warm import remove_unfinished
+
+            removed += remove_unfinished()
         return removed
 
 

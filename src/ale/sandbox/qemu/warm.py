@@ -151,12 +151,36 @@ async def ensure_warm(spec: SandboxSpec, image: VmImage, accel: dict[str, Any], 
     return warm
 
 
-def _lock(key: str) -> Any:
+def _lock(key: str, *, wait: bool = True) -> Any:
+    """The lock of a shape's save (held while it is made); None when ``wait`` is False and
+    another process holds it."""
     import fcntl
 
     f = open(warm_root() / f".{key}.lock", "a+")  # noqa: SIM115 (held until the caller closes it)
-    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        f.close()
+        return None
     return f
+
+
+def remove_unfinished() -> list[str]:
+    """The work folders of saves that a crash stopped half way (``.KEY-*`` whose lock
+    nobody holds): removed, as ``ale cleanup`` removes a crashed run's VM."""
+    removed = []
+    for work in sorted(warm_root().glob(".*-*")) if warm_root().is_dir() else []:
+        if not work.is_dir():
+            continue
+        lock = _lock(work.name[1:].split("-", 1)[0], wait=False)
+        if lock is None:  # being made now
+            continue
+        try:
+            shutil.rmtree(work, ignore_errors=True)
+            removed.append(f"unfinished saved guest {work}")
+        finally:
+            lock.close()
+    return removed
 
 
 async def _make(warm: WarmState, spec: SandboxSpec, image: VmImage, accel: dict[str, Any], key: str, mem_mb: int,
