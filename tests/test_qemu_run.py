@@ -177,3 +177,85 @@ def test_a_hostile_agent_in_the_vm_is_contained_graded_and_verified(tmp_path):
     stop = json.loads((plan.run_dir / "evidence" / "stop.json").read_text())
     assert stop["halt"]["survivors"] == [] and stop["within_bound"], stop
     verified(plan)
+
+
+MAPPED_TASK = '''
+    import cua_bench as cb
+    from tasks.linux_runtime import LinuxTaskConfig
+
+    VERIFY = """
+    import mmap, os, sqlite3, sys
+    out, scratch = sys.argv[1], sys.argv[2]
+    con = sqlite3.connect(os.path.join(out, "facts.db"))
+    assert con.execute("select count(*) from t").fetchone()[0] == 50
+    con.close()
+    for d in ("/tmp/mapped", scratch, os.path.join(out, "regen")):
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "m.bin"), "w+b") as f:
+            f.write(bytes(4096)); f.flush()
+            m = mmap.mmap(f.fileno(), 4096); m[:2] = b"ok"; m.close()
+        db = sqlite3.connect(os.path.join(d, "wal.db"))
+        assert db.execute("pragma journal_mode=wal").fetchone()[0] == "wal"
+        db.execute("create table t(x)"); db.execute("insert into t values (1)"); db.commit(); db.close()
+    print("ok")
+    """
+
+
+    class Config(LinuxTaskConfig):
+        pass
+
+
+    @cb.tasks_config
+    def load():
+        cfg = Config(DOMAIN_NAME="lab", TASK_NAME="beta")
+        return [cb.Task(description="write output/m.bin through a shared mapping and output/facts.db in WAL mode",
+                        metadata=cfg.to_metadata())]
+
+
+    @cb.solve_task
+    async def solve(task_cfg, session):
+        out = task_cfg.metadata["remote_output_dir"]
+        # no msync: the mapping is written back when it closes, at the process's exit
+        await session.run_command(
+            f"cd {out} && python3 -c \\"import mmap; f = open('m.bin', 'w+b'); f.write(bytes(16)); f.flush(); "
+            f"m = mmap.mmap(f.fileno(), 16); m[:6] = b'mapped'\\"")
+        await session.run_command(
+            f"cd {out} && python3 -c \\"import sqlite3; c = sqlite3.connect('facts.db'); c.execute('pragma journal_mode=wal'); "
+            f"c.execute('create table t(x)'); c.executemany('insert into t values (?)', [(i,) for i in range(50)]); "
+            f"c.commit(); c.close()\\"")
+
+
+    @cb.evaluate_task
+    async def evaluate(task_cfg, session):
+        m = task_cfg.metadata
+        if not await session.file_exists(f"{m['remote_output_dir']}/m.bin"):
+            return [0.0]
+        mapped = (await session.read_bytes(f"{m['remote_output_dir']}/m.bin")).startswith(b"mapped")
+        await session.interface.create_dir("/tmp/agenthle_eval/mapped")
+        await session.write_file("/tmp/agenthle_eval/mapped/verify.py", VERIFY)
+        r = await session.run_command(
+            f"python /tmp/agenthle_eval/mapped/verify.py {m['remote_output_dir']} {m['task_dir']}/eval_data")
+        return [1.0 if mapped and r["return_code"] == 0 and r["stdout"].strip() == "ok" else 0.0]
+'''
+
+
+def test_shared_mappings_and_sqlite_wal_work_on_the_vms_shares(tmp_path):
+    """A candidate's numpy.memmap / SQLite WAL in output/ and a grader's in /tmp, in
+    <task_dir>/eval_data and in its working copy of output/ (9p shares in a VM, bind
+    mounts in a container): v9fs with cache=none refused every writable shared mapping
+    (EINVAL, and SQLite's -shm "disk I/O error"), so such a task scored 0 under qemu and
+    1 under Docker. The mapped bytes reach the deliverables without an msync."""
+    from ale.sandbox.qemu.image import build_vm_image
+    from tests.ale_tree import make_data, make_tree, write
+
+    guest = build_vm_image(say=lambda _m: None)  # the guest of this checkout's agent (a lookup when built)
+    tasks = make_tree(tmp_path / "ale", data_root=make_data(tmp_path / "data"))
+    d = write(tasks / "lab" / "mapped" / "main.py", MAPPED_TASK).parent
+    write(d / "task_card.json", '{"vm": {"snapshot": "cpu-free-ubuntu"}, "data_source": "local:%s"}' % (tmp_path / "data"))
+    plan = RunPlan(run_id=f"t-{uuid.uuid4().hex[:12]}", task_dir=str(d), variant=0, agent=AgentSpec(name="oracle", config={}),
+                   image=f"ale-vm:{guest.folder.name}", policy=POLICY, limits=Limits(), runs_dir=str(tmp_path / "runs"),
+                   provider="qemu")
+    result = run(plan)
+    assert result.status is RunStatus.SCORED and result.scores == [1.0], (result.scores, result.error, result.violations)
+    assert (plan.run_dir / "deliverables" / "m.bin").read_bytes().startswith(b"mapped")
+    verified(plan)

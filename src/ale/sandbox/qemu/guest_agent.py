@@ -121,7 +121,12 @@ def run_setup(cfg):
     socket.sethostname(cfg.get("hostname") or "ale-vm")
     for s in cfg.get("shares") or []:
         os.makedirs(s["target"], exist_ok=True)
-        opts = "trans=virtio,version=9p2000.L,msize=524288,cache=none"
+        # cache=mmap, not cache=none: v9fs without a cache refuses a writable shared
+        # mmap (EINVAL), which numpy.memmap, tifffile.memmap, LMDB and SQLite's WAL
+        # (its -shm file) need, on a bind mount as in a container. Reads and writes
+        # stay uncached (as with none); mapped pages are written back when the mapping
+        # closes, as at a process's exit.
+        opts = "trans=virtio,version=9p2000.L,msize=524288,cache=mmap"
         if s.get("ro"):
             opts += ",ro"
         sh("mount", "-t", "9p", "-o", opts, s["tag"], s["target"])
