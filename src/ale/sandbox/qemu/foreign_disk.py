@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -86,7 +85,7 @@ while True:
     except ChildProcessError:
         time.sleep(1)
 '
-""" % {"port": FOREIGN_PORT}
+""".replace("%(port)d", str(FOREIGN_PORT))
 SYSLINUX_CFG = """DEFAULT linux
 PROMPT 0
 TIMEOUT 0
