@@ -125,6 +125,14 @@ def foreign_inspect(ref: str) -> dict[str, Any]:
             "kernel": None, "initrd": None, "manifest": {"kind": FOREIGN_KIND}}
 
 
+def expectation_fields(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a foreign disk's VM plans beyond ale's own guest (``VmExpectation`` fields,
+    from the VM's record of its creation): restricted user-mode networking with the one
+    forward to computer-server, no share (the input is copied in, the workspace out)."""
+    return {"network": "user-restricted", "hostfwd_port": int(meta["hostfwd_port"]),
+            "guest_port": int(meta["guest_port"]), "shares": {}, "input_transfer": "copy"}
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -463,4 +471,4 @@ class ForeignQemuSandbox(QemuSandbox):
         await super().stop()
 
 
-__all__ = ["ForeignQemuSandbox", "foreign_inspect", "is_foreign_disk"]
+__all__ = ["ForeignQemuSandbox", "expectation_fields", "foreign_inspect", "is_foreign_disk"]
