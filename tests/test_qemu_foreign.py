@@ -216,3 +216,41 @@ def test_foreign_run_with_unrestricted_net_and_guestfwd_is_invalid(tmp_path, dis
     assert not (plan.run_dir / "evidence" / "agent.json").exists()  # the agent never ran
     report = verify(plan)
     assert any("vm.net.user_restricted" in r for r in report.reasons) or not report.valid, report.reasons
+
+
+# -- without QEMU ----------------------------------------------------------------------------------
+def test_a_copied_input_is_planned_so_and_its_guest_write_test_not_judged(tmp_path) -> None:
+    """``input_transfer="copy"`` (a foreign disk's guest) round-trips through the stored
+    expectation, and the guest's write test of the input is not a rule for it (the guest
+    holds the candidate's own copy; the host's input is hashed before and after)."""
+    from ale.isolation.vm_rules import VmExpectation, judge_vm_probes
+    from ale.sandbox.qemu.foreign import expectation_fields, is_foreign_disk
+
+    meta = {"hostfwd_port": 40000, "guest_port": 5000}
+    exp = VmExpectation(base_path="/d.qcow2", base_sha256="0" * 64, overlay_path="/o.qcow2", memory_mib=1, vcpus=1,
+                        guest_input_dir="/input", guest_workspace_dir="/workspace", candidate_uid=1000,
+                        **expectation_fields(meta))
+    assert VmExpectation.from_dict(exp.to_dict()) == exp
+    legacy = exp.to_dict()
+    legacy.pop("input_transfer")
+    assert VmExpectation.from_dict(legacy).input_transfer == "share"  # runs recorded before it existed
+    with pytest.raises(ValueError):
+        VmExpectation.from_dict({**exp.to_dict(), "input_transfer": "nfs"})
+    copy_ids = {c.id for c in judge_vm_probes("", exp, "before")}
+    share_ids = {c.id for c in judge_vm_probes("", VmExpectation.from_dict({**exp.to_dict(), "input_transfer": "share"}),
+                                               "before")}
+    assert "vm.probe.input_read_only" in share_ids - copy_ids
+    disk = tmp_path / "d.qcow2"
+    disk.write_bytes(b"x")
+    assert is_foreign_disk(str(disk)) and is_foreign_disk(f"local:{disk}")
+    (tmp_path / "guest.json").write_text("{}")
+    assert not is_foreign_disk(str(disk))  # ale's own guest (ale image build --vm)
+    assert not is_foreign_disk("ale-vm:latest") and not is_foreign_disk(str(tmp_path))
+
+
+def test_workspace_names_from_the_guest_are_checked() -> None:
+    from ale.sandbox.qemu.foreign import _safe_rel
+
+    assert _safe_rel("answer.json") and _safe_rel("a/b c/d")
+    for bad in ("", "/etc/passwd", "../x", "a/../../x", "a//b", "./a", "a\0b", "a/."):
+        assert not _safe_rel(bad), bad
