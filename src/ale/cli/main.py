@@ -209,7 +209,8 @@ def _ensure_vm_image(plans: list, say) -> None:
     except SandboxError as e:
         fail(str(e))
     try:
-        ensure_vm_images([p.image for p in plans], say)
+        # a plan with a mapped disk boots that disk (ale's guest or a foreign one), not ale-vm:latest
+        ensure_vm_images([p.image for p in plans if not p.vm_image], say)
     except ImageMissing as e:
         fail(str(e))
     except SandboxError as e:
