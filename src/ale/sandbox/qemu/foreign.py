@@ -81,8 +81,8 @@ COPY_MAX_BYTES = 2 * 1024**3
 COPY_BOUND_S = 120.0  # the input's copy in
 # The end of the turn runs inside the lifecycle's stop step (``STOP_STEP_BOUND_S``, 60 s):
 # the workspace's copy out and the after-run probes each get this much of it.
-HALT_COPY_BOUND_S = 25.0
-HALT_PROBE_BOUND_S = 20.0
+HALT_COPY_BOUND_S = 20.0
+HALT_PROBE_BOUND_S = 15.0
 FOREIGN_KIND = "foreign"
 
 
@@ -421,15 +421,18 @@ class ForeignQemuSandbox(QemuSandbox):
         details = []
         if self._client is not None and not self._halted:
             try:
-                self.copies["out"] = await asyncio.wait_for(self._copy_out(HALT_COPY_BOUND_S), HALT_COPY_BOUND_S + 5)
-                details.append(f"workspace copied out through computer-server ({self.copies['out']['files']} files)")
+                self.copies["out"] = await asyncio.wait_for(self._copy_out(HALT_COPY_BOUND_S), HALT_COPY_BOUND_S + 2)
+                c = self.copies["out"]
+                details.append(f"workspace copied out through computer-server ({c['files']} files, {c['bytes']} bytes, "
+                               f"{len(c['skipped'])} skipped{'' if c['complete'] else ', INCOMPLETE'}"
+                               + (f": {'; '.join(c['skipped'][:5])}" if c["skipped"] else "") + ")")
             except (TimeoutError, SandboxError, OSError) as e:
                 self.copies["out"] = {"complete": False, "error": f"{type(e).__name__}: {e}"[:1000]}
                 details.append(f"the workspace copy failed: {e}")
             argv = self._probe_argv()
             try:
                 res = await asyncio.wait_for(self._client.run_command(argv, timeout=HALT_PROBE_BOUND_S),
-                                             HALT_PROBE_BOUND_S + 5)
+                                             HALT_PROBE_BOUND_S + 2)
                 self._after_probe = (tuple(argv), res)
                 details.append("after-run probes ran as the server's user before the stop")
             except (TimeoutError, SandboxError) as e:
