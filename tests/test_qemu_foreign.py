@@ -52,10 +52,22 @@ def disk(monkeypatch) -> Path:
     return found
 
 
-def task_copy(tmp_path: Path) -> Path:
-    """files/word_count with a vm.snapshot (the disk is mapped to it) and its data where it is."""
+EXTRA_INPUT = """
+    # (the foreign-disk test) start() adds to the input after the guest booted
+    await session.write_text(f"{task_cfg.metadata['input_dir']}/extra.txt", "written by start()\\n")
+"""
+
+
+def task_copy(tmp_path: Path, *, extra_input: bool = False) -> Path:
+    """files/word_count with a vm.snapshot (the disk is mapped to it) and its data where it
+    is; ``extra_input``: its start() also writes a file into the input."""
     dest = tmp_path / "tasks" / "files" / "word_count"
     shutil.copytree(EXAMPLES / "files" / "word_count", dest)
+    if extra_input:
+        main = (dest / "main.py").read_text()
+        anchor = 'raise FileNotFoundError(f"the staged input has no {doc}")\n'
+        assert anchor in main
+        (dest / "main.py").write_text(main.replace(anchor, anchor + EXTRA_INPUT, 1))
     card = json.loads((dest / "task_card.json").read_text())
     card["data_source"] = f"local:{(EXAMPLES / 'files' / 'word_count' / '../../../data').resolve()}"
     card["vm"]["snapshot"] = SNAPSHOT
@@ -63,8 +75,9 @@ def task_copy(tmp_path: Path) -> Path:
     return dest
 
 
-def plan_for(tmp_path: Path, disk: Path, agent: str) -> RunPlan:
-    return RunPlan(run_id=f"t-{uuid.uuid4().hex[:12]}", task_dir=str(task_copy(tmp_path)), variant=0,
+def plan_for(tmp_path: Path, disk: Path, agent: str, *, extra_input: bool = False) -> RunPlan:
+    return RunPlan(run_id=f"t-{uuid.uuid4().hex[:12]}", task_dir=str(task_copy(tmp_path, extra_input=extra_input)),
+                   variant=0,
                    agent=AgentSpec(name=agent, config={}), image="ale-vm:latest", policy=POLICY, limits=Limits(),
                    runs_dir=str(tmp_path / "runs"), provider="qemu", vm_image=str(disk))
 
@@ -84,7 +97,7 @@ def verify(plan: RunPlan):
 
 
 def test_foreign_disk_oracle_one_sealed_and_verified(tmp_path, disk):
-    plan = plan_for(tmp_path, disk, "oracle")
+    plan = plan_for(tmp_path, disk, "oracle", extra_input=True)
     result = run(plan)
     assert result.status is RunStatus.SCORED, (result.error, result.violations)
     assert result.scores and all(s == 1.0 for s in result.scores)
@@ -108,6 +121,7 @@ def test_foreign_disk_oracle_one_sealed_and_verified(tmp_path, disk):
     assert stop["halt"]["method"] == "qmp" and stop["halt"]["frozen"] is True
     cua = json.loads((ev / "cua.json").read_text())
     assert cua["kind"] == "foreign" and cua["boot"]["ready_s"] > 0
+    assert cua["copies"]["in"]["files"] == 1 and cua["copies"]["in_again"]["files"] == 1  # document.txt, then extra.txt
     deliverables = json.loads((plan.run_dir / "deliverables.json").read_text()) if (plan.run_dir / "deliverables.json").exists() else None
     assert deliverables is None or any("answer.json" in json.dumps(f) for f in deliverables.get("files", []))
     report = verify(plan)

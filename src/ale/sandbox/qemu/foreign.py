@@ -19,7 +19,8 @@ port (``CuaClient``), as the candidate the server runs as:
 
 - ``start()``: boot, wait for ``/status``, then put the run's input in (and anything
   already in the workspace folder) through the server's file API, bounded
-  (``COPY_MAX_FILES``/``COPY_MAX_BYTES``/``COPY_BOUND_S``);
+  (``COPY_MAX_FILES``/``COPY_MAX_BYTES``/``COPY_BOUND_S``); what the task's ``start()``
+  then writes into the input goes in just before the probes that precede the agent;
 - ``exec()``: ``run_command`` through the server, always as the server's user (a
   command asked as another user is run as that one and recorded in ``notes``);
 - ``halt()`` (the end of the turn): the guest's workspace is copied out to the host's
@@ -160,6 +161,8 @@ class ForeignQemuSandbox(QemuSandbox):
         self._after_probe: tuple[tuple[str, ...], ExecResult] | None = None
         self.notes: list[str] = list(self.meta.get("notes") or [])
         self.copies: dict[str, Any] = {}
+        self._sent: dict[str, tuple[int, int, int]] = {}  # host file -> (size, mtime, inode) as copied in
+        self._input_again = False
 
     @property
     def port(self) -> int:
@@ -298,21 +301,32 @@ class ForeignQemuSandbox(QemuSandbox):
             if note not in self.notes:
                 self.notes.append(note)
         client = await self.protocol()
+        if not self._input_again and tuple(argv) == tuple(self._probe_argv()):
+            # the probes before the agent: the task's start() has run; what it wrote into
+            # the input since the boot goes in now, before the input is sealed
+            self._input_again = True
+            self.copies["in_again"] = await self._copy_in(again=True)
         environment = {**self.meta["environment"], **(env or {})}
         environment.pop("PATH", None)
         return await client.run_command(list(argv), cwd=workdir or self.meta["workdir"], timeout=timeout, stdin=stdin,
                                         output_limit=output_limit, env=environment)
 
     # -- the input in, the workspace out -------------------------------------------------
-    async def _copy_in(self) -> dict[str, Any]:
+    async def _copy_in(self, *, again: bool = False) -> dict[str, Any]:
         """Every mount's host folder into its guest folder (the input, and whatever the
-        workspace already holds): regular files and folders, bounded."""
+        workspace already holds): regular files and folders, bounded. ``again``: the
+        input only, the files that are new or changed since (what the task's ``start()``
+        wrote into the input after the boot)."""
         client = self._client
         t0 = time.monotonic()
         files = size = 0
         skipped: list[str] = []
         for m in self.meta.get("copies") or []:
+            if again and not m["ro"]:
+                continue
             src, target = Path(m["source"]), m["target"]
+            if again:
+                await client.run_command(["chmod", "-R", "u+w", "--", target], timeout=60)
             await client.make_dir(target)
             for dirpath, dirs, names in os.walk(src):
                 rel = os.path.relpath(dirpath, src)
@@ -325,10 +339,13 @@ class ForeignQemuSandbox(QemuSandbox):
                     if not stat.S_ISREG(st.st_mode):
                         skipped.append(f"{p}: not a regular file")
                         continue
+                    if self._sent.get(str(p)) == (st.st_size, st.st_mtime_ns, st.st_ino):
+                        continue
                     if files >= COPY_MAX_FILES or size + st.st_size > COPY_MAX_BYTES or time.monotonic() - t0 > COPY_BOUND_S:
                         raise SandboxError(f"VM {self.name}: the input is larger than the copy's bounds "
                                            f"({COPY_MAX_FILES} files, {COPY_MAX_BYTES} bytes, {COPY_BOUND_S:.0f}s)")
                     await client.write_bytes(posixpath.join(gdir, n), p.read_bytes())
+                    self._sent[str(p)] = (st.st_size, st.st_mtime_ns, st.st_ino)
                     files += 1
                     size += st.st_size
                 dirs[:] = [d for d in dirs if not (Path(dirpath) / d).is_symlink()]
