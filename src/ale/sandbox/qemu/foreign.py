@@ -30,10 +30,14 @@ port (``CuaClient``), as the candidate the server runs as:
   pauses every vCPU: nothing of the candidate's runs after that. ``stop()`` quits.
 
 What cannot be done without an agent in the guest, recorded: the candidate's
-processes are not killed one by one (the whole VM is paused); the after-run probes
-run as the candidate, before the pause, not as a uid the candidate never had; the
-guest's copy of the input is the candidate's own (the host's is hashed before and
-after, ``check_input_unchanged``), so its read-only-ness is not a guest probe.
+processes are not killed one by one (the whole VM is paused), and they still run while
+the workspace is copied out and the after-run probes run (the pause comes after both);
+the after-run probes run as the candidate through a server the candidate could have
+replaced during its turn, so they are only as trustworthy as the candidate (the
+probes before the agent ran against the disk's own server, and QEMU's side, read over
+QMP and /proc, is the host's); the guest's copy of the input is the candidate's own
+(the host's is hashed before and after, ``check_input_unchanged``), so its
+read-only-ness is not a guest probe.
 """
 
 from __future__ import annotations
