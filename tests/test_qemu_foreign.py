@@ -54,7 +54,7 @@ def disk(monkeypatch) -> Path:
 
 EXTRA_INPUT = """
     # (the foreign-disk test) start() adds to the input after the guest booted
-    await session.write_text(f"{task_cfg.metadata['input_dir']}/extra.txt", "written by start()\\n")
+    await session.write_file(f"{task_cfg.metadata['input_dir']}/extra.txt", "written by start()\\n")
 """
 
 
