@@ -5,7 +5,7 @@ kernel start cua's computer-server on guest port 5000, with no ale guest agent i
 The machine (no ``-kernel``: the firmware boots the disk):
 
 ```
-qemu-system-x86_64 -nodefaults -no-user-config -nographic -no-reboot -accel tcg -m M -smp N
+qemu-system-x86_64 -nodefaults -no-user-config -nographic -no-reboot -accel tcg -cpu max -m M -smp N
   -drive file=STATE/overlay.qcow2,if=virtio,format=qcow2        # backing file: the read-only disk
   -netdev user,id=net0,restrict=on,ipv6=off,hostfwd=tcp:127.0.0.1:PORT-:5000
   -device virtio-net-pci,netdev=net0,romfile=                    # no iPXE option ROM
@@ -77,6 +77,7 @@ from ale.sandbox.qemu.sandbox import (
     QEMU_SECCOMP,
     QemuSandbox,
     _now,
+    cpu_model,
     state_root,
 )
 
@@ -190,7 +191,7 @@ class ForeignQemuSandbox(QemuSandbox):
             mem_mb = (policy.memory_bytes + GUEST_OVERHEAD_BYTES) // MIB
             port = free_port()
             argv = [QEMU, "-name", f"ale-{vid}", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
-                    "-accel", accel["accel"], "-m", str(mem_mb), "-smp", str(vcpus),
+                    "-accel", accel["accel"], "-cpu", cpu_model(accel["accel"]), "-m", str(mem_mb), "-smp", str(vcpus),
                     "-drive", f"file={overlay},if=virtio,format=qcow2,id=root0",
                     "-netdev", f"user,id=net0,restrict=on,ipv6=off,hostfwd=tcp:127.0.0.1:{port}-:{FOREIGN_PORT}",
                     "-device", "virtio-net-pci,netdev=net0,romfile=",
