@@ -46,7 +46,6 @@ import asyncio
 import contextlib
 import errno
 import json
-import math
 import os
 import posixpath
 import shutil
@@ -68,18 +67,10 @@ from ale.sandbox.base import (
     SandboxSpec,
 )
 from ale.sandbox.halt import STOP_BOUND_S, StopOutcome
-from ale.sandbox.policy import MIB
 from ale.sandbox.qemu.foreign_disk import FOREIGN_PORT
 from ale.sandbox.qemu.monitor import MonitorError, qmp
-from ale.sandbox.qemu.sandbox import (
-    GUEST_OVERHEAD_BYTES,
-    QEMU,
-    QEMU_SECCOMP,
-    QemuSandbox,
-    _now,
-    cpu_model,
-    state_root,
-)
+from ale.sandbox.qemu.sandbox import QEMU_SECCOMP, QemuSandbox, _now, state_root
+from ale.sandbox.qemu.shape import QEMU, cpu_model, machine_size
 
 BOOT_TIMEOUT_S = 300.0  # the firmware, the guest's own boot and its computer-server's start, under TCG
 COPY_MAX_FILES = 100_000
@@ -187,8 +178,7 @@ class ForeignQemuSandbox(QemuSandbox):
             if r.returncode != 0:
                 raise SandboxError(f"qemu-img create failed: {r.stderr.decode(errors='replace')}")
             policy = spec.policy
-            vcpus = max(1, min(math.ceil(policy.cpus), os.cpu_count() or 1))
-            mem_mb = (policy.memory_bytes + GUEST_OVERHEAD_BYTES) // MIB
+            vcpus, mem_mb = machine_size(policy)
             port = free_port()
             argv = [QEMU, "-name", f"ale-{vid}", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
                     "-accel", accel["accel"], "-cpu", cpu_model(accel["accel"]), "-m", str(mem_mb), "-smp", str(vcpus),
