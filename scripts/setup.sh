@@ -28,8 +28,9 @@ apt_install() {
 if command -v apt-get >/dev/null; then
   pkgs=(debootstrap python3-venv bubblewrap iproute2 util-linux)  # bubblewrap: confined harnesses; ip, nsenter: the Ray cluster test
   # The qemu provider (docs/vm.md): QEMU, qemu-img, a static busybox for the guest's
-  # initrd, mkfs.ext4 -d for its root disk; ALE_SKIP_QEMU=1 skips them.
-  [ "${ALE_SKIP_QEMU:-0}" = 1 ] || pkgs+=(qemu-system-x86 qemu-utils busybox-static e2fsprogs)
+  # initrd, mkfs.ext4 -d for its root disk; syslinux, mtools, dosfstools, fdisk for the
+  # foreign-style test disk (ale image build --vm --foreign-test); ALE_SKIP_QEMU=1 skips them.
+  [ "${ALE_SKIP_QEMU:-0}" = 1 ] || pkgs+=(qemu-system-x86 qemu-utils busybox-static e2fsprogs syslinux syslinux-common mtools dosfstools fdisk)
   command -v dockerd >/dev/null || pkgs+=(docker.io)
   [ "${ALE_SKIP_CHROMIUM:-0}" = 1 ] || pkgs+=(chromium)
   # npm: the desktop image fetches its pinned Tailwind build with `npm pack` when it is first

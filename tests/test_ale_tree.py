@@ -8,6 +8,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -877,15 +878,25 @@ def test_the_jails_tmp_is_a_size_capped_place_shared_with_its_home(tmp_path: Pat
     assert home is not None and not home.exists()  # dropped with the process
 
 
-def test_a_foreign_disk_mapped_to_a_snapshot_is_refused_at_preflight_saying_why(tmp_path: Path) -> None:
-    """A disk that is not a guest built by ale (ALE's own images) is checked, then refused
-    before anything boots, naming why; nothing is left."""
+def test_a_broken_foreign_disk_mapped_to_a_snapshot_is_refused_at_preflight_saying_why(tmp_path: Path) -> None:
+    """A foreign disk (not a guest built by ale: ALE's own images, booted by
+    ale.sandbox.qemu.foreign) that qemu-img cannot read, or that is not a qcow2, is
+    refused before anything boots, naming why; nothing is left."""
     d = _windows_task(tmp_path)
     disk = tmp_path / "disks" / "win10.qcow2"
     disk.parent.mkdir()
     disk.write_bytes(b"QFI\xfb" + b"\0" * 1000)
-    plan = RunPlan(run_id="foreign", task_dir=str(d), agent=AgentSpec(name="nop"), runs_dir=str(tmp_path / "runs"),
-                   provider="qemu", vm_image=str(disk))
-    with pytest.raises(PreflightError, match="is not a guest built by `ale image build --vm`"):
-        asyncio.run(execute_run(plan))
-    assert not (tmp_path / "runs" / "foreign").exists()
+    raw = tmp_path / "disks" / "win10.img"
+    raw.write_bytes(b"\0" * 4096)
+    cases = [(disk, "is a raw image: the qemu provider boots a qcow2"), (raw, "the qemu provider boots a qcow2")]
+    if shutil.which("qemu-img"):  # an overlay is not a whole disk
+        base, top = tmp_path / "disks" / "base.qcow2", tmp_path / "disks" / "top.qcow2"
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(base), "1M"], check=True)
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2", str(top)], check=True)
+        cases.append((top, "has a backing file"))
+    for path, why in cases:
+        plan = RunPlan(run_id="foreign", task_dir=str(d), agent=AgentSpec(name="nop"), runs_dir=str(tmp_path / "runs"),
+                       provider="qemu", vm_image=str(path))
+        with pytest.raises(PreflightError, match=why):
+            asyncio.run(execute_run(plan))
+        assert not (tmp_path / "runs" / "foreign").exists()

@@ -209,7 +209,8 @@ def _ensure_vm_image(plans: list, say) -> None:
     except SandboxError as e:
         fail(str(e))
     try:
-        ensure_vm_images([p.image for p in plans], say)
+        # a plan with a mapped disk boots that disk (ale's guest or a foreign one), not ale-vm:latest
+        ensure_vm_images([p.image for p in plans if not p.vm_image], say)
     except ImageMissing as e:
         fail(str(e))
     except SandboxError as e:
@@ -582,12 +583,31 @@ def image_build(
         "--vm",
         help="Build the qemu provider's Linux guest (kernel, initrd, qcow2 base) from Debian packages and the cua "
              "image.")] = False,
+    foreign_test: Annotated[bool, typer.Option(
+        "--foreign-test",
+        help="With --vm: build a foreign-style test disk instead (its own MBR, syslinux and kernel, computer-server "
+             "on guest port 5000, no ale agent), to map with --vm-image SNAPSHOT=PATH.")] = False,
 ) -> None:
     """Build the tools image, with --desktop the desktop image, with --cua a cua-compatible image (cached by content: a second build is a lookup)."""  # noqa: E501 (typer shows a docstring's line breaks)
     from ale.sandbox.base import SandboxError
     from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE
     from ale.sandbox.image import build_desktop_image, build_tools_image
 
+    if foreign_test and not vm:
+        fail("--foreign-test goes with --vm", 2)
+    if vm and foreign_test:
+        from ale.sandbox.qemu.foreign_disk import build_foreign_test_disk
+
+        if cua or desktop:
+            fail("--vm builds a VM guest: not with --cua or --desktop", 2)
+        try:
+            disk = build_foreign_test_disk(say=lambda m: err.print(m, markup=False, highlight=False))
+        except SandboxError as e:
+            fail(str(e), 1)
+        err.print(f"foreign test disk: {disk} (map it: ale run TASK --provider qemu --vm-image SNAPSHOT={disk})",
+                  markup=False, highlight=False)
+        print(disk)
+        return
     if vm:
         from ale.sandbox.qemu.image import build_vm_image
 

@@ -120,10 +120,16 @@ class VmExpectation:
     # VM restored from a saved booted state has that state's disk there (ale.sandbox.qemu.warm).
     layers: tuple[tuple[str, str], ...] = ()
     restored_from: dict[str, Any] | None = None  # that saved state (its key, digests, when it was saved): recorded
+    # "share": the input and workspace are 9p shares; "copy": a foreign disk's guest (no
+    # ale agent to mount a share) gets a copy of the input through its computer-server,
+    # and its workspace is copied out: the host's input is never exposed to the guest.
+    input_transfer: str = "share"
 
     def __post_init__(self) -> None:
         if self.network not in NETWORKS:
             raise ValueError(f"network must be one of {NETWORKS}, not {self.network!r}")
+        if self.input_transfer not in ("share", "copy"):
+            raise ValueError(f"input_transfer must be share or copy, not {self.input_transfer!r}")
         if self.network == "user-restricted" and self.hostfwd_port is None:
             raise ValueError("user-restricted networking needs the one hostfwd port")
 
@@ -138,6 +144,7 @@ class VmExpectation:
             "guest_input_dir": self.guest_input_dir, "guest_workspace_dir": self.guest_workspace_dir,
             "layers": [{"path": p, "sha256": h} for p, h in self.layers],
             **({"restored_from": self.restored_from} if self.restored_from else {}),
+            "input_transfer": self.input_transfer,
         }
 
     @classmethod
@@ -162,6 +169,7 @@ class VmExpectation:
                 guest_input_dir=d.get("guest_input_dir"), guest_workspace_dir=d.get("guest_workspace_dir"),
                 layers=tuple((str(x["path"]), str(x["sha256"])) for x in d.get("layers") or ()),
                 restored_from=d.get("restored_from"),
+                input_transfer=str(d.get("input_transfer", "share")),
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"malformed VM expectation: {type(e).__name__}: {e}") from e
@@ -1013,7 +1021,9 @@ def vm_probe_no_default_route(s: VmProbeSubject) -> Verdict:
     return not bad, {"ipv4": len(v4), "ipv6": len(v6), "bad": bad}, f"routes out: {bad}" if bad else ""
 
 
-@_probe("vm.probe.input_read_only", area="filesystem", expected="read-only mount, write fails")
+@_probe("vm.probe.input_read_only", area="filesystem", expected="read-only mount, write fails",
+        when=lambda s: s.expectation.input_transfer == "share",
+        when_doc="when the input is a share (a foreign disk's guest gets a copy: the host's input is hashed instead)")
 def vm_probe_input_read_only(s: VmProbeSubject) -> Verdict:
     """The input is mounted read-only in the guest (`/proc/self/mountinfo`) and creating a
     file in it fails.

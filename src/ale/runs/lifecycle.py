@@ -498,6 +498,8 @@ def _stopped_reason(inspect: dict[str, Any]) -> str | None:
     st = inspect.get("State") or {}
     if st.get("Running") is True and st.get("Status") == "running":
         return None
+    if st.get("HaltedByHarness") is True:  # a foreign disk's VM, paused by ale's own end of the turn (QMP stop)
+        return None
     if st.get("OOMKilled"):
         return f"out of memory: the kernel killed its init (OOMKilled, exit code {st.get('ExitCode')})"
     return f"its init exited (status {st.get('Status')!r}, exit code {st.get('ExitCode')})"

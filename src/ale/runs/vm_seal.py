@@ -83,14 +83,20 @@ def expectation(state: RunState) -> VmExpectation:
     shares = {f"ale{i}": (m.source, m.read_only) for i, m in enumerate(mounts)}
     state_dir = Path(str(getattr(sb, "state", "")))
     uid = state.plan.policy.user.split(":", 1)[0]
+    # A foreign disk (``ale.sandbox.qemu.foreign``): restricted user-mode networking with
+    # its one forward to computer-server, no share (the input is copied in, the workspace out).
+    plan: dict[str, Any] = {"shares": shares, "network": "none"}
+    if meta.get("foreign"):
+        from ale.sandbox.qemu.foreign import expectation_fields
+
+        plan = expectation_fields(meta)
     return VmExpectation(
         base_path=str(img.get("base") or meta.get("base")),
         base_sha256=str(img.get("sha256") or meta.get("base_sha256")),
         overlay_path=str(meta.get("overlay") or state_dir / "overlay.qcow2"),
-        shares=shares,
         memory_mib=int(meta.get("memory_mb") or 0),
         vcpus=int(meta.get("vcpus") or 0),
-        network="none",
+        **plan,
         control_sockets=tuple(p for p in (meta.get("control_socket"), meta.get("qmp_socket")) if p),
         console_logs=(str(state_dir / "console.log"),),
         accel=None,  # either, recorded (vm.accel.recorded); --accel kvm refuses before a VM exists

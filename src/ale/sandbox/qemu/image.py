@@ -129,8 +129,8 @@ def resolve_vm_image(ref: str) -> VmImage:
     if folder is None or not VmImage(folder).complete():
         if ref.startswith("/") and Path(ref).exists():
             raise ImageMissing(f"{ref} is not a guest built by `ale image build --vm` (no guest.json, kernel and initrd "
-                               "beside its base.qcow2): the qemu provider boots only those today; a foreign disk (ALE's "
-                               "published Ubuntu or Windows images) is not supported yet (docs/vm.md)")
+                               "beside its base.qcow2); a foreign disk (ALE's published images: a whole bootable qcow2 "
+                               "whose computer-server listens on port 5000) is given as its .qcow2 file (docs/vm.md)")
         raise ImageMissing(f"no VM guest image {ref!r}: build it with `ale image build --vm`")
     return VmImage(folder)
 

@@ -563,6 +563,10 @@ class QemuCuaSandbox(QemuSandbox):
 
 
 def _sandbox_class(meta: dict[str, Any]) -> type[QemuSandbox]:
+    if meta.get("foreign"):
+        from ale.sandbox.qemu.foreign import ForeignQemuSandbox
+
+        return ForeignQemuSandbox
     return QemuCuaSandbox if meta.get("session") == "cua" else QemuSandbox
 
 
@@ -624,6 +628,10 @@ class QemuProvider:
                 "host_kernel": os.uname().release, "host_cpus": os.cpu_count(), "state_root": str(state_root())}
 
     def image_inspect(self, image: str) -> dict[str, Any]:
+        from ale.sandbox.qemu.foreign import foreign_inspect, is_foreign_disk
+
+        if is_foreign_disk(image):  # a whole bootable disk of its own (ale.sandbox.qemu.foreign)
+            return foreign_inspect(image)
         img = resolve_vm_image(image)
         manifest = img.manifest
         return {"Id": f"sha256:{img.sha256}", "RepoTags": [image, manifest.get("ref", DEFAULT_VM_IMAGE)],
@@ -633,7 +641,13 @@ class QemuProvider:
                 "kernel": str(img.kernel), "initrd": str(img.initrd), "manifest": manifest}
 
     async def create(self, spec: SandboxSpec) -> QemuSandbox:
+        from ale.sandbox.qemu.foreign import ForeignQemuSandbox, foreign_inspect, is_foreign_disk
+
         self.ping()
+        if is_foreign_disk(spec.image):
+            disk = await asyncio.to_thread(foreign_inspect, spec.image)
+            accel = await asyncio.to_thread(self.accel)
+            return await asyncio.to_thread(ForeignQemuSandbox.create_foreign, spec, disk, accel)
         img = resolve_vm_image(spec.image)
         accel = await asyncio.to_thread(self.accel)
         warm = None
