@@ -34,7 +34,8 @@ from ale.runs.lifecycle import execute_run  # noqa: E402
 from ale.sandbox.docker import DockerProvider, connect  # noqa: E402
 from ale.sandbox.policy import MIB, IsolationPolicy  # noqa: E402
 from ale.sandbox.qemu.image import build_vm_image, vm_root  # noqa: E402
-from ale.sandbox.qemu.sandbox import QemuProvider, state_root  # noqa: E402
+from ale.sandbox.qemu.provider import QemuProvider  # noqa: E402
+from ale.sandbox.qemu.sandbox import state_root  # noqa: E402
 
 TASK = HERE.parent / "examples" / "tasks" / "files" / "word_count"
 POLICY = IsolationPolicy(memory_bytes=768 * MIB, cpus=1.0)

@@ -68,7 +68,7 @@ def booted_guest(tmp_path_factory, *, name: str, session: str = "exec", memory_m
 
     from ale.sandbox.base import Mount, SandboxSpec
     from ale.sandbox.policy import MIB, IsolationPolicy
-    from ale.sandbox.qemu.sandbox import QemuProvider
+    from ale.sandbox.qemu.provider import QemuProvider
     from tests.conftest import require
 
     os.environ["ALE_VM_DIR"] = VM_DIR

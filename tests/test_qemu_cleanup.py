@@ -73,7 +73,7 @@ def test_cleanup_removes_a_vm_whose_process_died(vm_state, tmp_path):
         import asyncio, os
         from ale.sandbox.base import Mount, SandboxSpec
         from ale.sandbox.policy import MIB, IsolationPolicy
-        from ale.sandbox.qemu.sandbox import QemuProvider
+        from ale.sandbox.qemu.provider import QemuProvider
 
         async def main():
             spec = SandboxSpec(name="ale-left-behind", image="ale-vm:latest",

@@ -25,7 +25,8 @@ import time
 import pytest
 
 from ale.sandbox.policy import MIB, IsolationPolicy
-from ale.sandbox.qemu.sandbox import QemuProvider, kill_state, state_root
+from ale.sandbox.qemu.provider import QemuProvider, kill_state
+from ale.sandbox.qemu.sandbox import state_root
 from tests.qemu_support import booted_guest, use_built_guest
 from tests.sandbox_conformance import (
     _STUBBORN,

@@ -23,7 +23,8 @@ import pytest
 from ale.plan import AgentSpec, Limits, RunPlan
 from ale.runs.lifecycle import execute_run
 from ale.sandbox.policy import MIB, IsolationPolicy
-from ale.sandbox.qemu.sandbox import QemuProvider, state_root
+from ale.sandbox.qemu.provider import QemuProvider
+from ale.sandbox.qemu.sandbox import state_root
 from ale.status import RunStatus
 from tests.conftest import EXAMPLES, in_ci, require
 from tests.qemu_support import VM_DIR, qemu_processes

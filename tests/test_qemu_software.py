@@ -21,7 +21,7 @@ from ale.plan import AgentSpec, RunPlan
 from ale.record.verify import verify_run_dir
 from ale.runs.lifecycle import execute_run
 from ale.sandbox.policy import MIB, IsolationPolicy
-from ale.sandbox.qemu.sandbox import QemuProvider
+from ale.sandbox.qemu.provider import QemuProvider
 from ale.status import RunStatus
 from tests.qemu_support import qemu_processes, use_built_guest
 from tests.test_software_runs import STEPS, tree  # noqa: F401  (the task tree, a module fixture)

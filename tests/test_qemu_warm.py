@@ -16,7 +16,8 @@ from ale.plan import AgentSpec, Limits, RunPlan
 from ale.record.verify import verify_run_dir
 from ale.runs.lifecycle import execute_run
 from ale.sandbox.policy import MIB, IsolationPolicy
-from ale.sandbox.qemu.sandbox import QemuProvider, state_root
+from ale.sandbox.qemu.provider import QemuProvider
+from ale.sandbox.qemu.sandbox import state_root
 from ale.status import RunStatus
 from tests.conftest import EXAMPLES
 from tests.qemu_support import qemu_processes, use_built_guest

@@ -201,7 +201,7 @@ def _ensure_vm_image(plans: list, say) -> None:
     accelerator chosen now (``--accel kvm`` refuses here when KVM cannot run a guest)."""
     from ale.sandbox.base import ImageMissing, SandboxError
     from ale.sandbox.qemu.image import ensure_vm_images
-    from ale.sandbox.qemu.sandbox import QemuProvider
+    from ale.sandbox.qemu.provider import QemuProvider
 
     provider = QemuProvider()
     try:

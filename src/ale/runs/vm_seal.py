@@ -16,8 +16,6 @@ functions.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -25,9 +23,9 @@ from ale.isolation.probes import vm_probe_argv
 from ale.isolation.registry import Check
 from ale.isolation.vm_rules import VmExpectation, judge_vm_captures, judge_vm_probes, judge_vm_state
 from ale.layout import Evidence
-from ale.paths import cache_dir
 from ale.phases import CheckGroup
 from ale.sandbox.qemu.capture import capture_vm_at
+from ale.sandbox.qemu.image import base_digest
 
 if TYPE_CHECKING:
     from ale.runs.state import RunState
@@ -46,30 +44,6 @@ def default_guest(ref: str) -> bool:
     from ale.sandbox.qemu.image import DEFAULT_VM_IMAGE, VM_REPO
 
     return ref in (DEFAULT_VM_IMAGE, DEFAULT_TOOLS_IMAGE, VM_REPO)
-
-
-def base_digest(path: str) -> str:
-    """The base disk's sha256 as it is now: hashed once per (device, inode, size,
-    mtime, ctime), which any write or chmod changes, and cached under ale's cache."""
-    st = os.stat(path)
-    key = hashlib.sha256(f"{os.path.realpath(path)}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0"
-                         f"{st.st_mtime_ns}\0{st.st_ctime_ns}".encode()).hexdigest()[:32]
-    memo = cache_dir() / "vm-digests" / key
-    try:
-        return memo.read_text().strip()
-    except OSError:
-        pass
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    digest = h.hexdigest()
-    try:
-        memo.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        memo.write_text(digest)
-    except OSError:
-        pass
-    return digest
 
 
 def expectation(state: RunState) -> VmExpectation:
@@ -110,7 +84,12 @@ def expectation(state: RunState) -> VmExpectation:
 
 
 def probe_argv(state: RunState) -> list[str]:
-    return vm_probe_argv(expectation(state))
+    argv = vm_probe_argv(expectation(state))
+    from ale.sandbox.qemu.foreign import ForeignQemuSandbox
+
+    if isinstance(state.sandbox, ForeignQemuSandbox):  # it runs them itself at the end of the turn, before the pause
+        state.sandbox.probes = argv
+    return argv
 
 
 async def _capture(state: RunState, exp: VmExpectation) -> dict[str, Any]:

@@ -15,7 +15,7 @@ def make_provider(name: str = "docker", *, docker_host: str | None = None) -> Sa
     if name == "docker":
         return DockerProvider(base_url=docker_host)
     if name == "qemu":  # ale's own Linux guests under QEMU (ale.sandbox.qemu)
-        from ale.sandbox.qemu.sandbox import QemuProvider
+        from ale.sandbox.qemu.provider import QemuProvider
 
         return QemuProvider()
     raise SandboxError(f"unknown sandbox provider {name!r}: choose one of {', '.join(PROVIDERS)}")

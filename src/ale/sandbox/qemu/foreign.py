@@ -99,7 +99,7 @@ def disk_digest(path: Path) -> str:
     stem = path.name.removesuffix(".qcow2")
     if len(stem) == 64 and all(c in "0123456789abcdef" for c in stem):  # <cache>/vm-disks/<sha256>.qcow2
         return stem
-    from ale.runs.vm_seal import base_digest
+    from ale.sandbox.qemu.image import base_digest
 
     return base_digest(str(path))
 
@@ -155,6 +155,7 @@ class ForeignQemuSandbox(QemuSandbox):
         self._client: Any = None
         self._halted = False
         self._after_probe: tuple[tuple[str, ...], ExecResult] | None = None
+        self.probes: list[str] | None = None  # the seal's probe command, set by ale.runs.vm_seal
         self.notes: list[str] = list(self.meta.get("notes") or [])
         self.copies: dict[str, Any] = {}
         self._sent: dict[str, tuple[int, int, int]] = {}  # host file -> (size, mtime, inode) as copied in
@@ -413,12 +414,9 @@ class ForeignQemuSandbox(QemuSandbox):
         return out
 
     def _probe_argv(self) -> list[str]:
-        from ale.isolation.probes import probe_command
-
-        copies = self.meta.get("copies") or []
-        ro = next((m["target"] for m in copies if m["ro"]), "/input")
-        rw = next((m["target"] for m in copies if not m["ro"]), "/workspace")
-        return probe_command(self.policy, input_dir=ro, workspace_dir=rw)
+        """The seal's probe command (``ale.runs.vm_seal`` gives it, ``probes``): this VM
+        recognises the probes before the agent by it, and runs it at the end of the turn."""
+        return list(self.probes or [])
 
     async def halt(self, *, keep_uids: tuple[int, ...] = (), bound_s: float = STOP_BOUND_S) -> StopOutcome:
         """The end of the turn: the workspace copied out and the after-run probes run
@@ -443,6 +441,8 @@ class ForeignQemuSandbox(QemuSandbox):
                 details.append(f"the workspace copy failed: {e}")
             argv = self._probe_argv()
             try:
+                if not argv:
+                    raise SandboxError("the seal gave no probe command")
                 res = await asyncio.wait_for(self._client.run_command(argv, timeout=HALT_PROBE_BOUND_S),
                                              HALT_PROBE_BOUND_S + 2)
                 self._after_probe = (tuple(argv), res)

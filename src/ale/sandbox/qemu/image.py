@@ -135,6 +135,30 @@ def resolve_vm_image(ref: str) -> VmImage:
     return VmImage(folder)
 
 
+def base_digest(path: str) -> str:
+    """The base disk's sha256 as it is now: hashed once per (device, inode, size,
+    mtime, ctime), which any write or chmod changes, and cached under ale's cache."""
+    st = os.stat(path)
+    key = hashlib.sha256(f"{os.path.realpath(path)}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0"
+                         f"{st.st_mtime_ns}\0{st.st_ctime_ns}".encode()).hexdigest()[:32]
+    memo = cache_dir() / "vm-digests" / key
+    try:
+        return memo.read_text().strip()
+    except OSError:
+        pass
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    digest = h.hexdigest()
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        memo.write_text(digest)
+    except OSError:
+        pass
+    return digest
+
+
 def agent_digest() -> str:
     """The sha256 of ale's guest agent (``guest_agent.py``), which a guest's manifest records."""
     return hashlib.sha256((Path(__file__).parent / "guest_agent.py").read_bytes()).hexdigest()
