@@ -344,6 +344,8 @@ async def verify_running(state: RunState, phase: Literal["before", "after"], pro
     ran, in the end-of-turn kill's exec, and ``probe`` is their result."""
     with state.record.cost("verify"):
         v, policy = state.variant, state.plan.policy
+        if vm_seal.is_vm(state):
+            vm_seal.tell_probes(state, probe_command(policy, input_dir=v.public_root, workspace_dir=v.output_dir))
         if ran:
             raw, checks = judge_probes(probe, policy, input_dir=v.public_root, workspace_dir=v.output_dir, phase=phase)
         else:

@@ -84,12 +84,16 @@ def expectation(state: RunState) -> VmExpectation:
 
 
 def probe_argv(state: RunState) -> list[str]:
-    argv = vm_probe_argv(expectation(state))
+    return vm_probe_argv(expectation(state))
+
+
+def tell_probes(state: RunState, argv: list[str]) -> None:
+    """A foreign disk's VM (no ale agent inside) runs the seal's probe command itself at
+    the end of the turn, before it is paused, and knows the probes before the agent by it."""
     from ale.sandbox.qemu.foreign import ForeignQemuSandbox
 
-    if isinstance(state.sandbox, ForeignQemuSandbox):  # it runs them itself at the end of the turn, before the pause
-        state.sandbox.probes = argv
-    return argv
+    if isinstance(state.sandbox, ForeignQemuSandbox):
+        state.sandbox.probes = list(argv)
 
 
 async def _capture(state: RunState, exp: VmExpectation) -> dict[str, Any]:
