@@ -82,6 +82,7 @@ from ale.sandbox.desktop import (
 from ale.sandbox.halt import STOP_BOUND_S
 from ale.sandbox.host_kernel import core_pattern_warning
 from ale.sandbox.providers import make_provider
+from ale.sandbox.qemu.image import is_default_guest
 from ale.sandbox.scratch import mount_workspace_tmpfs, release_scratch
 from ale.sandbox.session import ContainerSession, Route, RoutedSession
 from ale.sandbox.tools import TASK_OUTPUT_LIMIT, TASK_READ_LIMIT, ToolBox
@@ -754,7 +755,7 @@ async def provide_software(state: RunState) -> None:
     """The task's software before the seal: its environment image, found or built
     on the trusted side from its needs (the staged input's runtime_env included)."""
     base = state.prep.image or state.plan.image
-    if vm_seal.is_vm(state) and not (state.plan.provision_software and vm_seal.default_guest(base)):
+    if vm_seal.is_vm(state) and not (state.plan.provision_software and is_default_guest(base)):
         # An operator's own guest or disk runs as given: its software is what it holds.
         state.live.image = base
         raw = state.prep.task.card.raw.get("software")

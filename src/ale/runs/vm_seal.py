@@ -37,15 +37,6 @@ def is_vm(state: RunState) -> bool:
     return state.plan.provider == "qemu"
 
 
-def default_guest(ref: str) -> bool:
-    """``ref`` names ale's own default guest (``ale image build --vm``), the one a task's
-    software is added to; an operator's guest folder or disk runs as given."""
-    from ale.defaults import DEFAULT_TOOLS_IMAGE
-    from ale.sandbox.qemu.image import DEFAULT_VM_IMAGE, VM_REPO
-
-    return ref in (DEFAULT_VM_IMAGE, DEFAULT_TOOLS_IMAGE, VM_REPO)
-
-
 def expectation(state: RunState) -> VmExpectation:
     """What the run planned for its VM: the image's record (read at preflight), the
     run's mounts, the policy; the provider's own choices (its overlay, sockets, the

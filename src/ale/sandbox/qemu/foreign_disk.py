@@ -43,19 +43,7 @@ FOREIGN_PORT = 5000
 NET_MODULES = ("net/core/failover", "drivers/net/net_failover", "drivers/net/virtio_net")
 SYSLINUX_MBR = Path("/usr/lib/syslinux/mbr/mbr.bin")
 BOOT_MIB = 64
-FOREIGN_INITRD_INIT = """#!/bin/busybox sh
-/bin/busybox mkdir -p /proc /sys /dev /newroot
-/bin/busybox mount -t proc proc /proc
-/bin/busybox mount -t sysfs sysfs /sys
-/bin/busybox mount -t devtmpfs devtmpfs /dev
-for m in $(/bin/busybox cat /modules.list); do /bin/busybox insmod /lib/modules/$m.ko 2>/dev/null; done
-echo "[foreign-initrd] modules loaded"
-for i in $(/bin/busybox seq 1 100); do [ -b /dev/vda2 ] && break; /bin/busybox sleep 0.05; done
-/bin/busybox mount -t ext4 -o rw /dev/vda2 /newroot || { echo "[foreign-initrd] cannot mount /dev/vda2"; exec /bin/busybox sh; }
-/bin/busybox umount /proc /sys
-/bin/busybox mount --move /dev /newroot/dev 2>/dev/null || /bin/busybox umount /dev
-exec /bin/busybox switch_root /newroot /sbin/foreign-init
-"""
+FOREIGN_INITRD_INIT = vmimage.initrd_init("/dev/vda2", "/sbin/foreign-init", "foreign-initrd")
 FOREIGN_INIT = """#!/bin/sh
 # PID 1 of ale's foreign-style test disk: what an operator's image would do at boot.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin

@@ -32,7 +32,6 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,19 +51,27 @@ MODULES = (
     "fs/jbd2/jbd2", "fs/ext4/ext4", "fs/netfs/netfs", "fs/fscache/fscache", "net/9p/9pnet",
     "net/9p/9pnet_virtio", "fs/9p/9p",
 )
-INIT_SCRIPT = """#!/bin/busybox sh
+
+
+def initrd_init(root: str = "/dev/vda", init: str = "/sbin/ale-init", tag: str = "ale-initrd") -> str:
+    """The initrd's ``/init``: load the modules, wait for ``root``, mount it and
+    ``switch_root`` to ``init`` (ale's guest; the foreign test disk's with its own)."""
+    return f"""#!/bin/busybox sh
 /bin/busybox mkdir -p /proc /sys /dev /newroot
 /bin/busybox mount -t proc proc /proc
 /bin/busybox mount -t sysfs sysfs /sys
 /bin/busybox mount -t devtmpfs devtmpfs /dev
 for m in $(/bin/busybox cat /modules.list); do /bin/busybox insmod /lib/modules/$m.ko 2>/dev/null; done
-echo "[ale-initrd] modules loaded"
-for i in $(/bin/busybox seq 1 100); do [ -b /dev/vda ] && break; /bin/busybox sleep 0.05; done
-/bin/busybox mount -t ext4 -o rw /dev/vda /newroot || { echo "[ale-initrd] cannot mount /dev/vda"; exec /bin/busybox sh; }
+echo "[{tag}] modules loaded"
+for i in $(/bin/busybox seq 1 100); do [ -b {root} ] && break; /bin/busybox sleep 0.05; done
+/bin/busybox mount -t ext4 -o rw {root} /newroot || {{ echo "[{tag}] cannot mount {root}"; exec /bin/busybox sh; }}
 /bin/busybox umount /proc /sys
 /bin/busybox mount --move /dev /newroot/dev 2>/dev/null || /bin/busybox umount /dev
-exec /bin/busybox switch_root /newroot /sbin/ale-init
+exec /bin/busybox switch_root /newroot {init}
 """
+
+
+INIT_SCRIPT = initrd_init()
 GUEST_INIT = "/sbin/ale-init"
 GUEST_MANIFEST = "guest.json"  # what a build holds, beside its disk
 SERVER_ARGV = ["/opt/cua/bin/python", "-m", "computer_server", "--host", "127.0.0.1", "--port", "8000"]
@@ -106,13 +113,19 @@ def vm_root() -> Path:
     return Path(os.environ.get("ALE_VM_DIR") or cache_dir() / "vm")
 
 
+def is_default_guest(ref: str) -> bool:
+    """``ref`` names ale's own default guest (a run's default image, ``ale-vm:latest``)."""
+    from ale.defaults import DEFAULT_TOOLS_IMAGE
+
+    return ref in (DEFAULT_VM_IMAGE, DEFAULT_TOOLS_IMAGE, VM_REPO)
+
+
 def resolve_vm_image(ref: str) -> VmImage:
     """``ale-vm:latest`` / ``ale-vm:<key12>`` / the default tools image (a run's default) /
     a folder holding a build; ``ImageMissing`` (saying how to build one) otherwise."""
-    from ale.defaults import DEFAULT_TOOLS_IMAGE
 
     folder: Path | None = None
-    if ref in (DEFAULT_VM_IMAGE, DEFAULT_TOOLS_IMAGE, VM_REPO):
+    if is_default_guest(ref):
         latest = vm_root() / "latest"
         if latest.is_file():
             folder = vm_root() / latest.read_text().strip()
@@ -121,7 +134,7 @@ def resolve_vm_image(ref: str) -> VmImage:
     elif ref.startswith("/"):
         p = Path(ref)
         folder = p.parent if p.is_file() else p
-    if folder is not None and ref in (DEFAULT_VM_IMAGE, DEFAULT_TOOLS_IMAGE, VM_REPO) and VmImage(folder).complete() \
+    if folder is not None and is_default_guest(ref) and VmImage(folder).complete() \
             and VmImage(folder).manifest.get("agent_sha256") != agent_digest():
         # ale's default guest carries ale's guest agent: one older than this ale's is rebuilt, not booted
         raise ImageMissing(f"the VM guest {ref} ({folder}) holds an older guest agent than this ale's: "
@@ -354,7 +367,7 @@ def build_vm_image(cua_image: str | None = None, say: Say = print, *, root_image
     bb = _busybox()
     key = _sha(cua_id, (kernel / "done").read_text(), sha256_file(bb), agent_src, INIT_SCRIPT, "\n".join(MODULES), "v3")[:12]
     img = VmImage(vm_root() / key)
-    with _key_lock(key):  # two runs wanting the same guest: one builds, the other finds it
+    with flock(vm_root() / f".{key}.lock"):  # two runs wanting the same guest: one builds, the other finds it
         if img.complete():
             say(f"VM guest {VM_REPO}:{key} is cached ({img.folder})")
             if root_image is None:
@@ -367,16 +380,18 @@ def build_vm_image(cua_image: str | None = None, say: Say = print, *, root_image
     return img
 
 
-@contextlib.contextmanager
-def _key_lock(key: str) -> Iterator[None]:
+def flock(path: Path, *, wait: bool = True) -> Any:
+    """An exclusive ``flock`` on ``path`` (made if missing), held until the returned file
+    is closed; None when ``wait`` is False and another process holds it."""
     import fcntl
 
-    with open(vm_root() / f".{key}.lock", "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    f = open(path, "a+")  # noqa: SIM115 (held until the caller closes it)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
 
 
 def _build(img: VmImage, key: str, cua_ref: str, cua_id: str, of_root: dict[str, Any], kernel: Path, bb: Path,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ale.sandbox.base import Mount, SandboxError, SandboxSpec
-from ale.sandbox.qemu.image import VmImage, sha256_file, vm_root
+from ale.sandbox.qemu.image import VmImage, flock, sha256_file, vm_root
 from ale.sandbox.qemu.monitor import MonitorError, qmp
 from ale.sandbox.qemu.shape import QEMU, cpu_model, machine_size
 
@@ -110,7 +111,9 @@ def warm_root() -> Path:
     return vm_root() / "warm"
 
 
+@functools.cache
 def qemu_version() -> str:
+    """QEMU's version line (asked once per process: every warm run's key names it)."""
     try:
         return subprocess.run([QEMU, "--version"], capture_output=True, text=True, timeout=20).stdout.split("\n")[0]
     except (OSError, subprocess.SubprocessError):
@@ -152,17 +155,8 @@ async def ensure_warm(spec: SandboxSpec, image: VmImage, accel: dict[str, Any], 
 
 
 def _lock(key: str, *, wait: bool = True) -> Any:
-    """The lock of a shape's save (held while it is made); None when ``wait`` is False and
-    another process holds it."""
-    import fcntl
-
-    f = open(warm_root() / f".{key}.lock", "a+")  # noqa: SIM115 (held until the caller closes it)
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except BlockingIOError:
-        f.close()
-        return None
-    return f
+    """The lock of a shape's save (held while it is made)."""
+    return flock(warm_root() / f".{key}.lock", wait=wait)
 
 
 def remove_unfinished() -> list[str]:
