@@ -570,9 +570,14 @@ def test_mountinfo_unescapes() -> None:
 def test_probe_argv_and_sections() -> None:
     argv = probe_argv("/input", "/workspace")
     assert argv[:2] == ["sh", "-c"] and argv[3:] == ["ale-probe", "/input", "/workspace", "/tmp"]
-    # The script reads the kernel's view and never opens a socket.
+    # The script reads the kernel's view; it opens a socket only in its egress section, and
+    # only to the addresses of a route off lo (a sealed container has none).
+    script = argv[2]
+    egress = script[script.index("sec egress"):script.index("sec mountinfo")]
+    rest = script.replace(egress, "")
     for word in ("ping", "curl", "wget", "nc ", "/dev/tcp", "/dev/udp", "python"):
-        assert word not in argv[2]
+        assert word not in rest
+    assert '[ "$ifc" = lo ] && continue' in egress and "1.1.1.1" not in egress and "8.8.8.8" not in egress
     assert split_sections("=== ale-probe:a ===\nx\n=== ale-probe:b ===\n") == {"a": ["x"], "b": []}
 
 

@@ -36,10 +36,9 @@ SNAPSHOT = "cpu-free-ubuntu"
 def _foreign_disk() -> Path | None:
     from ale.sandbox.qemu.foreign_disk import build_foreign_test_disk, find_foreign_test_disk
 
-    disk = find_foreign_test_disk()
-    if disk is None and in_ci():
-        disk = build_foreign_test_disk(say=lambda _m: None)
-    return disk
+    if in_ci():  # the disk of this ale's scripts (cached by their content), never an older one
+        return build_foreign_test_disk(say=lambda _m: None)
+    return find_foreign_test_disk()
 
 
 @pytest.fixture
@@ -115,7 +114,12 @@ def test_foreign_disk_oracle_one_sealed_and_verified(tmp_path, disk):
     vm = [c for c in checks if c["phase"].startswith("vm-")]
     ids = {c["id"] for c in vm}
     assert {"vm.net.user_restricted", "vm.net.hostfwd", "vm.net.no_guestfwd", "vm.probe.uid_not_root",
-            "vm.probe.no_default_route", "vm.capture.unchanged"} <= ids, ids
+            "vm.probe.no_default_route", "vm.probe.no_egress", "vm.capture.unchanged"} <= ids, ids
+    # The disk took its address by DHCP (restrict=on: no router offered); the probe tried
+    # QEMU's host and DNS addresses from inside, and every connect failed.
+    probes = (ev / "vm-probes-before.txt").read_text()
+    egress = probes.split("=== ale-probe:egress ===\n", 1)[1].split("=== ale-probe:", 1)[0].split()
+    assert egress and egress[0::3] == ["closed"] * (len(egress) // 3) and "10.0.2.3" in egress, egress
     assert "vm.probe.input_read_only" not in ids  # the guest's input is a copy: the host's is hashed instead
     assert all(c["ok"] for c in vm), [c for c in vm if not c["ok"]]
     stop = json.loads((ev / "stop.json").read_text())

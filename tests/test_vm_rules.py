@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -365,7 +366,7 @@ PROBES_WRONG = {
     "nnp": (("NoNewPrivs:\t1", "NoNewPrivs:\t0"), {"vm.probe.no_new_privs"}),
     "second_nic": (("  eth0:", "  eth1:    0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n  eth0:"), {"vm.probe.interfaces_lo_only"}),
     "default_route": (("eth0\t0002000A", "eth0\t00000000\t0202000A\t0003\t0\t0\t0\t00000000\t0\t0\t0\neth0\t0002000A"),
-                      {"vm.probe.no_default_route"}),
+                      {"vm.probe.no_default_route", "vm.probe.no_egress"}),  # and no connect tried through it
     "input_mount_rw": ((f"/ {IN} ro,relatime", f"/ {IN} rw,relatime"), {"vm.probe.input_read_only"}),
     "input_writes": ((f"fail {IN}", f"ok {IN}"), {"vm.probe.input_read_only"}),
     "root_writable": (("fail /\n", "ok /\n"), {"vm.probe.root_not_writable"}),
@@ -540,3 +541,54 @@ def test_verify_wants_the_vm_evidence_of_a_graded_qemu_run(tmp_path: Path) -> No
     v = _Verifier(full)
     v.verify_vm(scored)
     assert v.reasons == [] and v.violations == []
+
+
+# -- a foreign guest whose DHCP took QEMU's gateway --------------------------------------------------
+DHCP_ROUTE = ("eth0\t0002000A", "eth0\t00000000\t0202000A\t0003\t0\t0\t0\t00000000\t0\t0\t0\neth0\t0002000A")
+
+
+def with_egress(raw: str, lines: str) -> str:
+    return raw.replace("=== ale-probe:ipv6_route ===", f"=== ale-probe:egress ===\n{lines}=== ale-probe:ipv6_route ===")
+
+
+def test_a_dhcp_default_route_to_qemus_gateway_is_accepted_when_every_connect_fails() -> None:
+    _, exp = good()
+    assert exp.network == "user-restricted"
+    closed = "".join(f"closed {a} {p}\n" for a in ("10.0.2.2", "10.0.2.3") for p in (22, 53, 80, 443))
+    checks = {c.id: c for c in judge_vm_probes(with_egress(probes_with(*DHCP_ROUTE), closed), exp, "before")}
+    assert checks["vm.probe.no_default_route"].ok, checks["vm.probe.no_default_route"].detail
+    assert checks["vm.probe.no_egress"].ok
+    # one connect that got through: both rules refuse the route
+    opened = closed.replace("closed 10.0.2.2 80", "open 10.0.2.2 80")
+    checks = {c.id: c for c in judge_vm_probes(with_egress(probes_with(*DHCP_ROUTE), opened), exp, "before")}
+    assert checks["vm.probe.no_egress"].ok is False and "10.0.2.2:80" in checks["vm.probe.no_egress"].detail
+    assert checks["vm.probe.no_default_route"].ok is False
+    # a guest with neither bash nor python3 could not try: unknown, and the route is not accepted
+    untested = closed.replace("closed", "untested")
+    checks = {c.id: c for c in judge_vm_probes(with_egress(probes_with(*DHCP_ROUTE), untested), exp, "before")}
+    assert checks["vm.probe.no_egress"].ok is None
+    assert checks["vm.probe.no_default_route"].ok is False
+    # another gateway than QEMU's, or no network planned: never accepted
+    other = (DHCP_ROUTE[0], DHCP_ROUTE[1].replace("0202000A", "0102A8C0"))
+    checks = {c.id: c for c in judge_vm_probes(with_egress(probes_with(*other), closed), exp, "before")}
+    assert checks["vm.probe.no_default_route"].ok is False
+    none = replace(exp, network="none", hostfwd_port=None)
+    checks = {c.id: c for c in judge_vm_probes(with_egress(probes_with(*DHCP_ROUTE), closed), none, "before")}
+    assert checks["vm.probe.no_default_route"].ok is False
+
+
+def test_the_probe_script_tries_only_routes_off_lo() -> None:
+    """The script's egress section, run on this host's shell against route tables we write."""
+    import subprocess
+
+    from ale.isolation.probes import PROBE_SCRIPT
+
+    body = PROBE_SCRIPT[PROBE_SCRIPT.index("hexip()"):PROBE_SCRIPT.index("try_tcp()")]
+    table = Path(tempfile.mkdtemp()) / "route"
+    for rows, want in ((["lo\t00000000\t0100007F"], ""),
+                       (["eth0\t00000000\t0202000A", "eth0\t0002000A\t00000000"], "10.0.2.2 10.0.2.2 10.0.2.3"),
+                       (["eth0\t00000000\t0102A8C0"], "192.168.2.1")):
+        table.write_text("Iface\tDestination\tGateway\tFlags\n" + "".join(f"{r}\t0003\n" for r in rows))
+        out = subprocess.run(["sh", "-c", body.replace("/proc/net/route", str(table)) + 'echo "$targets"'],
+                             capture_output=True, text=True, check=True).stdout.split()
+        assert out == want.split(), rows

@@ -2,9 +2,11 @@
 
 The harness runs `PROBE_SCRIPT` through its own exec as the candidate user (never
 through the agent's tools), before the agent's first step and again after, and
-stores the raw output as evidence. The script only reads /proc and /sys and
-creates and removes one file per write test: it never opens a socket, so a
-mis-configured container cannot send a packet because of it.
+stores the raw output as evidence. The script reads /proc and /sys and creates and
+removes one file per write test. It opens a socket only where the guest has an IPv4
+route off ``lo`` (a foreign VM disk on QEMU's restricted user-net; never a sealed
+container, nor ale's own guest): a TCP connect to that gateway and to QEMU's
+user-net host and DNS addresses (section ``egress``), each of which must fail.
 
 The rules that judge the output are in `probe_rules` (what counts as a writable
 mount, which paths must be masked); this module runs the script and keeps the
@@ -93,6 +95,36 @@ sec route
 [ -r /proc/net/route ] && lines /proc/net/route
 sec ipv6_route
 [ -r /proc/net/ipv6_route ] && lines /proc/net/ipv6_route
+sec egress
+# Only where the guest has an IPv4 route off lo (never in a sealed container, nor in
+# ale's own guest without a network): a TCP connect to the default gateway and, on
+# QEMU's user-net subnet, to its host and DNS addresses; nothing farther.
+hexip() { h=$1; printf '%d.%d.%d.%d' "0x${h#??????}" "0x$(x=${h#????}; echo "${x%??}")" \
+  "0x$(x=${h#??}; echo "${x%????}")" "0x${h%??????}"; }
+targets=
+if [ -r /proc/net/route ]; then
+  while read -r ifc dst gw flags rest; do
+    [ "$ifc" = Iface ] || [ "$ifc" = lo ] && continue
+    [ "$dst" = 00000000 ] && targets="$targets $(hexip "$gw")"
+    [ "$dst" = 0002000A ] && targets="$targets 10.0.2.2 10.0.2.3"
+  done < /proc/net/route
+fi
+try_tcp() {
+  if command -v bash >/dev/null 2>&1; then
+    timeout 3 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null
+  elif command -v python3 >/dev/null 2>&1; then
+    timeout 3 python3 -c "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 2)" "$1" "$2" \
+      2>/dev/null
+  else return 2; fi
+}
+seen=
+for t in $targets; do
+  case " $seen " in *" $t "*) continue;; esac; seen="$seen $t"
+  for port in 22 53 80 443; do
+    try_tcp "$t" "$port"; rc=$?
+    case $rc in 0) echo "open $t $port";; 2) echo "untested $t $port";; *) echo "closed $t $port";; esac
+  done
+done
 sec mountinfo
 lines /proc/$$/mountinfo
 sec cgroup

@@ -1004,21 +1004,88 @@ def vm_probe_interfaces(s: VmProbeSubject) -> Verdict:
     return ok, names, "" if ok else f"interfaces: {names}"
 
 
-@_probe("vm.probe.no_default_route", area="network", expected="no default route")
+# QEMU's user-mode network: the host (and gateway) and the DNS it offers a guest.
+USER_NET_GATEWAY = "10.0.2.2"
+
+
+def egress_attempts(s: VmProbeSubject) -> list[tuple[str, str, str]]:
+    """The probe's TCP connects off `lo` as (result, address, port); a missing section
+    (evidence from before the probe had it) raises KeyError."""
+    return [tuple(ln.split()[:3]) for ln in s.section("egress") if len(ln.split()) >= 3]  # type: ignore[misc]
+
+
+def _default_routes(s: VmProbeSubject) -> tuple[list[list[str]], list[list[str]]]:
+    v4 = [ln.split() for ln in s.section("route")[1:] if ln.strip()]
+    v6 = [ln.split() for ln in s.section("ipv6_route") if ln.strip()]
+    return ([r for r in v4 if r[1] == "00000000"],
+            [r for r in v6 if r[0] == "0" * 32 and r[1] == "00" and r[-1] != "lo"])
+
+
+def _gateway(route: list[str]) -> str:
+    h = route[2]
+    return ".".join(str(int(h[i:i + 2], 16)) for i in (6, 4, 2, 0)) if len(h) == 8 else h
+
+
+@_probe("vm.probe.no_default_route", area="network",
+        expected="no default route (under restricted user-net: none, or QEMU's gateway with every connect refused)")
 def vm_probe_no_default_route(s: VmProbeSubject) -> Verdict:
     """No default route in the guest (`/proc/net/route` destination 0, `/proc/net/ipv6_route`
-    `::/0` off `lo`); with no network planned, no route off `lo` at all.
+    `::/0` off `lo`); with no network planned, no route off `lo` at all. Under restricted
+    user-mode networking one IPv4 default route is accepted when its gateway is QEMU's own
+    (10.0.2.2) and the probe's every TCP connect to it
+    failed (`vm.probe.no_egress`).
 
-    Under user-mode networking the forward needs the NIC's own subnet, never a gateway.
+    A route in the guest is the guest's word; what carries a packet out is QEMU's netdev,
+    read from QEMU itself (`vm.net.user_restricted`: restrict=on drops every connection the
+    guest starts). Under restrict=on QEMU's DHCP offers no router; a disk configured with a
+    static gateway 10.0.2.2 has that route all the same.
     """
     v4 = [ln.split() for ln in s.section("route")[1:] if ln.strip()]
     v6 = [ln.split() for ln in s.section("ipv6_route") if ln.strip()]
     if s.expectation.network == "none":
         bad = [" ".join(r) for r in v4 if r[0] != "lo"] + [" ".join(r) for r in v6 if r[-1] != "lo"]
-    else:
-        bad = [" ".join(r) for r in v4 if r[1] == "00000000"] + [
-            " ".join(r) for r in v6 if r[0] == "0" * 32 and r[1] == "00" and r[-1] != "lo"]
-    return not bad, {"ipv4": len(v4), "ipv6": len(v6), "bad": bad}, f"routes out: {bad}" if bad else ""
+        return not bad, {"ipv4": len(v4), "ipv6": len(v6), "bad": bad}, f"routes out: {bad}" if bad else ""
+    d4, d6 = _default_routes(s)
+    accepted: list[str] = []
+    if s.expectation.network == "user-restricted" and len(d4) == 1 and _gateway(d4[0]) == USER_NET_GATEWAY:
+        try:
+            tried = egress_attempts(s)
+        except KeyError:
+            tried = []
+        to_gw = [t for t in tried if t[1] == USER_NET_GATEWAY]
+        if to_gw and all(t[0] == "closed" for t in tried):
+            accepted = [" ".join(d4[0])]
+    bad = [" ".join(r) for r in d4 if " ".join(r) not in accepted] + [" ".join(r) for r in d6]
+    observed = {"ipv4": len(v4), "ipv6": len(v6), "bad": bad, **({"accepted": accepted} if accepted else {})}
+    return not bad, observed, f"routes out: {bad}" if bad else ""
+
+
+@_probe("vm.probe.no_egress", area="network", expected="every TCP connect off lo fails",
+        when=lambda s: s.expectation.network != "none" or "egress" in s.sections,
+        when_doc="when the guest has a network planned, or the probe tried one")
+def vm_probe_no_egress(s: VmProbeSubject) -> Verdict:
+    """Where the guest has an IPv4 route off `lo`, the probe's TCP connects to the default
+    gateway and to QEMU's user-net host and DNS addresses (ports 22, 53, 80 and 443) all
+    fail; one that could not be tried (no bash or python3 in the guest) is unknown.
+
+    The guest's own test of what QEMU's netdev rule promises: under restrict=on the
+    gateway answers nothing the guest starts.
+    """
+    try:
+        tried = egress_attempts(s)
+    except KeyError:
+        _, d6 = _default_routes(s)
+        d4, _ = _default_routes(s)
+        if d4 or d6:
+            raise
+        return True, "not probed (evidence without the section, and no default route)", ""
+    opened = [f"{a}:{p}" for r, a, p in tried if r == "open"]
+    untested = [f"{a}:{p}" for r, a, p in tried if r not in ("open", "closed")]
+    if opened:
+        return False, {"open": opened}, f"connected out of the guest: {opened}"
+    if untested:
+        return None, {"untested": untested}, f"could not try (no bash or python3 in the guest): {untested}"
+    return True, {"closed": len(tried)}, ""
 
 
 @_probe("vm.probe.input_read_only", area="filesystem", expected="read-only mount, write fails",

@@ -15,9 +15,10 @@ The disk (raw, then ``qemu-img convert -O qcow2``):
   ``/dev/vda2`` and ``switch_root``s to ``/sbin/foreign-init``);
 - partition 2 (ext4, ``mkfs.ext4 -d`` at its offset): the cua-compatible image's root
   (``ale image build --cua``: Debian 13, computer-server in ``/opt/cua``, the user
-  ``agent`` 1000) plus ``/sbin/foreign-init`` (a shell init: mounts, a static address
-  10.0.2.15/24 on ``eth0``, no default route, ``/input`` and ``/workspace`` owned by
-  1000, computer-server started as uid 1000 on ``0.0.0.0:5000``, then a reaper).
+  ``agent`` 1000) plus ``/sbin/foreign-init`` (a shell init: mounts, the address by
+  DHCP from QEMU's user-net as ALE's Ubuntu disks take it, so 10.0.2.15/24 and, under
+  restrict=on, no router, ``/input`` and ``/workspace`` owned by 1000,
+  computer-server started as uid 1000 on ``0.0.0.0:5000``, then a reaper).
 
 Cached by content under ``<cache>/vm/foreign-test/<key12>/`` (``disk.qcow2``,
 ``disk.qcow2.sha256``, ``foreign.json``); the key covers the cua image's id, the
@@ -58,7 +59,9 @@ mount -t tmpfs -o nosuid,nodev,mode=0755 tmpfs /run
 hostname foreign-test
 $BB ip link set lo up
 $BB ip link set eth0 up
-$BB ip addr add 10.0.2.15/24 dev eth0
+# The address by DHCP from QEMU's user-net, as ALE's Ubuntu disks take it: 10.0.2.15/24
+# (under restrict=on QEMU's DHCP offers no router and no DNS).
+$BB udhcpc -i eth0 -s /sbin/foreign-dhcp -q -n -t 5 -T 1 || echo "[foreign-init] no DHCP lease"
 mkdir -p /input /workspace
 chown 1000:1000 /input /workspace
 echo "[foreign-init] starting computer-server on 0.0.0.0:%(port)d as uid 1000"
@@ -74,6 +77,19 @@ while True:
         time.sleep(1)
 '
 """.replace("%(port)d", str(FOREIGN_PORT))
+FOREIGN_DHCP = """#!/bin/sh
+# busybox udhcpc's event script: the lease's address, its router as the default route.
+BB=/usr/local/bin/busybox
+case "$1" in
+  deconfig) $BB ip addr flush dev "$interface"; $BB ip link set "$interface" up ;;
+  bound|renew)
+    $BB ip addr flush dev "$interface"
+    $BB ip addr add "$ip/${mask:-24}" dev "$interface"
+    for r in $router; do $BB ip route add default via "$r" dev "$interface"; break; done
+    : > /etc/resolv.conf
+    for d in $dns; do echo "nameserver $d" >> /etc/resolv.conf; done ;;
+esac
+"""
 SYSLINUX_CFG = """DEFAULT linux
 PROMPT 0
 TIMEOUT 0
@@ -137,6 +153,9 @@ def _prepare_root(root: Path) -> None:
     init = root / "sbin/foreign-init"
     init.write_text(FOREIGN_INIT)
     os.chmod(init, 0o755)
+    dhcp = root / "sbin/foreign-dhcp"
+    dhcp.write_text(FOREIGN_DHCP)
+    os.chmod(dhcp, 0o755)
     bb = root / "usr/local/bin/busybox"
     bb.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(vmimage._busybox(), bb)
@@ -158,6 +177,7 @@ def foreign_key(cua_id: str, kernel: Path) -> str:
 
     return _sha(cua_id, (kernel / "done").read_text(), vmimage.sha256_file(vmimage._busybox()),
                 SYSLINUX_MBR.read_bytes() if SYSLINUX_MBR.is_file() else b"", FOREIGN_INITRD_INIT, FOREIGN_INIT,
+                FOREIGN_DHCP,
                 SYSLINUX_CFG, "\n".join((*vmimage.MODULES, *NET_MODULES)), "foreign-v1")[:12]
 
 
