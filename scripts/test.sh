@@ -9,7 +9,8 @@ if [ "${ALE_SKIP_DESKTOP:-0}" != 1 ]; then .venv/bin/ale image build --desktop |
 .venv/bin/mypy || exit 1
 # What cannot run on this kind of machine: the one list, skipped even under ALE_CI=1.
 .venv/bin/python -m tests.cannot_run_here
-.venv/bin/python -m pytest "$@"
+# The slowest tests are listed at the end: where the 90-minute CI budget goes.
+.venv/bin/python -m pytest --durations=30 "$@"
 rc=$?
 if [ $rc -eq 5 ]; then echo "no tests were collected: failing" >&2; exit 1; fi
 exit $rc
