@@ -27,6 +27,7 @@ from ale.provision.catalogue import (
     Entry,
     MissingKind,
     NameParts,
+    Provider,
     load_catalogue,
     parse_name,
     split_names,
@@ -34,6 +35,7 @@ from ale.provision.catalogue import (
 )
 from ale.provision.indexes import (
     DEBIAN_INDEX,
+    PYPI_INDEX,
     Found,
     PackageIndexes,
     debian_name,
@@ -71,6 +73,8 @@ class ProvidedBy(BaseModel):
     debian: list[str] = Field(default_factory=list)
     python: list[str] = Field(default_factory=list)
     store_only: list[str] = Field(default_factory=list)
+    commands: dict[str, str] = Field(default_factory=dict)  # shims on PATH: name -> command line
+    prepare: list[str] = Field(default_factory=list)  # run once at build time
     base: bool = False  # the tools image already has it
     image: str | None = None  # a ready image is trusted to have it (not checked)
     lockfile: str | None = None
@@ -88,8 +92,10 @@ class Need(BaseModel):
     entry: str | None = None  # the catalogue entry it matched
     declared_as: str | None = None  # the whole item when a name was split ("Amber 22 / SLURM")
     note: str | None = None
-    #: how the name was resolved when not by a catalogue entry: ``debian-index`` or
-    #: ``pypi-index`` (a package of that very name, found by asking the index)
+    #: how the name was resolved when not by a catalogue entry's own packages:
+    #: ``debian-index`` or ``pypi-index`` (a package of that very name, found by asking
+    #: the index), ``alternative`` (another package the entry names, for the version
+    #: asked)
     source: str | None = None
 
 
@@ -135,9 +141,14 @@ def software_summary(p: Provisioning) -> dict[str, Any]:
         "provisioned": [d for d in p.declared if d not in unmet],
         "missing": [{"name": m.name, "why": m.why} for m in p.missing],
     }
-    by_index = [{"name": n.name, "source": n.source, "provided_by": n.note} for n in p.needs if n.source]
+    by_index = [{"name": n.name, "source": n.source, "provided_by": n.note} for n in p.needs
+                if n.source in (DEBIAN_INDEX, PYPI_INDEX)]
     if by_index:  # names no catalogue entry claims, matched by their spelling in an index
         out["by_index"] = by_index
+    others = [{"name": n.name, "source": n.source, "provided_by": n.note} for n in p.needs
+              if n.source is not None and n.source not in (DEBIAN_INDEX, PYPI_INDEX)]
+    if others:  # another package than the entry's own, for the version asked
+        out["by_alternative"] = others
     return out
 
 
@@ -148,6 +159,8 @@ class _Merge:
         self.debian: set[str] = set()
         self.python: set[str] = set()
         self.store: set[str] = set()
+        self.commands: dict[str, str] = {}
+        self.prepare: list[str] = []
         self.lockfiles: list[LockFile] = []
         self.python_version: tuple[str, str] | None = None  # (version, who asked)
         self.needs: list[Need] = []
@@ -163,6 +176,10 @@ class _Merge:
         self.debian.update(by.debian)
         self.python.update(by.python)
         self.store.update(by.store_only)
+        for cmd, run in by.commands.items():
+            if self.commands.setdefault(cmd, run) != run:
+                self.notes.append(f"{name}: the command {cmd} is already `{self.commands[cmd]}`; `{run}` is not shimmed")
+        self.prepare.extend(x for x in by.prepare if x not in self.prepare)
         self.needs.append(Need(name=name, origin=origin, provided_by=by, check=check, entry=entry,
                                declared_as=declared_as, note=note, source=source))
 
@@ -193,14 +210,12 @@ class _Merge:
         if entry.interpreter:
             self.interpreter(text, origin, entry, parts.version, parts.at_least, declared_as)
             return
-        by = ProvidedBy(debian=entry.debian, python=entry.python, store_only=entry.store_only, base=entry.base)
+        by = _provided_by(entry, base=entry.base)
         note = entry.note
         if parts.version is not None:
             if entry.version is not None:
                 if not version_satisfies(entry.version, parts.version, parts.at_least):
-                    asked = parts.version + ("+" if parts.at_least else "")
-                    self.miss(text, origin, "version", f"{entry.name}: the package provides version {entry.version}; "
-                              f"{asked} was asked for", declared_as)
+                    self.other_version(text, origin, entry, parts, declared_as)
                     return
             elif len(entry.python) == 1 and not entry.debian:
                 req = Requirement(entry.python[0])
@@ -211,6 +226,26 @@ class _Merge:
             else:
                 note = "; ".join(x for x in (note, f"version {parts.version} is not checked") if x)
         self.provide(text, origin, by, entry.check, entry.name, declared_as, note)
+
+    def other_version(self, text: str, origin: str, entry: Entry, parts: NameParts, declared_as: str | None) -> None:
+        """A version the entry's own packages do not provide: the first alternative
+        (another package of the same software) that does, else missing."""
+        assert parts.version is not None
+        asked = parts.version + ("+" if parts.at_least else "")
+        alt = next((a for a in entry.alternatives
+                    if a.version is not None and version_satisfies(a.version, parts.version, parts.at_least)), None)
+        if alt is None:
+            others = "".join(f", {a.version} ({' '.join([*a.debian, *a.python])})" for a in entry.alternatives)
+            self.miss(text, origin, "version", f"{entry.name}: the package provides version {entry.version}{others}; "
+                      f"{asked} was asked for", declared_as)
+            return
+        via = " ".join([*alt.debian, *alt.python])
+        shims = "".join(f"; `{c}` runs `{r}`" for c, r in alt.commands.items())
+        note = f"{entry.name} {alt.version} from {via} ({asked} was asked for; the {entry.name} package provides {entry.version}){shims}"
+        if alt.note:
+            note += f"; {alt.note}"
+        self.provide(text, origin, _provided_by(alt), alt.check or entry.check, entry.name, declared_as, note,
+                     source="alternative")
 
     def by_index(self, text: str, origin: str, parts: NameParts, declared_as: str | None) -> None:
         """A name no catalogue entry claims: a Debian package of that very name, else a
@@ -310,7 +345,14 @@ class _Merge:
             store_only=tuple(self.store - self.python),
             python_version=self.python_version[0] if self.python_version else None,
             lockfiles=tuple(self.lockfiles),
+            commands=tuple(self.commands.items()),
+            prepare=tuple(self.prepare),
         )
+
+
+def _provided_by(p: Provider, base: bool = False) -> ProvidedBy:
+    return ProvidedBy(debian=p.debian, python=p.python, store_only=p.store_only, commands=p.commands,
+                      prepare=p.prepare, base=base)
 
 
 def _card_software(m: _Merge, raw: dict[str, Any]) -> None:

@@ -71,7 +71,7 @@ UV_VERSION = "0.13.9"
 STORE = "/opt/ale/wheels"
 RECORD_PATH = "/opt/ale/software-record.json"
 #: Bump when the build changes in a way the files under images/env do not show.
-RECIPE_VERSION = "2"  # 2: the uv project environment
+RECIPE_VERSION = "3"  # 2: the uv project environment; 3: command shims, prepare
 RECORD_ROLE = "env-record"
 LABEL_KEY = "org.ale.env.key"
 LABEL_RECORD = RECORD_LABEL
@@ -106,7 +106,7 @@ for f in files:
     d.update(f["name"].encode() + b"\0" + f["sha256"].encode() + b"\n")
 out["store"] = {"path": store, "files": files, "digest": d.hexdigest()}
 cmds = {}
-for c in ("python", "python3", "pip", "uv"):
+for c in ("python", "python3", "pip", "uv", *sys.argv[1:]):
     w = shutil.which(c)
     cmds[c] = os.path.realpath(w) if w else None
 out["commands"] = cmds
@@ -488,9 +488,10 @@ def probe_platform(client: docker.DockerClient, image: str) -> dict[str, Any]:
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
-def take_record(client: docker.DockerClient, image: str) -> dict[str, Any]:
-    """What ``image`` holds, read by running it once with no network."""
-    out = _run_once(client, image, ["python3", "-c", RECORD_SCRIPT])
+def take_record(client: docker.DockerClient, image: str, commands: Iterable[str] = ()) -> dict[str, Any]:
+    """What ``image`` holds, read by running it once with no network (``commands``:
+    further commands whose paths it records, the spec's shims)."""
+    out = _run_once(client, image, ["python3", "-c", RECORD_SCRIPT, *commands])
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
@@ -539,9 +540,7 @@ def spec_content(spec: SoftwareSpec) -> dict[str, Any]:
     """The spec as its key sees it: an image is shared by every task with the same
     needs, so where a need came from (a lock file's ``origin``) is the run's
     evidence, not the image's."""
-    body = spec.model_dump(mode="json")
-    body["lockfiles"] = [{"name": lf.name, "text": lf.text} for lf in spec.lockfiles]
-    return body
+    return spec.content()
 
 
 def env_folder() -> Path:
@@ -584,6 +583,19 @@ def _system_stage(client: docker.DockerClient, spec: SoftwareSpec, base_ref: str
                labels={"org.ale.env.system-key": key}, say=say, what=tag)
     _refuse_volumes(client, tag)
     return tag
+
+
+def _shims(ctx: Path, spec: SoftwareSpec) -> None:
+    """``shims/<name>``: a two-line script that runs the spec's command line for
+    ``name`` with its arguments (installed into /usr/local/bin); ``prepare.sh``:
+    the spec's build-time commands, run once after the installs."""
+    shims = ctx / "shims"
+    shims.mkdir()
+    for name, run in spec.commands:
+        f = shims / name
+        f.write_text(f"#!/bin/sh\n# ale: `{name}` is provided by `{run}`\nexec {run} \"$@\"\n")
+        f.chmod(0o755)
+    (ctx / "prepare.sh").write_text("".join(f"{line}\n" for line in spec.prepare))
 
 
 def build_env_image(
@@ -659,13 +671,14 @@ def build_env_image(
         if project:
             say(f"uv project environment {UV_PROJECT_ENV}: {len(project['installed'])} locked package(s) "
                 f"from {project['lock']}" + (f"; {project['note']}" if project.get("note") else ""))
+        _shims(ctx, spec)
         _world_readable(ctx)
         shutil.copy(env_folder() / "Dockerfile.python", ctx / "Dockerfile.python")
         stage = _build(client, ctx, "Dockerfile.python", tag=None, buildargs={"SYSTEM": system},
                        labels={}, say=say, what=f"the Python stage of {tag}")
 
     say("recording what the image holds (one run, no network)...")
-    record = take_record(client, stage)
+    record = take_record(client, stage, [name for name, _ in spec.commands])
     record.update(
         key=key,
         spec=spec_content(spec),
