@@ -121,9 +121,17 @@ async def grade(session, meta):
 def test_runtime_env_asking_for_another_python_is_missing(tmp_path: Path) -> None:
     d = task(tmp_path, "py312", {"vm": LINUX})
     inp = tmp_path / "input"
-    write(inp / "runtime_env" / "pyproject.toml", '[project]\nname = "x"\nversion = "0"\nrequires-python = ">=3.12"\n')
+    write(inp / "runtime_env" / "pyproject.toml", '[project]\nname = "x"\nversion = "0"\nrequires-python = "==3.12.*"\n')
     p = resolve_needs(d, input_dir=inp)
     assert [m.kind for m in p.missing] == ["version"] and "3.11" in p.missing[0].why
+
+
+def test_runtime_env_asking_for_a_newer_python_gets_a_debian_releases(tmp_path: Path) -> None:
+    d = task(tmp_path, "py312", {"vm": LINUX})
+    inp = tmp_path / "input"
+    write(inp / "runtime_env" / "pyproject.toml", '[project]\nname = "x"\nversion = "0"\nrequires-python = ">=3.12"\n')
+    p = resolve_needs(d, input_dir=inp)
+    assert p.complete and p.spec.python_version == "3.13"
 
 
 def test_an_environment_block_is_read(tmp_path: Path) -> None:

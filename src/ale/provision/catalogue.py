@@ -90,6 +90,9 @@ class Provider(BaseModel):
     - ``prepare``: shell commands run once when the image is built (as root, after
       the installs), e.g. to compile what a command would otherwise compile on
       first use into a read-only cache;
+    - ``build_requires``: build dependencies an sdist needs but does not declare, for
+      a ``python`` requirement PyPI has no wheel of (built from its sdist before
+      the seal, in a build container);
     - ``version``: the version the packages provide, checked against a version the
       need states ("Yosys 0.33+"); without it a stated version pins the entry's
       single ``python`` requirement;
@@ -103,6 +106,7 @@ class Provider(BaseModel):
     store_only: list[str] = Field(default_factory=list)
     commands: dict[str, str] = Field(default_factory=dict)
     prepare: list[str] = Field(default_factory=list)
+    build_requires: list[str] = Field(default_factory=list)
     version: str | None = None
     check: str | None = None
     note: str | None = None
@@ -112,7 +116,7 @@ class Provider(BaseModel):
     def _debian_names(cls, v: list[str]) -> list[str]:
         return check_debian_names(v)
 
-    @field_validator("python", "store_only")
+    @field_validator("python", "store_only", "build_requires")
     @classmethod
     def _requirements(cls, v: list[str]) -> list[str]:
         return check_requirements(v)

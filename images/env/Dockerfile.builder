@@ -1,0 +1,12 @@
+# The wheel builder: an environment's system stage plus a C/C++ compiler and the
+# default python3's headers, for building a wheel from an sdist PyPI has no wheel
+# of for this interpreter. It runs with no network, as uid 1000; its inputs (the
+# sdist, its build dependencies' wheels) are mounted read-only.
+ARG SYSTEM
+FROM ${SYSTEM}
+USER root
+RUN set -e; export DEBIAN_FRONTEND=noninteractive; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends build-essential python3-dev pkg-config; \
+    rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /var/cache/apt/*.bin
+LABEL org.ale.image=env-builder
