@@ -64,13 +64,15 @@ def test_unknown_and_unprovidable_names_are_reported(tmp_path: Path) -> None:
     p = resolve_needs(d)
     assert not p.complete
     missing = {m.name: m for m in p.missing}
-    assert set(missing) == {"Frobnicator 9000", "Docker", "Amber 22", "SLURM", "Python (`software/python`)", "Python 3.12"}
+    assert set(missing) == {"Frobnicator 9000", "Docker", "Amber 22", "SLURM", "Python 3.12"}
     assert missing["Frobnicator 9000"].kind == "unknown" and "not in the catalogue" in missing["Frobnicator 9000"].why
     assert missing["Docker"].kind == "container"
     assert missing["Amber 22"].declared_as == "Amber 22 / SLURM"
-    assert missing["Python (`software/python`)"].kind == "task_ships"
+    (ships,) = [n for n in p.needs if n.name == "Python (`software/python`)"]
+    assert ships.source == "task-data" and ships.provided_by.model_dump(exclude_defaults=True) == {}
     summary = software_summary(p)
-    assert summary["provisioned"] == ["R"]
+    assert summary["provisioned"] == ["R", "Python (`software/python`)"]
+    assert summary["by_task_data"][0]["name"] == "Python (`software/python`)"
     assert {"name": "Docker", "why": missing["Docker"].why} in summary["missing"]
     assert p.spec.debian == ("r-base",)
 

@@ -66,6 +66,10 @@ __all__ = [
 
 CARD_SOFTWARE = f"{CARD_FILE}:software"
 CARD_ENVIRONMENT = f"{CARD_FILE}:environment"
+#: ``Need.source`` of a name the task's own ``software/`` folder provides
+TASK_DATA = "task-data"
+#: ``Need.source`` of a version an entry's alternative package provides
+ALTERNATIVE = "alternative"
 
 
 class ProvidedBy(BaseModel):
@@ -96,7 +100,7 @@ class Need(BaseModel):
     #: how the name was resolved when not by a catalogue entry's own packages:
     #: ``debian-index`` or ``pypi-index`` (a package of that very name, found by asking
     #: the index), ``alternative`` (another package the entry names, for the version
-    #: asked)
+    #: asked), ``task-data`` (the task's own ``software/`` folder)
     source: str | None = None
 
 
@@ -146,10 +150,10 @@ def software_summary(p: Provisioning) -> dict[str, Any]:
                 if n.source in (DEBIAN_INDEX, PYPI_INDEX)]
     if by_index:  # names no catalogue entry claims, matched by their spelling in an index
         out["by_index"] = by_index
-    others = [{"name": n.name, "source": n.source, "provided_by": n.note} for n in p.needs
-              if n.source is not None and n.source not in (DEBIAN_INDEX, PYPI_INDEX)]
-    if others:  # another package than the entry's own, for the version asked
-        out["by_alternative"] = others
+    for key, source in (("by_alternative", ALTERNATIVE), ("by_task_data", TASK_DATA)):
+        rows = [{"name": n.name, "source": n.source, "provided_by": n.note} for n in p.needs if n.source == source]
+        if rows:  # another package than the entry's own (for the version asked); the task's own software/
+            out[key] = rows
     return out
 
 
@@ -198,8 +202,11 @@ class _Merge:
 
     def name(self, text: str, origin: str, declared_as: str | None = None) -> None:
         if TASK_SOFTWARE.search(text):
-            self.miss(text, origin, "task_ships", "the task's own software/ folder (its data) ships it: "
-                      "no package provides it", declared_as)
+            # The variant's software/ folder is staged beside its input, in the read-only
+            # public package: the task's data provides it, no package does.
+            self.provide(text, origin, ProvidedBy(), None, None, declared_as,
+                         "the task's own software/ folder provides it: staged with the variant's input (read-only) "
+                         "when the task's data has one; not a package, not checked here", source=TASK_DATA)
             return
         parts = parse_name(text)
         index = self.cat.index()
@@ -248,7 +255,7 @@ class _Merge:
         if alt.note:
             note += f"; {alt.note}"
         self.provide(text, origin, _provided_by(alt), alt.check or entry.check, entry.name, declared_as, note,
-                     source="alternative")
+                     source=ALTERNATIVE)
 
     def by_index(self, text: str, origin: str, parts: NameParts, declared_as: str | None) -> None:
         """A name no catalogue entry claims: a Debian package of that very name, else a

@@ -50,6 +50,7 @@ from typing import Any
 import docker
 import docker.errors
 from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, Field
@@ -334,10 +335,10 @@ def _run_lines(cmd: list[str], say: Say, *, what: str) -> None:
 
 
 def pip_download(reqs: Iterable[str], dest: Path, target: dict[str, Any], say: Say, *, no_deps: bool = False,
-                 find_links: Path | None = None) -> None:
+                 find_links: Path | list[Path] | None = None) -> None:
     """Download wheels for ``reqs`` (with their dependencies unless ``no_deps``) into
     ``dest``, for the target interpreter and platform, with the host's pip
-    (``find_links``: a folder of wheels to take before the index's)."""
+    (``find_links``: folders of wheels to take before the index's)."""
     reqs = list(reqs)
     if not reqs:
         return
@@ -345,8 +346,11 @@ def pip_download(reqs: Iterable[str], dest: Path, target: dict[str, Any], say: S
            "--progress-bar", "off", "--disable-pip-version-check", *_platform_args(target)]
     if no_deps:
         cmd.append("--no-deps")
-    if find_links is not None:  # wheels built here are tagged linux_<machine>, not manylinux
-        cmd += ["--find-links", str(find_links), "--platform", f"linux_{target.get('machine') or 'x86_64'}"]
+    links = [find_links] if isinstance(find_links, Path) else list(find_links or [])
+    for link in links:
+        cmd += ["--find-links", str(link)]
+    if links:  # wheels built here are tagged linux_<machine>, not manylinux
+        cmd += ["--platform", f"linux_{target.get('machine') or 'x86_64'}"]
     _run_lines(cmd + reqs, say, what=f"pip download of {len(reqs)} requirement(s)")
 
 
@@ -618,24 +622,61 @@ def _built_from_sdists(client: docker.DockerClient, spec: SoftwareSpec, system: 
         return missing, []
     still = [m for m in missing if m["name"] not in wanted]
     builder = builder_image(client, system, env_folder() / "Dockerfile.builder", say)
-    records = []
+    records: list[dict[str, Any]] = []
+
+    def build(req: str) -> tuple[Any, Path | None]:
+        return build_from_sdist(client, req, builder=builder, extra=list(spec.build_requires),
+                                download=lambda reqs, dest: pip_download(reqs, dest, target, say), say=say)
+
     for m in todo:
         req = m["name"]
-        done, folder = build_from_sdist(client, req, builder=builder, extra=list(spec.build_requires),
-                                        download=lambda reqs, dest: pip_download(reqs, dest, target, say), say=say)
+        done, folder = build(req)
+        deps_built: list[Any] = []
         if folder is not None:
-            try:
-                pip_download([req], wheels, target, say, find_links=folder)
-                for w in folder.glob("*.whl"):
-                    shutil.copy(w, wheels / w.name)
-            except SandboxError as e:
-                done.error = f"built, but its dependencies have no wheels for the image: {_last_line(e)}"
-        records.append(done.record())
+            links, tried = [folder], {canonicalize_name(Requirement(req).name)}
+            while True:  # its dependencies, building those that have only an sdist too (docopt)
+                try:
+                    pip_download([req], wheels, target, say, find_links=links)
+                    break
+                except SandboxError as e:
+                    dep = next((d for d in _unmet_names(str(e)) if canonicalize_name(Requirement(d).name) not in tried), None)
+                    if dep is None or len(tried) > MAX_SDIST_DEPENDENCIES:
+                        done.error = f"built, but its dependencies have no wheels for the image: {_last_line(e)}"
+                        break
+                    tried.add(canonicalize_name(Requirement(dep).name))
+                    say(f"{req}: its dependency {dep} has no wheel for the image either; building it from its sdist")
+                    dep_done, dep_folder = build(dep)
+                    deps_built.append(dep_done)
+                    if dep_folder is None:
+                        done.error = f"built, but its dependency {dep} has no wheel and its sdist did not build: {dep_done.error}"
+                        done.log = dep_done.log
+                        break
+                    links.append(dep_folder)
+            if done.error is None:
+                for link in links:
+                    for w in link.glob("*.whl"):
+                        shutil.copy(w, wheels / w.name)
+        records += [done.record(), *(d.record() for d in deps_built)]
         if done.error:
             log = " | ".join([ln.strip() for ln in done.log.splitlines() if ln.strip() and not _PIP_NOISE.match(ln)][-6:])
             still.append({"name": req, "why": f"{m['why']}; building it from its sdist {done.sdist or '(none)'} failed: "
                                               f"{done.error}" + (f" (log: {log})" if log else "")})
     return still, records
+
+
+#: how many of a built package's dependencies may be built from their sdists too
+MAX_SDIST_DEPENDENCIES = 8
+_DEPENDS_ON = re.compile(r"depends on ([A-Za-z0-9][A-Za-z0-9._-]*(?:\[[^\]]*\])?[^\s;]*)")
+_NO_DISTRIBUTION = re.compile(r"No matching distribution found for ([A-Za-z0-9][^\s;]*)")
+
+
+def _unmet_names(pip_error: str) -> list[str]:
+    """The requirements pip says it could not find a wheel for, in its order."""
+    out = []
+    for m in [*_NO_DISTRIBUTION.finditer(pip_error), *_DEPENDS_ON.finditer(pip_error)]:
+        with suppress(InvalidRequirement):
+            out.append(str(Requirement(m.group(1))))
+    return list(dict.fromkeys(out))
 
 
 def interpreter_tools_image(client: docker.DockerClient, version: str, say: Say = print) -> str:

@@ -16,7 +16,10 @@ entry names (a ``setup.py`` that imports numpy without declaring it). The build 
 without isolation from a venv holding exactly those.
 
 Cached by content: ``<cache>/built-wheels/<key>/``, key = sha256(the sdist's sha256,
-the builder image's id, the build requirements). A failed build is returned with
+the builder image's id, the build requirements, the build script). The build's venv
+holds the build requirements' wheels only, not the image's Debian packages: an
+extension is compiled against the numpy the store has (2.x, whose ABI also serves
+1.x), not Debian 12's 1.24, which the installed packages may replace. A failed build is returned with
 its log's tail; the caller reports it as missing and the environment is built
 without it.
 """
@@ -163,7 +166,7 @@ def builder_image(client: docker.DockerClient, system: str, dockerfile: Path, sa
 
 
 BUILD_SCRIPT = r"""set -e
-python3 -m venv --system-site-packages /tmp/build-env
+python3 -m venv /tmp/build-env
 /tmp/build-env/bin/pip install --quiet --no-index --find-links /deps -r /deps/build-requirements.txt
 cd /tmp && /tmp/build-env/bin/pip wheel --no-deps --no-build-isolation --no-index --find-links /deps \
     -w /out "/src/$1"
@@ -211,7 +214,7 @@ def build_from_sdist(client: docker.DockerClient, requirement: str, *, builder: 
         reqs = sorted({*build_requires(sdist), *extra})
         done.build_requires = reqs
         builder_id = _has_image(client, builder) or builder
-        folder = cache_dir() / "built-wheels" / _sha(sha, builder_id, json.dumps(reqs))[:24]
+        folder = cache_dir() / "built-wheels" / _sha(sha, builder_id, json.dumps(reqs), BUILD_SCRIPT)[:24]
         wheels = sorted(folder.glob("*.whl")) if folder.is_dir() else []
         if wheels:
             done.wheel, done.cached = wheels[0].name, True
