@@ -69,6 +69,12 @@ def test_python_313_and_its_packages_in_a_sealed_sandbox(docker_client, py313: E
     sandbox = asyncio.run(DockerProvider(docker_client).create(spec))
     try:
         asyncio.run(sandbox.start())
+        from ale.isolation.verify_container import verify_container
+
+        report = verify_container(DockerProvider(docker_client), spec.name, input_dir=str(tmp_path),
+                                  workspace_dir=str(workspace), policy=policy, input_target="/input",
+                                  workspace_target="/workspace")
+        assert report.ok, report.violations
         r = asyncio.run(sandbox.exec(["sh", "-c", "python --version; python3 -c 'import tabulate, numpy; print(tabulate.__name__)'; "
                                      "pip install tabulate 2>&1 | grep -o 'already satisfied: tabulate'"], timeout=120))
         assert r.ok, r.stderr.decode(errors="replace")
