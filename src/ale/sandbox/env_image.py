@@ -74,6 +74,7 @@ ENV_REPO = "ale-env"
 UV_PROJECT_ENV = "/opt/ale/uv-project"
 UV_PROJECT_VAR = "UV_PROJECT_ENVIRONMENT"
 SYSTEM_REPO = "ale-env-system"
+BUILDER_REPO = "ale-env-builder"
 #: uv, from PyPI's ``uv`` wheel (which ships the binary); pinned so that the recipe,
 #: hence the cache key, does not drift.
 UV_VERSION = "0.13.9"
@@ -608,13 +609,29 @@ def _system_stage(client: docker.DockerClient, spec: SoftwareSpec, base_ref: str
 _PIP_NOISE = re.compile(r"^\s*(note:|hint:|error:|×|╰─>|│|\[end of output\]|ERROR: Failed|Building wheel|Processing |Running setup|Failed to build)")
 
 
+def builder_image(client: docker.DockerClient, system: str, dockerfile: Path, say: Say) -> str:
+    """The build container's image: the system stage plus a compiler and the
+    interpreter's headers (Debian packages); cached by content."""
+    system_id = _has_image(client, system) or system
+    key = _sha(system_id, dockerfile.read_bytes())[:12]
+    tag = f"{BUILDER_REPO}:{key}"
+    if _has_image(client, tag):
+        return tag
+    say(f"building the wheel builder {tag} FROM {system} (a compiler and Python headers)...")
+    with tempfile.TemporaryDirectory(prefix="ale-builder-") as tmp:
+        shutil.copy(dockerfile, Path(tmp) / "Dockerfile")
+        _build(client, Path(tmp), "Dockerfile", tag=tag, buildargs={"SYSTEM": system},
+               labels={"org.ale.image": "env-builder"}, say=say, what=tag)
+    return tag
+
+
 def _built_from_sdists(client: docker.DockerClient, spec: SoftwareSpec, system: str, missing: list[dict[str, str]],
                        wheels: Path, target: dict[str, Any], say: Say) -> tuple[list[dict[str, str]], list[dict[str, Any]]]:
     """The spec's requirements that had no wheel, built from their sdists in a build
     container (``wheel_builds``) and put into the store with their dependencies;
     (what is still missing, the record of each build). A build that fails stays
     missing, with its log's tail."""
-    from ale.sandbox.wheel_builds import build_from_sdist, builder_image
+    from ale.sandbox.wheel_builds import build_from_sdist
 
     wanted = {*spec.python, *spec.store_only}
     todo = [m for m in missing if m["name"] in wanted]

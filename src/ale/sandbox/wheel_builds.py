@@ -3,9 +3,9 @@
 A requirement PyPI has no wheel of for the image's interpreter (PyRadiomics: only an
 sdist since Python 3.9) is built into a wheel inside a **build container**: the
 environment's system stage plus a compiler and the interpreter's headers
-(``images/env/Dockerfile.builder``), run with no network, as a non-root user, with
-the sdist and its build dependencies' wheels mounted read-only and one output
-folder. The host only downloads: the sdist from PyPI's JSON API (its sha256 checked
+(``images/env/Dockerfile.builder``, built by ``env_image.builder_image``), run with
+no network, as a non-root user, with the sdist and its build dependencies' wheels
+mounted read-only and one output folder. The host only downloads: the sdist from PyPI's JSON API (its sha256 checked
 against the index's), the build dependencies as wheels with the host's pip for the
 image's platform. Nothing of the package runs on the host (``pip download`` of an
 sdist would run its ``setup.py`` to read its metadata).
@@ -50,7 +50,6 @@ from ale.paths import cache_dir
 from ale.sandbox.base import LABEL_MANAGED, LABEL_ROLE, SandboxError
 from ale.sandbox.image import Say, _has_image, _sha
 
-BUILDER_REPO = "ale-env-builder"
 BUILD_ROLE = "env-wheel-build"
 PYPI_JSON = os.environ.get("ALE_PYPI_JSON", "https://pypi.org/pypi")
 BUILD_TIMEOUT_S = 1800
@@ -145,24 +144,6 @@ def build_requires(sdist: Path) -> list[str]:
         data = {}
     reqs = (data.get("build-system") or {}).get("requires")
     return [str(r) for r in reqs] if isinstance(reqs, list) and reqs else list(DEFAULT_BUILD_REQUIRES)
-
-
-def builder_image(client: docker.DockerClient, system: str, dockerfile: Path, say: Say) -> str:
-    """The build container's image: the system stage plus a compiler and the
-    interpreter's headers (Debian packages); cached by content."""
-    from ale.sandbox.env_image import _build
-
-    system_id = _has_image(client, system) or system
-    key = _sha(system_id, dockerfile.read_bytes())[:12]
-    tag = f"{BUILDER_REPO}:{key}"
-    if _has_image(client, tag):
-        return tag
-    say(f"building the wheel builder {tag} FROM {system} (a compiler and Python headers)...")
-    with tempfile.TemporaryDirectory(prefix="ale-builder-") as tmp:
-        shutil.copy(dockerfile, Path(tmp) / "Dockerfile")
-        _build(client, Path(tmp), "Dockerfile", tag=tag, buildargs={"SYSTEM": system},
-               labels={"org.ale.image": "env-builder"}, say=say, what=tag)
-    return tag
 
 
 BUILD_SCRIPT = r"""set -e
