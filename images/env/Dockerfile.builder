@@ -10,7 +10,7 @@ ARG SYSTEM
 FROM ${SYSTEM}
 USER root
 RUN set -e; export DEBIAN_FRONTEND=noninteractive; \
-    apt-get update; \
+    apt-get -o Acquire::Check-Valid-Until=false update; \
     apt-get install -y --no-install-recommends build-essential python3-dev pkg-config; \
     rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /var/cache/apt/*.bin; \
     rm -f /usr/include/python3*/numpy
