@@ -164,7 +164,7 @@ def test_task_process_code_imports_the_standard_library_only(package: str) -> No
 
 def test_docker_is_called_from_the_docker_provider_only() -> None:
     allowed = {"ale.sandbox.docker", "ale.sandbox.docker_images", "ale.sandbox.image", "ale.sandbox.env_image",
-               "ale.sandbox.harness_image", "ale.sandbox.channel", "ale.sandbox.cua.tunnel", "ale.sandbox.cua.image",
+               "ale.sandbox.wheel_builds", "ale.sandbox.harness_image", "ale.sandbox.channel", "ale.sandbox.cua.tunnel", "ale.sandbox.cua.image",
                "ale.sandbox.qemu.image",
                "ale.sandbox.qemu.foreign_disk"}  # a VM guest's root (and the foreign test disk's) is a docker export
     users = []

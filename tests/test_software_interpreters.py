@@ -1,0 +1,87 @@
+"""A second interpreter (issue 30): a task pinning Python 3.13 (3.14) gets an environment built
+on a tools image bootstrapped from Debian trixie (sid), whose python3 it is, with its
+packages' wheels for that version; Python 3.10 and 3.12 are reported with what was looked for."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ale.provision.needs import resolve_needs
+from ale.sandbox.base import LABEL_RUN, Mount, SandboxSpec
+from ale.sandbox.docker import DockerProvider
+from ale.sandbox.env_image import EnvImage, build_env_image
+from ale.sandbox.policy import GIB, IsolationPolicy
+from tests.conftest import TOOLS_IMAGE
+
+
+def tree(root: Path, software: list[str]) -> Path:
+    d = root / "lab" / "py"
+    d.mkdir(parents=True)
+    (d / "main.py").write_text("")
+    (d / "task_card.json").write_text(json.dumps({"vm": {"snapshot": "cpu-free-ubuntu"}, "software": software}))
+    return d
+
+
+@pytest.mark.parametrize("asked, got", [("Python 3.13", "3.13"), ("Python 3.14.3", "3.14"), ("Python 3.12+", "3.13")])
+def test_a_newer_interpreter_is_a_debian_releases_python3(tmp_path: Path, asked: str, got: str) -> None:
+    p = resolve_needs(tree(tmp_path, [asked, "tabulate"]), indexes=False)
+    assert p.complete and p.spec.python_version == got
+    (need,) = [n for n in p.needs if n.name == asked]
+    assert need.check is not None and f'"{got}."' in need.check
+
+
+@pytest.mark.parametrize("asked", ["Python 3.10", "Python 3.12"])
+def test_an_interpreter_no_package_provides_says_what_was_looked_for(tmp_path: Path, asked: str) -> None:
+    (m,) = resolve_needs(tree(tmp_path, [asked]), indexes=False).missing
+    assert m.kind == "version"
+    assert "no python3.10 or python3.12 package in bookworm, trixie or sid" in m.why
+    assert "portable-python" in m.why
+
+
+@pytest.fixture(scope="module", params=["3.13", "3.14"])
+def py313(request, docker_client, tmp_path_factory) -> Iterator[EnvImage]:
+    """3.13 from trixie, 3.14 from sid (the card asks for 3.14.3, as one of ALE's does)."""
+    asked = {"3.13": "Python 3.13", "3.14": "Python 3.14.3"}[request.param]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ALE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "ale-cache"))
+        p = resolve_needs(tree(tmp_path_factory.mktemp("tree"), [asked, "tabulate"]), indexes=False)
+        yield build_env_image(p.spec, client=docker_client, base_image=TOOLS_IMAGE, say=lambda _l: None)
+
+
+@pytest.mark.docker
+def test_a_newer_python_and_its_packages_in_a_sealed_sandbox(docker_client, py313: EnvImage, tmp_path: Path) -> None:
+    version = py313.record["spec"]["python_version"]
+    assert py313.record["python"]["version"].startswith(version + ".")
+    assert py313.base.startswith("ale-tools:") and py313.base != TOOLS_IMAGE
+    assert any(f["name"].startswith("tabulate-") for f in py313.record["store"]["files"])
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    policy = IsolationPolicy(memory_bytes=2 * GIB)
+    os.chown(workspace, policy.uid, policy.gid)
+    run_id = f"test-py313-{uuid.uuid4().hex[:8]}"
+    spec = SandboxSpec(name=f"ale-{run_id}", image=py313.tag, policy=policy,
+                       mounts=(Mount(str(tmp_path), "/input", True), Mount(str(workspace), "/workspace", False)),
+                       workdir="/workspace", labels={LABEL_RUN: run_id})
+    sandbox = asyncio.run(DockerProvider(docker_client).create(spec))
+    try:
+        asyncio.run(sandbox.start())
+        from ale.isolation.verify_container import verify_container
+
+        report = verify_container(DockerProvider(docker_client), spec.name, input_dir=str(tmp_path),
+                                  workspace_dir=str(workspace), policy=policy, input_target="/input",
+                                  workspace_target="/workspace")
+        assert report.ok, report.violations
+        r = asyncio.run(sandbox.exec(["sh", "-c", "python --version; python3 -c 'import tabulate, numpy; print(tabulate.__name__)'; "
+                                     "pip install tabulate 2>&1 | grep -o 'already satisfied: tabulate'"], timeout=120))
+        assert r.ok, r.stderr.decode(errors="replace")
+        out = r.text().splitlines()
+        assert out[0].startswith(f"Python {version}.") and out[1] == "tabulate" and "already satisfied" in out[2]
+    finally:
+        asyncio.run(sandbox.remove())

@@ -1,0 +1,140 @@
+"""Requirements PyPI has only an sdist of (issue 30): built into wheels inside a build
+container (no network, uid 1000), from build dependencies downloaded as wheels, cached
+by content, recorded as built; a build that fails is reported with its log and the
+environment is built without it. The sdists here are written by the test (a PyPI name
+that does not exist, so the index has no wheel), one with a build dependency its
+``setup.py`` imports, one whose build fails."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import pytest
+
+from ale.sandbox import wheel_builds
+from ale.sandbox.env_image import ENV_REPO, EnvImage, build_env_image, env_key
+from ale.sandbox.software import SoftwareSpec
+from tests.conftest import TOOLS_IMAGE
+
+GOOD = "ale-sdist-demo-zz9"
+BROKEN = "ale-sdist-broken-zz9"
+
+PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=61", "wheel", "six"]
+build-backend = "setuptools.build_meta"
+"""
+
+SETUP = """\
+import six  # the build dependency: not installed unless the build environment has it
+from setuptools import setup
+open("ale_sdist_demo_zz9.py", "w").write("BUILT_WITH_SIX = %r\\n" % six.__version__)
+setup(name="ale-sdist-demo-zz9", version="1.0", py_modules=["ale_sdist_demo_zz9"], install_requires=["tabulate"])
+"""
+
+BROKEN_SETUP = """\
+raise SystemExit("ale test: this sdist does not build")
+"""
+
+
+def sdist(folder: Path, name: str, files: dict[str, str]) -> Path:
+    stem = f"{name.replace('-', '_')}-1.0"
+    path = folder / f"{stem}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for rel, text in {**files, "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"}.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{stem}/{rel}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def sdists(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("sdists")
+    return {GOOD: sdist(folder, GOOD, {"pyproject.toml": PYPROJECT, "setup.py": SETUP}),
+            BROKEN: sdist(folder, BROKEN, {"setup.py": BROKEN_SETUP})}
+
+
+def test_build_requirements_are_read_from_the_archive_not_run(sdists: dict[str, Path]) -> None:
+    assert wheel_builds.build_requires(sdists[GOOD]) == ["setuptools>=61", "wheel", "six"]
+    assert wheel_builds.build_requires(sdists[BROKEN]) == ["setuptools", "wheel"]  # no pyproject.toml
+
+
+def test_a_spec_without_build_requires_keeps_its_key() -> None:
+    assert "build_requires" not in SoftwareSpec(python=("x",)).content()
+
+
+built_cache: list[Any] = []  # the module's cache folder and sdist fetcher, for the cached re-build
+
+
+@pytest.fixture(scope="module")
+def built(docker_client, sdists, tmp_path_factory) -> Iterator[tuple[EnvImage, list[str]]]:
+    def fetch(requirement: str, dest: Path) -> tuple[Path, str]:
+        import hashlib
+        import shutil
+
+        src = sdists[requirement]
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, dest / src.name)
+        return dest / src.name, hashlib.sha256(src.read_bytes()).hexdigest()
+
+    cache = str(tmp_path_factory.getbasetemp() / "ale-cache")
+    built_cache[:] = [cache, fetch]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ALE_CACHE_DIR", cache)
+        mp.setattr(wheel_builds, "fetch_sdist", fetch)
+        lines: list[str] = []
+        spec = SoftwareSpec(python=(GOOD, BROKEN))
+        stale = f"{ENV_REPO}:{env_key(spec, docker_client.images.get(TOOLS_IMAGE).id)[:12]}"
+        with contextlib.suppress(docker.errors.ImageNotFound):  # the builds are what is tested, not the cache
+            docker_client.images.remove(stale)
+        image = build_env_image(spec, client=docker_client, base_image=TOOLS_IMAGE, say=lines.append)
+        yield image, lines
+
+
+@pytest.mark.docker
+def test_an_sdist_with_a_build_dependency_is_built_and_installed(docker_client, built) -> None:
+    image, lines = built
+    (good,) = [b for b in image.record["built"] if b["requirement"] == GOOD]
+    assert good["wheel"].startswith("ale_sdist_demo_zz9-1.0-") and good["wheel_sha256"]
+    assert good["build_requires"] == ["setuptools>=61", "six", "wheel"]
+    assert good["how"].startswith("built from sdist")
+    assert any(f["name"] == good["wheel"] for f in image.record["store"]["files"])
+    assert any(f["name"].startswith("tabulate-") for f in image.record["store"]["files"])  # its dependency
+    from ale.sandbox.env_image import _run_once
+
+    out = _run_once(docker_client, image.tag, ["python3", "-c", "import ale_sdist_demo_zz9 as m, tabulate; "
+                                                                "print(m.BUILT_WITH_SIX)"])
+    assert out.strip().startswith("1.")  # six's version, read at build time in the build container
+
+
+@pytest.mark.docker
+def test_a_failed_build_is_missing_with_its_log_and_the_image_is_built_without_it(built) -> None:
+    image, lines = built
+    (broken,) = [b for b in image.record["built"] if b["requirement"] == BROKEN]
+    assert broken["wheel"] is None and broken["error"] == "the build failed"
+    assert "ale test: this sdist does not build" in broken["log"]
+    (miss,) = [m for m in image.record["missing"] if m["name"] == BROKEN]
+    assert "building it from its sdist" in miss["why"] and "this sdist does not build" in miss["why"]
+    assert any("failed; the environment is built without it" in line for line in lines)
+
+
+@pytest.mark.docker
+def test_a_second_build_takes_the_cached_wheel(docker_client, built, monkeypatch) -> None:
+    image, _ = built
+    first = next(b for b in image.record["built"] if b["requirement"] == GOOD)
+    monkeypatch.setenv("ALE_CACHE_DIR", built_cache[0])
+    monkeypatch.setattr(wheel_builds, "fetch_sdist", built_cache[1])
+    done, folder = wheel_builds.build_from_sdist(docker_client, GOOD, builder=first["builder"], extra=[],
+                                                 download=lambda reqs, dest: pytest.fail("downloaded again"),
+                                                 say=lambda _l: None)
+    assert done.cached and folder is not None and done.wheel_sha256 == first["wheel_sha256"]
+    assert json.loads(json.dumps(done.record()))["cached"] is True
