@@ -200,8 +200,11 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
     except SandboxError as e:
         raise PreflightError(str(e), retryable=True) from e
     if desktop is not None and plan.provider == "qemu":
-        from ale.sandbox.qemu.provider import no_display_reason
+        from ale.sandbox.qemu.provider import no_display_reason, windows_refusal
 
+        refused = windows_refusal(variant.computer)
+        if refused is not None:
+            raise PreflightError(f"{plan.task_dir}: variant {plan.variant} {refused}")
         reason = no_display_reason(image, image_record, desktop.width, desktop.height)
         if reason is not None:
             raise PreflightError(f"{plan.task_dir}: variant {plan.variant} asks for a desktop, and {reason}")

@@ -76,6 +76,16 @@ def kill_state(state: Path) -> None:
 
 
 
+def windows_refusal(computer: dict[str, Any] | None) -> str | None:
+    """Why a variant's desktop cannot be the VM guest's screen, whatever the guest: cua-bench's
+    ``simulated`` desktop is HTML windows (``launch_window``, ``execute_javascript``, element
+    rectangles) that ale's desktop image's helper serves, not computer-server."""
+    if (computer or {}).get("provider") == "simulated":
+        return ("asks for cua-bench's simulated desktop (HTML windows: launch_window, execute_javascript), which "
+                "ale's desktop image serves and the qemu guest's computer-server does not: run it with --provider docker")
+    return None
+
+
 def no_display_reason(image: str, record: dict[str, Any] | None, width: int, height: int) -> str | None:
     """Why a desktop task cannot run on ``image`` (its ``image_inspect`` record), or None:
     ale's guest offers its computer-server's screen (Xvfb, ``display`` in its manifest) at
