@@ -180,9 +180,9 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
         raise PreflightError(str(e)) from e
     data_spec = plan.data_source or task.card.data_source
     wall = plan.limits.wall_time_s or task.card.timeout_s or DEFAULT_WALL_TIME_S
-    # a task asking for a desktop runs in the desktop image
+    # a task asking for a desktop runs in the desktop image; in a VM, on its guest's own
+    # screen (computer-server's: checked below, once the guest's record is read)
     desktop = desktop_spec(task.card.raw, variant.computer)
-    # a VM's desktop is its own guest's screen (computer-server's), never the desktop image
     image = DEFAULT_DESKTOP_IMAGE if desktop is not None and plan.image == DEFAULT_TOOLS_IMAGE \
         and plan.provider != "qemu" else plan.image
     if plan.provider == "qemu" and plan.vm_image:  # the operator's disk for this task's vm.snapshot, verified

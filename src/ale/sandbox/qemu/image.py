@@ -7,8 +7,9 @@ Debian packages with no registry but Debian's (and PyPI's, for computer-server).
    ``busybox-static``), those modules and an ``/init`` that loads them, mounts
    ``/dev/vda`` and ``switch_root``s to ``/sbin/ale-init``.
 3. The root: the cua-compatible image's (``ale image build --cua``: Debian 13, Python
-   3.13, cua's computer-server in /opt/cua, the candidate user 1000), exported from
-   Docker, plus ale's guest agent as ``/sbin/ale-init`` (``guest_agent.py``).
+   3.13, cua's computer-server in /opt/cua, Xvfb, the candidate user 1000), exported from
+   Docker, plus ale's guest agent as ``/sbin/ale-init`` (``guest_agent.py``); its
+   manifest names the server command and the screen (``guest_server``).
 4. ``mkfs.ext4 -d ROOT`` on a sparse file, ``qemu-img convert -O qcow2``: the base
    disk, made read-only (0444), its sha256 beside it (``base.qcow2.sha256``).
 

@@ -75,7 +75,6 @@ def kill_state(state: Path) -> None:
     shutil.rmtree(state, ignore_errors=True)
 
 
-
 def windows_refusal(computer: dict[str, Any] | None) -> str | None:
     """Why a variant's desktop cannot be the VM guest's screen, whatever the guest: cua-bench's
     ``simulated`` desktop is HTML windows (``launch_window``, ``execute_javascript``, element
@@ -104,6 +103,7 @@ def no_display_reason(image: str, record: dict[str, Any] | None, width: int, hei
     if (w, h) != (str(width), str(height)):
         return f"the VM guest {image}'s screen is {w}x{h}, not the {width}x{height} the task asks for"
     return None
+
 
 class QemuProvider:
     """Creates VMs (``QemuSandbox``) from ``ale image build --vm`` guests."""
