@@ -268,6 +268,7 @@ COMMANDS: dict[str, Run | Skip] = {
     "ale run examples/tasks/files/word_count --provider qemu": Skip(VM + "; tests/test_qemu_run.py runs it"),
     "ale run examples/tasks/files/word_count --provider qemu --agent oracle": Skip(VM + "; tests/test_qemu_run.py runs it"),
     "ALE_QEMU_BOOT=warm ale run examples/tasks/files/word_count --provider qemu": Skip(VM + "; tests/test_qemu_warm.py runs it"),
+    "ale run examples/tasks/gui/type_in_box --provider qemu": Skip(VM + "; tests/test_qemu_run.py runs it"),
     "ale image build --vm --foreign-test": Skip(VM + "; tests/test_qemu_foreign.py builds it"),
     "ale run TASK --provider qemu --vm-image cpu-free-ubuntu=/path/disk.qcow2":
         Skip(VM + "; tests/test_qemu_foreign.py runs word_count on the test disk so mapped"),

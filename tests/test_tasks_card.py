@@ -103,3 +103,16 @@ def test_local_data_source_is_resolved_against_the_task_folder(tmp_path):
 def test_raw_keeps_the_whole_card(tmp_path):
     data = {"taskId": "demo/x", "title": "T", "vm": {"timeout_s": 5, "snapshot": "s"}}
     assert load_card(card(tmp_path, data)).raw == data
+
+
+def test_a_computer_server_screen_runs_only_under_qemu(tmp_path):
+    card(tmp_path, {"desktop": {"width": 1024, "height": 768, "screen": "computer-server"}})
+    c = load_card(tmp_path)
+    assert c.desktop_screen == "computer-server" and c.unsupported_reason("qemu") is None
+    why = c.unsupported_reason("docker")
+    assert why is not None and "--provider qemu" in why and "desktop.screen" in why
+    card(tmp_path, {"desktop": {"width": 1024, "height": 768}})
+    assert load_card(tmp_path).desktop_screen is None and load_card(tmp_path).unsupported_reason("docker") is None
+    card(tmp_path, {"desktop": {"screen": "vnc"}})
+    with pytest.raises(TaskError, match="desktop.screen must be 'computer-server'.*'vnc'"):
+        load_card(tmp_path)

@@ -1,5 +1,6 @@
 """The desktop's hooks: a desktop task's run is the ``live_grading`` shape of the
-phase table, with the desktop started with the sandbox, the computer tool given to
+phase table, with the desktop (ale's desktop image's, or a VM guest's computer-server
+screen) started with the sandbox, the computer tool given to
 start() and the agent, and the live window serving evaluate()'s GUI calls.
 A native harness agent's hook: its image layer under the sandbox."""
 
@@ -51,6 +52,52 @@ class DesktopExtension(RunExtension):
         return ContainerSession(ToolBox(state.sandbox, workdir="/", computer=self.computer))
 
 
+class ServerDesktopExtension(RunExtension):
+    """A desktop task in ale's VM guest (``--provider qemu``): the screen is the guest's
+    Xvfb, started with computer-server as the candidate, and the computer tool drives it
+    through computer-server's protocol (``CuaDesktop``) at the screen's size. No
+    second identity holds the screen: the end of the turn kills it with the candidate's
+    processes, so evaluate() reads the machine (files, commands) only after that, and
+    gets no GUI."""
+
+    def __init__(self, spec: DesktopSpec):
+        self.spec = spec
+
+    async def sandbox_started(self, state: RunState) -> None:
+        from ale.sandbox.cua.desktop import CuaDesktop
+
+        t0 = time.perf_counter()
+        screen = await CuaDesktop.of(_ServerSession(state.sandbox))
+        if screen is None:
+            raise SandboxError(f"the VM's computer-server reports no screen (image {state.prep.image}): "
+                               "see /tmp/.ale-cua-server.log in the guest")
+        if (screen.width, screen.height) != (self.spec.width, self.spec.height):
+            raise SandboxError(f"the task asks for a {self.spec.width}x{self.spec.height} desktop and the VM's screen "
+                               f"is {screen.width}x{screen.height}")
+        self.computer = Computer(screen)
+        start_s = round(time.perf_counter() - t0, 3)
+        started = {"start_s": start_s, "served_by": "computer-server (Xvfb as the candidate)",
+                   "screen": [screen.width, screen.height]}
+        state.record.costs["desktop_start"] = start_s
+        state.record.store.write_json(Evidence.DESKTOP, {
+            "spec": self.spec.to_dict(), "image": state.prep.image,
+            "tool_resolution": [self.computer.width, self.computer.height], "started": started})
+        state.record.events.append("desktop.started", seconds=start_s)
+
+
+class _ServerSession:
+    """A VM sandbox's computer-server as ``CuaDesktop`` reaches it (``protocol()``):
+    the cua session's sandbox has it; the exec session's VM opens its ``cua_session``."""
+
+    def __init__(self, sandbox: Any):
+        self.sandbox = sandbox
+
+    async def protocol(self) -> Any:
+        if hasattr(self.sandbox, "protocol"):
+            return await self.sandbox.protocol()
+        return await self.sandbox.cua_session()
+
+
 HARNESS_IMAGE_RECORD = "harness-image.json"  # under agent/: the native harness's image layer
 
 
@@ -92,6 +139,8 @@ class NativeHarnessExtension(RunExtension):
 
 
 def make_extension(prep: Prepared) -> RunExtension:
+    if prep.desktop is not None and prep.plan.provider == "qemu":
+        return ServerDesktopExtension(prep.desktop)
     if prep.desktop is not None:
         return DesktopExtension(prep.desktop)
     if prep.agent is not None and prep.agent.native:  # a regrade prepares no agent: its turn is over

@@ -180,12 +180,11 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
         raise PreflightError(str(e)) from e
     data_spec = plan.data_source or task.card.data_source
     wall = plan.limits.wall_time_s or task.card.timeout_s or DEFAULT_WALL_TIME_S
-    # a task asking for a desktop runs in the desktop image
+    # a task asking for a desktop runs in the desktop image; in a VM, on its guest's own
+    # screen (computer-server's: checked below, once the guest's record is read)
     desktop = desktop_spec(task.card.raw, variant.computer)
-    if desktop is not None and plan.provider == "qemu":
-        raise PreflightError(f"{plan.task_dir}: variant {plan.variant} asks for a desktop, and the qemu provider's guest "
-                             "has no display yet: run it with --provider docker")
-    image = DEFAULT_DESKTOP_IMAGE if desktop is not None and plan.image == DEFAULT_TOOLS_IMAGE else plan.image
+    image = DEFAULT_DESKTOP_IMAGE if desktop is not None and plan.image == DEFAULT_TOOLS_IMAGE \
+        and plan.provider != "qemu" else plan.image
     if plan.provider == "qemu" and plan.vm_image:  # the operator's disk for this task's vm.snapshot, verified
         try:
             image = str((await asyncio.to_thread(fetch_vm_disk, plan.vm_image)).path) if "://" in plan.vm_image \
@@ -200,6 +199,15 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
         raise PreflightError(str(e)) from e
     except SandboxError as e:
         raise PreflightError(str(e), retryable=True) from e
+    if desktop is not None and plan.provider == "qemu":
+        from ale.sandbox.qemu.provider import no_display_reason, windows_refusal
+
+        refused = windows_refusal(variant.computer)
+        if refused is not None:
+            raise PreflightError(f"{plan.task_dir}: variant {plan.variant} {refused}")
+        reason = no_display_reason(image, image_record, desktop.width, desktop.height)
+        if reason is not None:
+            raise PreflightError(f"{plan.task_dir}: variant {plan.variant} asks for a desktop, and {reason}")
     return Prepared(plan, task, variant, data_spec, float(wall), provider, agent, process, desktop, image, image_record)
 
 

@@ -99,7 +99,7 @@ def _screen(task_dir: Path, provider: str, build_env: bool, vm_images: tuple[str
         unsupported = card.unsupported_reason(provider, variant_os=os_type if isinstance(os_type, str) else None,
                                               vm_images=vm_images)
         if unsupported is None and desktop and provider == "qemu":  # as the run's preflight refuses it
-            unsupported = "asks for a desktop, and the qemu provider's guest has no display yet: run it with --provider docker"
+            unsupported = _vm_desktop_refusal(card, v.computer, vm_images)
         facts.append(VariantFacts(
             index=v.index,
             task_id=v.task_id,
@@ -109,6 +109,22 @@ def _screen(task_dir: Path, provider: str, build_env: bool, vm_images: tuple[str
             unsupported=unsupported,
         ))
     return TaskScreen(task_dir, OK, None, tuple(facts), card.data_source)
+
+
+def _vm_desktop_refusal(card: Any, computer: dict[str, Any] | None, vm_images: tuple[str, ...]) -> str | None:
+    """A desktop under qemu: ale's own guest serves one (its computer-server's Xvfb screen,
+    which a run's preflight checks on the guest it boots), not cua-bench's simulated
+    desktop (HTML windows); a disk mapped to the task's vm.snapshot is foreign, and its
+    screen is not driven yet."""
+    from ale.sandbox.qemu.provider import windows_refusal
+
+    refused = windows_refusal(computer)
+    if refused is not None:
+        return refused
+    if card.snapshot is not None and card.snapshot in vm_images:
+        return ("asks for a desktop and runs on the disk mapped to its vm.snapshot: a foreign disk's screen is not "
+                "driven by the qemu provider yet (only ale's own guest's is)")
+    return None
 
 
 _cache: dict[tuple[str, str, bool, tuple[Any, ...]], TaskScreen] = {}

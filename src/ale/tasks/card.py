@@ -23,6 +23,9 @@ from ale.tasks.errors import TaskError
 
 CARD_FILE = "task_card.json"
 LINUX_SNAPSHOTS = frozenset({"cpu-free-ubuntu", "ubuntu", "linux"})
+# desktop.screen: the screen is cua's computer-server's (ale's VM guest serves it), not
+# ale's desktop image's.
+SERVER_SCREEN = "computer-server"
 # GCE machine families: memory per vCPU in GB (ALE's own table).
 _GB_PER_VCPU = {"standard": 3.75, "highmem": 7.75, "highcpu": 2.0}
 _GB_PER_VCPU_FAMILY = {("g2", "standard"): 4.0, ("n2", "standard"): 4.0, ("e2", "standard"): 4.0, ("n2", "highmem"): 8.0}
@@ -81,6 +84,15 @@ class TaskCard(BaseModel):
         return value if isinstance(value, str) else None
 
     @property
+    def desktop_screen(self) -> str | None:
+        """Who serves the desktop the card asks for (``desktop.screen``): None for ale's
+        desktop image (the default), ``computer-server`` for a screen only cua's
+        computer-server serves (ale's VM guest)."""
+        desktop = self.raw.get("desktop")
+        screen = desktop.get("screen") if isinstance(desktop, dict) else None
+        return screen if isinstance(screen, str) else None
+
+    @property
     def os_type(self) -> str | None:
         vm = self._vm
         for value in (vm.get("os"), vm.get("osType"), vm.get("os_type"), self.raw.get("os_type")):
@@ -96,6 +108,9 @@ class TaskCard(BaseModel):
         to a disk (``vm_images``: the snapshots an ``environment.vm_images`` maps)."""
         snap = self.snapshot
         os_type = (variant_os or self.os_type or "").lower()
+        if provider != "qemu" and self.desktop_screen == SERVER_SCREEN:
+            return (f"its desktop is computer-server's screen (desktop.screen: {SERVER_SCREEN}), which the {provider} "
+                    "provider's desktop image does not serve: run it with --provider qemu (ale's guest serves one)")
         if snap is not None and snap not in LINUX_SNAPSHOTS:
             what = f"a Windows VM (vm.snapshot={snap})"
         elif os_type and os_type not in ("linux", "ubuntu"):
@@ -246,6 +261,10 @@ def load_card(task_dir: str | Path) -> TaskCard:
         vm = {}
     if not isinstance(vm, dict):
         raise TaskError(f"{path}: vm must be an object, got {type(vm).__name__}")
+    desktop = card.get("desktop")
+    if isinstance(desktop, dict) and desktop.get("screen", SERVER_SCREEN) != SERVER_SCREEN:
+        raise TaskError(f"{path}: desktop.screen must be {SERVER_SCREEN!r} (or absent: ale's desktop image), "
+                        f"not {desktop['screen']!r}")
     try:
         return TaskCard(
             timeout_s=_parse_timeout(card, vm),

@@ -6,7 +6,8 @@ there), so it imports only the standard library.
 As PID 1 (``init``): mounts /proc, /sys, /dev, /tmp, the cgroup2 tree; mounts the
 run's shares (virtio-9p, tags and targets from ``ale.cfg=`` on the kernel command
 line, base64 JSON); makes the candidate's cgroup (``/sys/fs/cgroup/candidate``, its
-pids and memory limits); forks the agent; prints ``ALE-READY`` on the console; then
+pids and memory limits); starts computer-server as the candidate in that cgroup (with
+its own Xvfb when the guest has a screen: ``server_env``); forks the agent; prints ``ALE-READY`` on the console; then
 only reaps, ignoring every catchable signal (nothing the candidate runs can signal it:
 another uid).
 
@@ -232,14 +233,26 @@ def spawn_agent():
     return pid
 
 
+def server_env(cfg):
+    """computer-server's environment: with a screen (``cfg["screen"]``, a guest whose root
+    has Xvfb), ``CUA_SCREEN`` for its entrypoint, which starts Xvfb as the same user and
+    sets DISPLAY; without one, pynput's dummy backend."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": cfg.get("home", "/tmp"), "LANG": "C.UTF-8"}
+    if cfg.get("screen"):
+        env["CUA_SCREEN"] = str(cfg["screen"])
+    else:
+        env["PYNPUT_BACKEND"] = "dummy"
+    return env
+
+
 def spawn_server(cfg):
-    """computer-server as the candidate (in the candidate's cgroup), when the image has it."""
+    """computer-server (and its Xvfb, when the guest has a screen) as the candidate, in
+    the candidate's cgroup, when the image has it."""
     argv = cfg.get("server_argv")
     if not argv or not os.path.exists(argv[0]):
         return 0
     uid, gid = cfg.get("uid", 1000), cfg.get("gid", 1000)
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": cfg.get("home", "/tmp"), "LANG": "C.UTF-8",
-           "PYNPUT_BACKEND": "dummy"}
+    env = server_env(cfg)
     with open("/tmp/.ale-cua-server.log", "ab") as logf:
         os.fchown(logf.fileno(), uid, gid)  # the server's own log: a restart as the candidate appends to it
         return Agent.spawn(argv, uid, gid, [gid], "/", env, CAND + "/server", stdout=logf).pid

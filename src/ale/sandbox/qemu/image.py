@@ -7,8 +7,9 @@ Debian packages with no registry but Debian's (and PyPI's, for computer-server).
    ``busybox-static``), those modules and an ``/init`` that loads them, mounts
    ``/dev/vda`` and ``switch_root``s to ``/sbin/ale-init``.
 3. The root: the cua-compatible image's (``ale image build --cua``: Debian 13, Python
-   3.13, cua's computer-server in /opt/cua, the candidate user 1000), exported from
-   Docker, plus ale's guest agent as ``/sbin/ale-init`` (``guest_agent.py``).
+   3.13, cua's computer-server in /opt/cua, Xvfb, the candidate user 1000), exported from
+   Docker, plus ale's guest agent as ``/sbin/ale-init`` (``guest_agent.py``); its
+   manifest names the server command and the screen (``guest_server``).
 4. ``mkfs.ext4 -d ROOT`` on a sparse file, ``qemu-img convert -O qcow2``: the base
    disk, made read-only (0444), its sha256 beside it (``base.qcow2.sha256``).
 
@@ -75,6 +76,21 @@ INIT_SCRIPT = initrd_init()
 GUEST_INIT = "/sbin/ale-init"
 GUEST_MANIFEST = "guest.json"  # what a build holds, beside its disk
 SERVER_ARGV = ["/opt/cua/bin/python", "-m", "computer_server", "--host", "127.0.0.1", "--port", "8000"]
+# The cua image's entrypoint: Xvfb (as the user it runs as, when CUA_SCREEN is set and the
+# root has Xvfb), then computer-server with DISPLAY set. The guest's server when present.
+SERVER_ENTRY = ["/opt/cua/computer-server", "--host", "127.0.0.1", "--port", "8000"]
+XVFB = "/usr/bin/Xvfb"
+DEFAULT_SCREEN = "1024x768x24"
+
+
+def guest_server(root: Path) -> tuple[list[str] | None, dict[str, Any] | None]:
+    """The computer-server command a guest root holds and its display: the cua entrypoint
+    with Xvfb gives a screen (``{"server": "Xvfb", "screen": ...}``); the bare server, or
+    a root without Xvfb, none (the server runs with ``PYNPUT_BACKEND=dummy``)."""
+    has = [(root / p.lstrip("/")).exists() for p in (SERVER_ENTRY[0], XVFB, SERVER_ARGV[0])]
+    if has[0] and has[1]:
+        return SERVER_ENTRY, {"server": "Xvfb", "screen": DEFAULT_SCREEN, "display": ":99"}
+    return (SERVER_ARGV if has[2] else None), None
 
 
 @dataclass(frozen=True)
@@ -365,7 +381,7 @@ def build_vm_image(cua_image: str | None = None, say: Say = print, *, root_image
     kernel = _kernel(say)
     agent_src = (Path(__file__).parent / "guest_agent.py").read_bytes()
     bb = _busybox()
-    key = _sha(cua_id, (kernel / "done").read_text(), sha256_file(bb), agent_src, INIT_SCRIPT, "\n".join(MODULES), "v3")[:12]
+    key = _sha(cua_id, (kernel / "done").read_text(), sha256_file(bb), agent_src, INIT_SCRIPT, "\n".join(MODULES), "v4")[:12]
     img = VmImage(vm_root() / key)
     with flock(vm_root() / f".{key}.lock"):  # two runs wanting the same guest: one builds, the other finds it
         if img.complete():
@@ -412,7 +428,7 @@ def _build(img: VmImage, key: str, cua_ref: str, cua_id: str, of_root: dict[str,
         except docker.errors.DockerException as e:
             raise SandboxError(f"cannot export {cua_ref}: {e}") from e
         _prepare_root(root, cua_ref)
-        server = SERVER_ARGV if (root / SERVER_ARGV[0].lstrip("/")).exists() else None
+        server, display = guest_server(root)
         size = _du(root)
         disk = max(2 << 30, int(size * 1.4) + (768 << 20))
         say(f"writing the root ({size >> 20} MiB) to an ext4 disk of {disk >> 20} MiB (mkfs.ext4 -d)...")
@@ -429,7 +445,7 @@ def _build(img: VmImage, key: str, cua_ref: str, cua_id: str, of_root: dict[str,
         (work / GUEST_MANIFEST).write_text(json.dumps({
             "key": key, "ref": f"{VM_REPO}:{key}", "root_from": cua_ref, "root_image_id": cua_id, **of_root,
             "kernel_package": (kernel / "done").read_text().strip(), "kernel_version": (kernel / "version").read_text().strip(),
-            "base_sha256": digest, "disk_bytes": disk, "init": GUEST_INIT, "server_argv": server, "agent_sha256": agent_digest(),
+            "base_sha256": digest, "disk_bytes": disk, "init": GUEST_INIT, "server_argv": server, "display": display, "agent_sha256": agent_digest(),
             "candidate_uid": 1000, "built_s": round(time.monotonic() - t0, 1),
         }, indent=2) + "\n")
         for p in ("base.qcow2", "vmlinuz", "initrd.img", "base.qcow2.sha256", GUEST_MANIFEST):

@@ -27,7 +27,12 @@ from ale.sandbox.base import (
 from ale.sandbox.policy import IsolationPolicy
 from ale.sandbox.qemu import kvm
 from ale.sandbox.qemu.channel import drop_channel
-from ale.sandbox.qemu.foreign import ForeignQemuSandbox, foreign_inspect, is_foreign_disk
+from ale.sandbox.qemu.foreign import (
+    FOREIGN_KIND,
+    ForeignQemuSandbox,
+    foreign_inspect,
+    is_foreign_disk,
+)
 from ale.sandbox.qemu.image import DEFAULT_VM_IMAGE, resolve_vm_image
 from ale.sandbox.qemu.sandbox import (
     QEMU_SECCOMP,
@@ -68,6 +73,36 @@ def kill_state(state: Path) -> None:
                 break
             time.sleep(0.05)
     shutil.rmtree(state, ignore_errors=True)
+
+
+def windows_refusal(computer: dict[str, Any] | None) -> str | None:
+    """Why a variant's desktop cannot be the VM guest's screen, whatever the guest: cua-bench's
+    ``simulated`` desktop is HTML windows (``launch_window``, ``execute_javascript``, element
+    rectangles) that ale's desktop image's helper serves, not computer-server."""
+    if (computer or {}).get("provider") == "simulated":
+        return ("asks for cua-bench's simulated desktop (HTML windows: launch_window, execute_javascript), which "
+                "ale's desktop image serves and the qemu guest's computer-server does not: run it with --provider docker")
+    return None
+
+
+def no_display_reason(image: str, record: dict[str, Any] | None, width: int, height: int) -> str | None:
+    """Why a desktop task cannot run on ``image`` (its ``image_inspect`` record), or None:
+    ale's guest offers its computer-server's screen (Xvfb, ``display`` in its manifest) at
+    that screen's size; a foreign disk's screen is not offered yet."""
+    manifest = (record or {}).get("manifest") or {}
+    if manifest.get("kind") == FOREIGN_KIND:
+        return (f"{image} is a foreign disk: its screen is not driven by the qemu provider yet (only ale's own guest's "
+                "is): run it with --provider docker or on ale's guest")
+    screen = str((manifest.get("display") or {}).get("screen") or "")
+    if not screen:
+        return (f"the VM guest {image} ({manifest.get('ref', '?')}) has no display (built without Xvfb and cua's "
+                "entrypoint in its root): rebuild it with `ale image build --vm` from a root that has them (ale-cua's), "
+                "or run it with --provider docker")
+    w, _, rest = screen.partition("x")
+    h = rest.partition("x")[0]
+    if (w, h) != (str(width), str(height)):
+        return f"the VM guest {image}'s screen is {w}x{h}, not the {width}x{height} the task asks for"
+    return None
 
 
 class QemuProvider:

@@ -190,6 +190,7 @@ class QemuSandbox:
                 "tmp_options": (tmp.options + ",mode=1777") if tmp is not None else "nosuid,nodev,mode=1777,size=64m",
                 "hostname": "ale-vm", "root_ro": policy.read_only_rootfs,
                 "server_argv": image.manifest.get("server_argv"), "home": spec.environment.get("HOME", "/tmp"),
+                "screen": (image.manifest.get("display") or {}).get("screen"),
             }
             boot_cfg = {"warm": True} if template or warm is not None else cfg  # a warm run's part comes on start
             append = ("console=ttyS0 root=/dev/vda rw panic=-1 quiet loglevel=3 no_timer_check "
@@ -470,8 +471,17 @@ class QemuSandbox:
             raise SandboxError(f"VM {self.name}: its guest has no computer-server")
         import shlex
 
-        await self.exec(["sh", "-c", f"PYNPUT_BACKEND=dummy setsid {shlex.join(argv)} >>/tmp/.ale-cua-server.log 2>&1 "
+        screen = self.meta["guest_cfg"].get("screen")
+        env = f"CUA_SCREEN={shlex.quote(screen)}" if screen else "PYNPUT_BACKEND=dummy"  # as the guest agent's server_env
+        await self.exec(["sh", "-c", f"{env} setsid {shlex.join(argv)} >>/tmp/.ale-cua-server.log 2>&1 "
                                      "</dev/null &"], timeout=30)
+
+    @property
+    def screen(self) -> str | None:
+        """The guest's screen (``WxHxD``, Xvfb as the candidate, driven through
+        computer-server), or None: a guest built without Xvfb has no display."""
+        screen = self.meta["guest_cfg"].get("screen")
+        return str(screen) if screen else None
 
     async def stop(self) -> None:
         if self._relay is not None:
