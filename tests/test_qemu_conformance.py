@@ -173,6 +173,8 @@ def test_vm_exit_codes(guest):
         assert r.exit_code == 137, r
         r = await sb.exec(["id", "-u"], timeout=30)
         assert r.stdout == b"1000\n", r
+        r = await sb.exec(["sh", "-c", "ulimit -n; ulimit -Hn; ulimit -c"], timeout=30)
+        assert r.stdout == b"65536\n65536\n0\n", r  # open files as in a container; no core files
 
     loop.run_until_complete(go())
 

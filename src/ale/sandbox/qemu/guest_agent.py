@@ -43,6 +43,7 @@ import time
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_NO_NEW_PRIVS = 38
+CANDIDATE_NOFILE = 65536  # RLIMIT_NOFILE, soft and hard, of every process started as a non-root user
 
 MAGIC = b"ALE\x01"
 HEAD = struct.Struct(">4sII")
@@ -386,6 +387,9 @@ class Agent:
                 import resource
 
                 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+                # Open files as a container has them, not the kernel's 1024 for init's
+                # children (a test runner or a language server opens more).
+                resource.setrlimit(resource.RLIMIT_NOFILE, (CANDIDATE_NOFILE, CANDIDATE_NOFILE))
                 if _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
                     raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
             os.setgroups(groups)
