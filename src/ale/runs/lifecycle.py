@@ -1,9 +1,9 @@
 """One run: the phase table of ``ale.phases``, executed.
 
-``execute_run`` loops over ``phase_table(shape)``: each phase's step function
+``execute_run`` drives ``kind_steps(RunKind.RUN, shape)`` (the phase table): each phase's step function
 (``STEPS``) does its one job and records its times; a phase that finds the seal
 broken adds violations, and a gating phase ends the run there
-(``invalid_evaluation_environment``, no score). ``_classify_failure`` is the one
+(``invalid_evaluation_environment``, no score). ``classify_failure`` is the one
 place a step's exception becomes a status. Containers are removed on every path
 out, cancellation (Ctrl-C) included.
 
@@ -54,7 +54,7 @@ from ale.isolation.probes import (
 )
 from ale.isolation.rules import judge
 from ale.layout import Evidence
-from ale.phases import CheckGroup, Phase, phase_table
+from ale.phases import WHEN_START, CheckGroup, KindStep, Phase, RunKind, kind_steps
 from ale.plan import RunPlan
 from ale.record import evidence as ev
 from ale.record.signing import load_or_create_signing_key
@@ -129,11 +129,8 @@ def mapped_snapshots(plan: RunPlan, card: TaskCard) -> tuple[str, ...]:
     return (card.snapshot,) if plan.vm_image and card.snapshot else ()
 
 
-async def prepare(
-    plan: RunPlan, provider: SandboxProvider | None = None, *, environment: TaskEnvironment | None = None
-) -> Prepared:
-    """Start the task process (``load()``), pick the variant, check the agent, the
-    engine and the image. Raises ``PreflightError``; nothing is left running then."""
+def check_card(plan: RunPlan) -> TaskCard:
+    """The task's card, and whether it can run as planned. Raises ``PreflightError``."""
     try:
         card = load_card(plan.task_dir)
         reason = card.unsupported_reason(plan.provider, vm_images=mapped_snapshots(plan, card))
@@ -141,21 +138,38 @@ async def prepare(
         raise PreflightError(str(e)) from e
     if reason is not None:
         raise PreflightError(f"{plan.task_dir}: {reason}")
+    return card
+
+
+async def task_environment(plan: RunPlan) -> TaskEnvironment:
+    """The environment the task's process runs in (its declared dependencies). Raises ``PreflightError``."""
     try:
-        if environment is None:
-            environment = await asyncio.to_thread(resolve_environment, plan.task_dir)
+        return await asyncio.to_thread(resolve_environment, plan.task_dir)
     except (TaskError, EnvironmentBuildError) as e:
         raise PreflightError(str(e)) from e
-    process = TaskProcess(plan.task_dir, environment=environment, card=card,
-                          network=task_network(judge_env(names=plan.judge_env)))
+
+
+async def prepare(
+    plan: RunPlan, provider: SandboxProvider | None = None, *, environment: TaskEnvironment | None = None,
+    process: TaskProcess | None = None,
+) -> Prepared:
+    """The one preflight of every kind: start the task process (``load()``; ``process``:
+    one lent by a warm pool, whose card its pool checked), pick the variant, check the
+    agent, the engine and the image. Raises ``PreflightError``; nothing is left running then."""
+    if process is None:
+        card = check_card(plan)
+        if environment is None:
+            environment = await task_environment(plan)
+        process = TaskProcess(plan.task_dir, environment=environment, card=card,
+                              network=task_network(judge_env(names=plan.judge_env)))
     try:
-        return await _prepare(plan, provider, process)
+        return await _preflight(plan, provider, process)
     except BaseException:
-        await process.close()
+        await asyncio.shield(process.close())
         raise
 
 
-async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: TaskProcess) -> Prepared:
+async def _preflight(plan: RunPlan, provider: SandboxProvider | None, process: TaskProcess) -> Prepared:
     try:
         task = await process.start()
         variant = select_variant(task.variants, plan.variant)
@@ -204,22 +218,35 @@ async def _prepare(plan: RunPlan, provider: SandboxProvider | None, process: Tas
 
 
 # -- phases --------------------------------------------------------------------
-def _make_dirs(state: RunState) -> None:
+def new_state(prep: Prepared, folder: RunFolder, record_dir: Path, *, kind: RunKind = RunKind.RUN,
+              durable: bool = True) -> RunState:
+    """The state of one run-like thing of ``kind``: ``folder`` its paths, its record
+    (events, evidence) written in ``record_dir`` (fsynced when ``durable``)."""
+    record = RunRecord(events=ev.EventLog(record_dir / layout.EVENTS, durable=durable),
+                       store=ev.EvidenceStore(record_dir, durable=durable))
+    return RunState(prep, folder, record, LiveHandles(), make_extension(prep), kind)
+
+
+def make_dirs(state: RunState) -> None:
+    """The one directory set-up: the scratch (private), the public package, the
+    workspace, the private reference folders. A run's workspace is made the
+    candidate's (or a capped tmpfs); a grading probe's and a regrade's are the harness's."""
     state.folder.scratch.mkdir(parents=True, mode=0o700)
     os.chmod(state.folder.scratch, 0o700)
     state.folder.public_host.mkdir(mode=0o755)
     if state.folder.input_host != state.folder.public_host:
         state.folder.input_host.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
     state.folder.workspace_host.mkdir(mode=0o755)
-    policy, cap = state.plan.policy, state.plan.limits.workspace_max_bytes
-    if cap is not None and os.geteuid() == 0:  # a hard cap; otherwise the watchdog's
-        mount_workspace_tmpfs(state.folder.workspace_host, max_bytes=cap, uid=policy.uid, gid=policy.gid)
-    else:
-        try:
-            os.chown(state.folder.workspace_host, policy.uid, policy.gid)
-        except PermissionError:
-            os.chmod(state.folder.workspace_host, 0o777)
-    (state.folder.scratch / "private").mkdir(mode=0o700)
+    if state.kind is RunKind.RUN:
+        policy, cap = state.plan.policy, state.plan.limits.workspace_max_bytes
+        if cap is not None and os.geteuid() == 0:  # a hard cap; otherwise the watchdog's
+            mount_workspace_tmpfs(state.folder.workspace_host, max_bytes=cap, uid=policy.uid, gid=policy.gid)
+        else:
+            try:
+                os.chown(state.folder.workspace_host, policy.uid, policy.gid)
+            except PermissionError:
+                os.chmod(state.folder.workspace_host, 0o777)
+    state.folder.private.mkdir(mode=0o700)
     state.folder.setup_reference_host.mkdir(mode=0o700)
 
 
@@ -313,11 +340,20 @@ async def run_task_setup(state: RunState) -> None:
     await state.prep.process.call("start", v.index, session, timeout=state.plan.limits.grading_timeout_s)
 
 
-async def start_in_grading_sandbox(state: RunState, sandbox_id: str, *, command_timeout: float) -> None:
+def start_sandbox_id(state: RunState) -> str:
+    """The name of the grading sandbox start() runs in when there is no candidate's."""
+    return f"{state.plan.run_id}-{'regrade-start' if state.kind is RunKind.REGRADE else 'start'}"
+
+
+async def start_in_grading_sandbox(state: RunState) -> None:
     """The task's start() with no candidate sandbox (a regrade, a grading-only probe):
     its input and reference writes land on the host as in a run; its commands run in
-    a grading sandbox (no network, the public package read-only), never a candidate's."""
+    a grading sandbox (no network, the public package read-only), never a candidate's,
+    bounded as a regrade's grading or as a probe's run's commands."""
     v, folder, plan = state.variant, state.folder, state.plan
+    sandbox_id = state.live.start_sandbox = start_sandbox_id(state)
+    limits = plan.limits
+    command_timeout = limits.grading_timeout_s if state.kind is RunKind.REGRADE else limits.command_timeout_s
     empty = folder.scratch / "start-output"
     empty.mkdir(mode=0o755)
     sandbox = Grader(
@@ -393,6 +429,12 @@ async def commit_reference(state: RunState) -> None:
     }
     state.record.store.write_json(Evidence.REFERENCE_COMMIT, state.record.reference_commit)
     state.record.events.append("reference.committed", sha256=None if src_commit is None else src_commit.sha256, setup_digest=setup_tree["digest"])
+
+
+async def hash_input(state: RunState) -> None:
+    """A grading probe's input after start(), hashed as it lies (no workspace to prove empty)."""
+    state.record.input_after_start = ev.hash_tree(state.folder.public_host)
+    state.record.store.write_json(Evidence.INPUT_AFTER_START, state.record.input_after_start)
 
 
 async def run_agent(state: RunState) -> None:
@@ -697,7 +739,7 @@ def _warn_copy_problems(state: RunState, problems: list[str], attempt: int) -> N
 
 
 # -- the run -------------------------------------------------------------------
-def _classify_failure(e: Exception, state: RunState) -> tuple[RunStatus, str, dict[str, Any]]:
+def classify_failure(e: Exception, state: RunState) -> tuple[RunStatus, str, dict[str, Any]]:
     """What a phase's exception means for the run: its status, error, extra record.
 
     Before the agent starts, provider and data failures are the infrastructure's
@@ -743,7 +785,7 @@ def _engine_down(state: RunState) -> bool:
     return False
 
 
-def _status_after_agent(outcome: AgentOutcome | None) -> RunStatus:
+def status_after_agent(outcome: AgentOutcome | None) -> RunStatus:
     if outcome is None:
         return RunStatus.AGENT_FAILED
     return {AgentEnd.FINISHED: RunStatus.SCORED, AgentEnd.FAILED: RunStatus.AGENT_FAILED, AgentEnd.TIMEOUT: RunStatus.TIMEOUT,
@@ -1070,23 +1112,59 @@ async def release_sandbox(state: RunState) -> None:
     await remove_sandbox(state)
 
 
-async def _run_phases(state: RunState) -> None:
-    """Each phase of the run's shape in order: its step, then the sandbox's release
-    where the table puts it (also when the step failed: a grader's failure still
-    leaves the sandbox stopped and inspected), then its gate."""
-    for spec in phase_table(state.prep.shape):
-        async with state.record.phase(spec.phase):
-            try:
-                await STEPS[spec.phase](state)
-            except Exception:
-                if spec.releases_sandbox:
-                    with contextlib.suppress(Exception):  # the step's failure is the one to report
-                        await release_sandbox(state)
-                raise
-            if spec.releases_sandbox:
-                await release_sandbox(state)
-        if spec.gate and state.record.violations:
+async def _scores_of(state: RunState) -> None:
+    state.record.scores = await grade_with_retries(state)
+
+
+# The library every kind's steps are named from (``ale.phases.kind_steps``).
+LIBRARY: dict[str, Step] = {
+    **{phase.value: step for phase, step in STEPS.items()},
+    "provide_software": provide_software,
+    "start_in_grading_sandbox": start_in_grading_sandbox,
+    "hash_input": hash_input,
+    "commit_reference": commit_reference,
+    "collect_deliverables": collect_deliverables,
+    "stage_reference": stage_reference,
+    "grade_with_retries": _scores_of,
+}
+
+
+def _wanted(state: RunState, row: KindStep) -> bool:
+    if row.when == WHEN_START:
+        return state.prep.task.has("start") and not state.live.start_kept
+    return True
+
+
+async def drive(state: RunState, own: dict[str, Step] | None = None, *, stages: dict[str, float] | None = None) -> None:
+    """The one driver: each step of the state's kind in order (``kind_steps``; a
+    kind's own steps in ``own``), recorded as its phase where the table names one
+    and timed into ``stages``; the candidate's sandbox released where the table puts
+    it (also when the step failed: a grader's failure still leaves it stopped and
+    inspected); a gate ends the run on any violation. ``state.live.at`` names the
+    step a failure came from."""
+    library = {**LIBRARY, **(own or {})}
+    for row in kind_steps(state.kind, state.prep.shape):
+        if not _wanted(state, row):
+            continue
+        state.live.at = row.step
+        t0 = time.monotonic()
+        try:
+            async with state.record.phase(row.phase) if row.phase is not None else contextlib.nullcontext():
+                try:
+                    await library[row.step](state)
+                except Exception:
+                    if row.releases_sandbox:
+                        with contextlib.suppress(Exception):  # the step's failure is the one to report
+                            await release_sandbox(state)
+                    raise
+                if row.releases_sandbox:
+                    await release_sandbox(state)
+        finally:
+            if stages is not None:
+                stages[row.timed_as] = round(stages.get(row.timed_as, 0.0) + time.monotonic() - t0, 4)
+        if row.gate and state.record.violations:
             raise SealBroken()
+    state.live.at = None
 
 
 async def execute_run(
@@ -1103,8 +1181,8 @@ async def execute_run(
     ev.write_json_new(run_dir / layout.PLAN, json.loads(plan.model_dump_json()))
     prep.process.log_path = run_dir / layout.TASK_LOG
     scratch = Path(plan.runs_dir).resolve() / ".scratch" / plan.run_id  # absolute: bind-mount sources
-    record = RunRecord(events=ev.EventLog(run_dir / layout.EVENTS), store=ev.EvidenceStore(run_dir))
-    state = RunState(prep, RunFolder(run_dir, scratch, prep.variant), record, LiveHandles(), make_extension(prep))
+    state = new_state(prep, RunFolder(run_dir, scratch, prep.variant), run_dir)
+    record = state.record
     started = now()
     status: RunStatus = RunStatus.INFRASTRUCTURE_ERROR
     error: str | None = None
@@ -1116,20 +1194,20 @@ async def execute_run(
     with record.cost("evidence"):
         _record_static_evidence(state)
     try:
-        _make_dirs(state)
+        make_dirs(state)
         if plan.resume_from:  # the source run's gateway record, copied in: its turns are replayed
             info = prepare_resume(run_dir, Path(plan.resume_from))
             record.events.append("run.resume", **{k: v for k, v in info.items() if k != "source_usage"})
-        await _run_phases(state)
-        status = _status_after_agent(state.live.agent_outcome)
+        await drive(state)
+        status = status_after_agent(state.live.agent_outcome)
         if state.live.agent_outcome and state.live.agent_outcome.end is not AgentEnd.FINISHED:
             error = state.live.agent_outcome.detail
     except Exception as e:
-        status, error, more = _classify_failure(e, state)
+        status, error, more = classify_failure(e, state)
         record.scores = None
         extra.update(more)
     finally:
-        await _cleanup(state)
+        await cleanup(state)
     scores = record.scores
     if status is RunStatus.INFRASTRUCTURE_ERROR:  # the model's provider failed: no score is the agent's
         scores = None
@@ -1211,9 +1289,11 @@ def _record_static_evidence(state: RunState) -> None:
         state.record.store.write_json(Evidence.ENGINE, {"error": str(e)})
 
 
-async def _cleanup(state: RunState) -> None:
-    """Always: close the trajectory, remove containers, drop the scratch folders.
-    Shielded so that Ctrl-C during a run still removes what the run created."""
+async def cleanup(state: RunState) -> None:
+    """The one cleanup of every kind, on every path out: close the trajectory, the
+    task processes, the grader, remove the sandbox, sweep by label what a handle
+    cannot reach, drop the scratch folders (and their mounts), release the shared
+    package. Shielded so that Ctrl-C still removes what was created."""
 
     async def _do() -> None:
         if state.live.trajectory is not None:
@@ -1236,9 +1316,15 @@ async def _cleanup(state: RunState) -> None:
         # handle cannot (only this run's sandboxes carry it).
         task = asyncio.current_task()
         interrupted = task is not None and task.cancelling() > 0
-        if state.live.provisioning and (interrupted or state.live.sandbox is None or any(isinstance(o, BaseException) for o in outcomes)):
+        sweep = []
+        if interrupted or (state.live.provisioning and (
+                state.live.sandbox is None or any(isinstance(o, BaseException) for o in outcomes))):
+            sweep.append(state.plan.run_id)
+        if interrupted and state.live.start_sandbox is not None:
+            sweep.append(state.live.start_sandbox)
+        for run_id in sweep:
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(state.prep.provider.remove_managed, run_id=state.plan.run_id)
+                await asyncio.to_thread(state.prep.provider.remove_managed, run_id=run_id)
         await asyncio.to_thread(release_scratch, state.folder.scratch)
         release_package(state)
 
@@ -1247,7 +1333,7 @@ async def _cleanup(state: RunState) -> None:
 
 def release_package(state: RunState) -> None:
     """Let go of the shared public package this run staged from (its lock, so the
-    cache may evict the entry): every run-like driver's cleanup calls it. Idempotent."""
+    cache may evict the entry). Idempotent."""
     if state.live.package is not None:
         state.live.package.release()
 
