@@ -50,7 +50,7 @@ from ale.tasks.jail import task_network
 from ale.tasks.process import TaskProcessPool, judge_env
 
 KIND = "grading-probe"
-PROBES_DIR = ".probes"  # under the runs folder; never a run folder
+PROBES_DIR = layout.PROBES_DIR
 STALE_PROBE_S = 3600.0  # a probe folder untouched this long belongs to no running check
 PROBE_RECORD = "probe.json"
 NOT_A_RUN = ("a grading probe, not a run: the output was written on the host by the harness and graded as a run "
@@ -161,7 +161,7 @@ async def grade_probe(
     probe_dir = probe_dir_for(plan, probe_id)
     probe_dir.mkdir(parents=True)
     prep.process.log_path = probe_dir / layout.TASK_LOG
-    scratch = Path(plan.runs_dir).resolve() / ".scratch" / probe_id
+    scratch = layout.scratch_dir(plan.runs_dir, probe_id)
     # no evidence: nothing here is fsynced (a probe's 20-odd fsyncs would stall the others' event loop)
     state = lifecycle.new_state(prep, RunFolder(probe_dir, scratch, prep.variant), probe_dir, kind=RunKind.GRADING_PROBE,
                                 durable=False)
