@@ -236,6 +236,23 @@ class RunState:
         return self.prep.variant
 
     @property
+    def planned_image(self) -> str:
+        """The image the preflight chose (the plan's, the desktop image, an operator's VM disk)."""
+        return self.prep.image or self.plan.image
+
+    @property
+    def candidate_image(self) -> str:
+        """The image the candidate's sandbox starts from: the task's software's (or a
+        native harness's layer over it) once provided, else the preflight's choice."""
+        return self.live.image or self.planned_image
+
+    @property
+    def grading_image(self) -> str:
+        """The image grading sandboxes (and start() with no candidate sandbox) start
+        from: the task's software's once provided, else the plan's."""
+        return self.live.image or self.plan.image
+
+    @property
     def sandbox(self) -> Sandbox:
         """The candidate's sandbox; only steps of phases after PROVISION ask for it."""
         assert self.live.sandbox is not None, "no sandbox before the provision phase"

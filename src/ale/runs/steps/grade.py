@@ -59,7 +59,7 @@ async def grade(state: RunState, process: TaskProcess, *, attempt: int = 1) -> l
     plan, v = state.plan, state.variant
     state.live.grader = Grader(
         state.prep.provider,
-        image=state.live.image or plan.image,
+        image=state.grading_image,
         policy=plan.policy,
         run_id=plan.run_id,
         experiment=plan.experiment,

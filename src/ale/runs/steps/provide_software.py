@@ -13,7 +13,7 @@ from ale.sandbox.qemu.image import is_default_guest
 async def provide_software(state: RunState) -> None:
     """The task's software before the seal: its environment image, found or built
     on the trusted side from its needs (the staged input's runtime_env included)."""
-    base = state.prep.image or state.plan.image
+    base = state.planned_image
     if vm_seal.is_vm(state) and not (state.plan.provision_software and is_default_guest(base)):
         # An operator's own guest or disk runs as given: its software is what it holds.
         state.live.image = base

@@ -34,7 +34,7 @@ async def provision(state: RunState) -> None:
     state.live.sandbox = await state.prep.provider.create(
         SandboxSpec(
             name=f"ale-{plan.run_id}"[:120],
-            image=state.live.image or state.prep.image or plan.image,
+            image=state.candidate_image,
             policy=plan.policy,
             mounts=tuple(mounts),
             labels=labels,

@@ -52,7 +52,7 @@ async def start_in_grading_sandbox(state: RunState) -> None:
     empty = folder.scratch / "start-output"
     empty.mkdir(mode=0o755)
     sandbox = Grader(
-        state.prep.provider, image=state.live.image or plan.image, policy=plan.policy, run_id=sandbox_id,
+        state.prep.provider, image=state.grading_image, policy=plan.policy, run_id=sandbox_id,
         experiment=plan.experiment, command_timeout=command_timeout,
         inputs=GradingInputs(
             input_host=folder.input_host.resolve(), deliverables_host=empty.resolve(),
