@@ -2,8 +2,10 @@
 
 ``ale task check`` asks a task's grader what it makes of ~20 adversarial outputs
 (and of the oracle's output without its reference). None of them needs a candidate
-sandbox: the output is known in advance. ``grade_probe`` does only the grading side
-of a run, with the lifecycle's own pieces, in the run's order:
+sandbox: the output is known in advance. A probe is a kind of the one run engine
+(``RunKind.GRADING_PROBE``): the lifecycle's driver runs its steps as
+``ale.phases.kind_steps`` lists them, the run's own steps but for the one it adds
+(``write_output``), and ``grade_probe`` only finishes it (``probe.json``):
 
 1. preflight (``lifecycle.prepare``: the task process, ``load()``, the variant, the
    image), the input staged from the data source (``stage_input``) and the task's

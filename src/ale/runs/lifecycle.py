@@ -1,11 +1,15 @@
-"""One run: the phase table of ``ale.phases``, executed.
+"""The run engine's one driver: the phase table of ``ale.phases``, executed.
 
-``execute_run`` drives ``kind_steps(RunKind.RUN, shape)`` (the phase table): each phase's step function
-(``STEPS``) does its one job and records its times; a phase that finds the seal
-broken adds violations, and a gating phase ends the run there
-(``invalid_evaluation_environment``, no score). ``classify_failure`` is the one
-place a step's exception becomes a status. Containers are removed on every path
-out, cancellation (Ctrl-C) included.
+``drive`` runs the steps of a run-like thing's kind (``RunKind``: a run, a grading
+probe, a regrade) in the order ``ale.phases.kind_steps`` gives; a run's are its
+shape's phase table. Each step lives in ``ale.runs.steps`` and does its one job; a
+phase that finds the seal broken adds violations, and a gating phase ends the run
+there (``invalid_evaluation_environment``, no score). Every kind shares one
+preflight (``prepare``), one directory set-up (``make_dirs``), one classifier
+(``classify_failure``: where a step's exception becomes a status) and one cleanup
+(``cleanup``: sandboxes removed, scratch mounts and the shared package's lock
+released on every path out, cancellation (Ctrl-C) included). ``execute_run`` is the
+run's kind with its finisher (``result.json``, the signed manifest).
 
 The run's state (``ale.runs.state``) is three things: what is fixed at its start (``Prepared``, the
 ``RunFolder`` whose properties are its paths), the record being written

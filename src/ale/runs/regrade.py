@@ -1,7 +1,10 @@
 """`ale regrade RUN_DIR|EXP_DIR`: grade finished runs again from their signed deliverables.
 
 A regrade re-runs the GRADE phase of a finished run, with the task code as it is
-now (or the same task in another tree, ``--tasks``), and nothing else:
+now (or the same task in another tree, ``--tasks``), and nothing else. It is a kind
+of the one run engine (``RunKind.REGRADE``): the run's preflight, directory set-up,
+steps and cleanup, driven by the lifecycle as ``ale.phases.kind_steps`` lists them,
+with three steps of its own (the kept start() writes, the two comparisons):
 
 1. the run must verify (``ale verify``), regrades before this one included;
 2. the input is staged again from the run's data source (``plan.json``) and what the
