@@ -241,7 +241,9 @@ def instrument() -> None:
     from ale.data import local
     from ale.grading import grader
     from ale.record import evidence as ev
-    from ale.runs import lifecycle
+    from ale.runs import lifecycle, software
+    from ale.runs.steps import cleanup as steps_cleanup
+    from ale.runs.steps import deliverables as steps_deliverables
     from ale.sandbox import docker as dk
     from ale.sandbox import scratch
     from ale.tasks import process
@@ -261,17 +263,15 @@ def instrument() -> None:
     tp.close = _timed("task process close", tp.close)
     tp.call = _timed("task process call", tp.call, lambda a, k: a[1] if len(a) > 1 else k.get("name"))
     ev.hash_tree = _timed("hash_tree", ev.hash_tree)
-    lifecycle.ev.hash_tree = ev.hash_tree
     ev.write_manifest_and_sign = _timed("manifest + sign", ev.write_manifest_and_sign)
-    lifecycle.ev.write_manifest_and_sign = ev.write_manifest_and_sign
-    lifecycle.release_scratch = _timed("release scratch", scratch.release_scratch)
+    steps_cleanup.release_scratch = _timed("release scratch", scratch.release_scratch)
     lifecycle.prepare = _timed("prepare (preflight)", lifecycle.prepare)
     lifecycle._record_static_evidence = _timed("static evidence", lifecycle._record_static_evidence)
     lifecycle._finish_record = _timed("finish record (checks, result, sign)", lifecycle._finish_record)
-    lifecycle._cleanup = _timed("cleanup", lifecycle._cleanup)
+    lifecycle.cleanup = _timed("cleanup", lifecycle.cleanup)
     lifecycle.execute_run = _timed("execute_run (whole)", lifecycle.execute_run)
-    lifecycle.extract_deliverables = _timed("extract deliverables", lifecycle.extract_deliverables)
-    lifecycle.software.provide = _timed("provide software", lifecycle.software.provide)
+    steps_deliverables.extract_deliverables = _timed("extract deliverables", steps_deliverables.extract_deliverables)
+    software.provide = _timed("provide software", software.provide)
     grader.Grader.close = _timed("grader close", grader.Grader.close)
     grader.Grader.grade = _timed("grader grade", grader.Grader.grade)
     local.LocalSource.commit_reference = _timed("commit reference", local.LocalSource.commit_reference)

@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
+from ale.isolation import rules
 from ale.isolation.checks import Check
-from ale.runs import lifecycle
 from ale.runs.lifecycle import execute_run
 from ale.sandbox.docker import DockerProvider
 from ale.status import RunStatus, counts_toward_score
@@ -70,7 +70,7 @@ def test_task_writing_into_the_workspace_makes_the_run_invalid(docker_client, tm
 
 
 def test_drift_found_after_the_agent_withholds_the_score(docker_client, tmp_path, monkeypatch):
-    real = lifecycle.judge
+    real = rules.judge
 
     def drifting(moment, **kw):
         checks = real(moment, **kw)
@@ -78,7 +78,7 @@ def test_drift_found_after_the_agent_withholds_the_score(docker_client, tmp_path
             checks.append(Check("test.drift", False, "sealed", "drifted", "injected by the test"))
         return checks
 
-    monkeypatch.setattr(lifecycle, "judge", drifting)
+    monkeypatch.setattr(rules, "judge", drifting)
     plan = plan_for(EXAMPLES / "secrets" / "echo_secret", tmp_path, agent="oracle")
     result = asyncio.run(execute_run(plan, provider=DockerProvider(docker_client)))
     assert result.status is RunStatus.INVALID_EVALUATION_ENVIRONMENT

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from ale.isolation import rules
 from ale.isolation.checks import Check
 from ale.record.verify import verify_run_dir
 from ale.report import aggregate
 from ale.result import RunResult
-from ale.runs import lifecycle
 from ale.runs.experiment import load_experiment
 from ale.runs.orchestrator import Orchestrator
 from ale.runs.store import runs_root
@@ -77,7 +77,7 @@ def test_a_candidate_that_locks_its_workspace_and_fills_tmp_still_counts(tmp_pat
 # -- attribution ---------------------------------------------------------------------
 def _inject(monkeypatch, target: str) -> None:
     """A sealed container whose inspect check fails in one phase (`before` or `after`)."""
-    real = lifecycle.judge
+    real = rules.judge
 
     def check(moment, **kw):
         checks = real(moment, **kw)
@@ -85,7 +85,7 @@ def _inject(monkeypatch, target: str) -> None:
             checks.append(Check("test.drift", False, "sealed", "drifted", "injected by the test"))
         return checks
 
-    monkeypatch.setattr(lifecycle, "judge", check)
+    monkeypatch.setattr(rules, "judge", check)
 
 
 @pytest.mark.docker

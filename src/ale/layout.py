@@ -20,6 +20,9 @@ anywhere else as a literal is a bug.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 # -- top level -------------------------------------------------------------------
 PLAN = "plan.json"
 RESULT = "result.json"
@@ -151,3 +154,10 @@ LOCK = ".lock"
 NODES = "nodes.json"  # a cluster experiment: each node's public key (ale verify --trusted-keys)
 SUPERSEDED_DIR = "superseded"  # a cluster's late results of attempts already declared lost
 INCOMING_DIR = ".incoming"  # under runs/: run folders shipped back, until checked
+SCRATCH_DIR = ".scratch"  # under runs/: each run's scratch (its staged package, workspace, private reference), removed at its end
+PROBES_DIR = ".probes"  # under runs/: ``ale task check``'s grading probes' folders; never run folders
+
+
+def scratch_dir(runs_dir: str | os.PathLike[str], run_id: str) -> Path:
+    """The scratch folder of run ``run_id`` (absolute: its sub-folders are bind-mount sources)."""
+    return Path(runs_dir).resolve() / SCRATCH_DIR / run_id

@@ -219,6 +219,76 @@ def spec_of(phase: Phase | str, shape: RunShape | str = RunShape.STANDARD) -> Ph
     return next(s for s in phase_table(shape) if s.phase == phase)
 
 
+class RunKind(StrEnum):
+    """What a run-like thing is. One driver (``ale.runs.lifecycle.drive``) runs each
+    kind's steps (``kind_steps``); what differs between kinds is this table and a
+    small finisher of each kind's own (its record, its classification of a failure)."""
+
+    RUN = "run"  # a candidate's run: the phase table of its shape
+    GRADING_PROBE = "grading-probe"  # ``ale task check``: an output written on the host, graded as a run grades it
+    REGRADE = "regrade"  # ``ale regrade``: a finished run's signed deliverables graded again
+
+
+# A step that runs only when the task defines start() and its writes were not laid
+# from a run's record (``KindStep.when``).
+WHEN_START = "start"
+
+
+@dataclass(frozen=True)
+class KindStep:
+    """One step of a kind: the step's name in the driver's library (a run's phases
+    are named by their ``Phase``'s value), the phase ``phases.json`` records it as
+    (None: not a phase of its own), the name its time is kept under (default its
+    step's), and a condition (``WHEN_START``)."""
+
+    step: str
+    phase: Phase | None = None
+    stage: str | None = None
+    when: str | None = None
+    gate: bool = False
+    releases_sandbox: bool = False
+
+    @property
+    def timed_as(self) -> str:
+        return self.stage or self.step
+
+
+_GRADING_KINDS: dict[RunKind, tuple[KindStep, ...]] = {
+    # a grading probe: no candidate sandbox; start() in a grading sandbox, the output written on the host
+    RunKind.GRADING_PROBE: (
+        KindStep("stage_input", Phase.STAGE_INPUT),
+        KindStep("provide_software", stage="software"),
+        KindStep("start_in_grading_sandbox", Phase.TASK_START, stage="task_start", when=WHEN_START),
+        KindStep("hash_input", stage="commit_reference"),
+        KindStep("commit_reference"),
+        KindStep("write_output"),  # the probe's own: the caller writes the output
+        KindStep("collect_deliverables", Phase.DELIVERABLES, stage="deliverables"),
+        KindStep(Phase.GRADE.value, Phase.GRADE),
+    ),
+    # a regrade: the input staged again, start()'s writes laid from the run's record
+    # (or start() run again in a grading sandbox), both commitments compared with the
+    # run's, then the run's grading over its signed deliverables
+    RunKind.REGRADE: (
+        KindStep("stage_input"),
+        KindStep("apply_start_writes"),  # the regrade's own
+        KindStep("start_in_grading_sandbox", when=WHEN_START),
+        KindStep("compare_input"),  # the regrade's own
+        KindStep("commit_reference"),
+        KindStep("compare_reference"),  # the regrade's own
+        KindStep("stage_reference"),
+        KindStep("grade_with_retries"),
+    ),
+}
+
+
+def kind_steps(kind: RunKind, shape: RunShape | str = RunShape.STANDARD) -> tuple[KindStep, ...]:
+    """The steps of ``kind`` in order: a run's are its shape's phase table."""
+    if kind is RunKind.RUN:
+        return tuple(KindStep(s.phase.value, s.phase, gate=s.gate, releases_sandbox=s.releases_sandbox)
+                     for s in phase_table(shape))
+    return _GRADING_KINDS[kind]
+
+
 # The run's moments in the order the evidence must show them (``ale verify``'s
 # ``times.order``): the sandbox's life from its inspect captures, the end of the
 # candidate's turn from phases.json, the reference's unpacking from its check.

@@ -117,6 +117,7 @@ def _resume_plan(source: Path, runs_dir: Path):
 def _clear_interrupted(source: Path, plan) -> None:
     """What a killed ``ale run`` left (reconcile does this for experiments): its sandboxes
     (labelled with its run id) and its scratch folder's mounts."""
+    from ale import layout
     from ale.sandbox.base import SandboxError
     from ale.sandbox.providers import make_provider
     from ale.sandbox.scratch import release_scratch
@@ -125,7 +126,7 @@ def _clear_interrupted(source: Path, plan) -> None:
         removed = make_provider(plan.provider).remove_managed(run_id=plan.run_id)
         if removed:
             err.print(f"removed {len(removed)} sandbox(es) the interrupted run left", markup=False, highlight=False)
-    scratch = Path(plan.runs_dir).resolve() / ".scratch" / plan.run_id
+    scratch = layout.scratch_dir(plan.runs_dir, plan.run_id)
     if scratch.is_dir():
         release_scratch(scratch)
 

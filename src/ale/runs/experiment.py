@@ -481,16 +481,9 @@ def task_variants(task_dir: Path) -> int:
         raise ExperimentError(f"cannot count the variants of {task_dir}: {e}") from e
 
 
-def resolve_tasks(exp: Experiment, *, jobs: int = 4, skipped: list[Skipped] | None = None,
-                  screen: bool = False, build_envs: bool = False) -> list[ResolvedTask]:
-    """The experiment's tasks, in file order, each once (first mention wins).
-    ``variants: all`` loads the task to count them, `jobs` tasks at once.
-
-    ``screen`` (planning runs): every task is loaded (``ale.runs.screening``) and
-    only the variants that can run are kept; a task that does not load, needs a
-    Windows VM, lacks a variant asked for, or needs data no source gives is left
-    out and appended to ``skipped``; ``build_envs`` builds the task trees' declared
-    environments first (what the runs would do), so a task needing one loads."""
+def _mentioned_tasks(exp: Experiment) -> dict[Path, tuple[str, tuple[int, ...] | Literal["all"] | None]]:
+    """Each task folder the experiment names (by path, glob or list), once (first
+    mention wins): its name under tasks_root and the variants asked for."""
     root = exp.tasks_root_dir
     mentioned: dict[Path, tuple[str, tuple[int, ...] | Literal["all"] | None]] = {}
 
@@ -527,6 +520,20 @@ def resolve_tasks(exp: Experiment, *, jobs: int = 4, skipped: list[Skipped] | No
             for j, item in enumerate(read_task_list(list_path)):
                 assert item.path is not None
                 add(item.path, entry.variants or item.variants, f"{list_path} entry {j}")
+    return mentioned
+
+
+def resolve_tasks(exp: Experiment, *, jobs: int = 4, skipped: list[Skipped] | None = None,
+                  screen: bool = False, build_envs: bool = False) -> list[ResolvedTask]:
+    """The experiment's tasks, in file order, each once (first mention wins).
+    ``variants: all`` loads the task to count them, `jobs` tasks at once.
+
+    ``screen`` (planning runs): every task is loaded (``ale.runs.screening``) and
+    only the variants that can run are kept; a task that does not load, needs a
+    Windows VM, lacks a variant asked for, or needs data no source gives is left
+    out and appended to ``skipped``; ``build_envs`` builds the task trees' declared
+    environments first (what the runs would do), so a task needing one loads."""
+    mentioned = _mentioned_tasks(exp)
     if not screen:
         counting = [d for d, (_, variants) in mentioned.items() if variants == "all"]
         with ThreadPoolExecutor(max(1, min(jobs, len(counting) or 1))) as pool:

@@ -121,7 +121,7 @@ class NativeHarnessExtension(RunExtension):
         if client is None:
             raise SandboxError("native mode needs the Docker provider "
                                f"(the run's provider is {type(state.prep.provider).__name__})")
-        base = state.live.image or state.prep.image or state.plan.image
+        base = state.candidate_image
         self._plain = state.live.image
         t0 = time.perf_counter()
         tag, record = await asyncio.to_thread(build_harness_image, client, base, self.harness, lambda _msg: None)

@@ -2,8 +2,10 @@
 
 ``ale task check`` asks a task's grader what it makes of ~20 adversarial outputs
 (and of the oracle's output without its reference). None of them needs a candidate
-sandbox: the output is known in advance. ``grade_probe`` does only the grading side
-of a run, with the lifecycle's own pieces, in the run's order:
+sandbox: the output is known in advance. A probe is a kind of the one run engine
+(``RunKind.GRADING_PROBE``): the lifecycle's driver runs its steps as
+``ale.phases.kind_steps`` lists them, the run's own steps but for the one it adds
+(``write_output``), and ``grade_probe`` only finishes it (``probe.json``):
 
 1. preflight (``lifecycle.prepare``: the task process, ``load()``, the variant, the
    image), the input staged from the data source (``stage_input``) and the task's
@@ -30,35 +32,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ale
 from ale import layout
-from ale.grading.grader import GradingEnvironmentError, GradingError
 from ale.layout import Evidence
-from ale.phases import Phase, RunShape
+from ale.phases import RunKind, RunShape
 from ale.plan import AgentSpec, RunPlan, new_run_id
-from ale.record import evidence as ev
 from ale.runs import lifecycle
-from ale.runs.extensions import make_extension
-from ale.runs.state import LiveHandles, Prepared, RunFolder, RunRecord, RunState, now
+from ale.runs.state import Prepared, RunFolder, RunState, now
 from ale.sandbox.base import SandboxProvider
-from ale.sandbox.scratch import release_scratch
 from ale.status import RunStatus
-from ale.tasks.card import load_card
-from ale.tasks.environment import EnvironmentBuildError, resolve_environment
-from ale.tasks.errors import TaskError
 from ale.tasks.jail import task_network
 from ale.tasks.process import TaskProcessPool, judge_env
 
 KIND = "grading-probe"
-PROBES_DIR = ".probes"  # under the runs folder; never a run folder
+PROBES_DIR = layout.PROBES_DIR
 STALE_PROBE_S = 3600.0  # a probe folder untouched this long belongs to no running check
 PROBE_RECORD = "probe.json"
 NOT_A_RUN = ("a grading probe, not a run: the output was written on the host by the harness and graded as a run "
@@ -103,7 +97,7 @@ class WarmProcesses:
     folder (and network), so that each probe's task process is a fork of a warm one
     that has run ``load()``, not a new interpreter, jail and import (0.1-0.5 s each
     under load). Everything else of a probe's preflight is a run's
-    (``lifecycle._prepare``). ``close()`` ends every warm process."""
+    (``lifecycle.prepare``). ``close()`` ends every warm process."""
 
     def __init__(self) -> None:
         self._pools: dict[tuple[str, bool], TaskProcessPool] = {}
@@ -117,30 +111,16 @@ class WarmProcesses:
 
     async def prepare(self, plan: RunPlan, provider: SandboxProvider | None) -> Prepared:
         """``lifecycle.prepare`` with a lent task process; raises ``PreflightError`` as it does."""
-        process = (await self._pool(plan)).lend()
-        try:
-            return await lifecycle._prepare(plan, provider, process)
-        except BaseException:
-            await asyncio.shield(process.close())
-            raise
+        return await lifecycle.prepare(plan, provider, process=(await self._pool(plan)).lend())
 
     async def _pool(self, plan: RunPlan) -> TaskProcessPool:
-        try:
-            card = load_card(plan.task_dir)
-            reason = card.unsupported_reason(plan.provider, vm_images=lifecycle.mapped_snapshots(plan, card))
-        except TaskError as e:
-            raise lifecycle.PreflightError(str(e)) from e
-        if reason is not None:
-            raise lifecycle.PreflightError(f"{plan.task_dir}: {reason}")
+        card = lifecycle.check_card(plan)
         network = task_network(judge_env(names=plan.judge_env))
         key = (str(Path(plan.task_dir).resolve()), network)
         async with self._lock:
             pool = self._pools.get(key)
             if pool is None:
-                try:
-                    environment = await asyncio.to_thread(resolve_environment, plan.task_dir)
-                except (TaskError, EnvironmentBuildError) as e:
-                    raise lifecycle.PreflightError(str(e)) from e
+                environment = await lifecycle.task_environment(plan)
                 pool = self._pools[key] = TaskProcessPool(plan.task_dir, environment=environment, card=card, network=network)
         return pool
 
@@ -155,20 +135,6 @@ class WarmProcesses:
 
 def probe_dir_for(plan: RunPlan, probe_id: str) -> Path:
     return Path(plan.runs_dir) / PROBES_DIR / probe_id
-
-
-def start_sandbox_id(probe_id: str) -> str:
-    return f"{probe_id}-start"
-
-
-def _make_dirs(folder: RunFolder) -> None:
-    folder.scratch.mkdir(parents=True, mode=0o700)
-    os.chmod(folder.scratch, 0o700)
-    folder.public_host.mkdir(mode=0o755)
-    folder.input_host.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    folder.workspace_host.mkdir(mode=0o755)
-    (folder.scratch / "private").mkdir(mode=0o700)
-    folder.setup_reference_host.mkdir(mode=0o700)
 
 
 async def grade_probe(
@@ -197,11 +163,11 @@ async def grade_probe(
     probe_dir = probe_dir_for(plan, probe_id)
     probe_dir.mkdir(parents=True)
     prep.process.log_path = probe_dir / layout.TASK_LOG
-    scratch = Path(plan.runs_dir).resolve() / ".scratch" / probe_id
+    scratch = layout.scratch_dir(plan.runs_dir, probe_id)
     # no evidence: nothing here is fsynced (a probe's 20-odd fsyncs would stall the others' event loop)
-    record = RunRecord(events=ev.EventLog(probe_dir / layout.EVENTS, durable=False),
-                       store=ev.EvidenceStore(probe_dir, durable=False))
-    state = RunState(prep, RunFolder(probe_dir, scratch, prep.variant), record, LiveHandles(), make_extension(prep))
+    state = lifecycle.new_state(prep, RunFolder(probe_dir, scratch, prep.variant), probe_dir, kind=RunKind.GRADING_PROBE,
+                                durable=False)
+    record = state.record
     stages: dict[str, float] = {"prepare": prepared_in}
     started = now()
     status, error = RunStatus.INFRASTRUCTURE_ERROR, None
@@ -209,56 +175,29 @@ async def grade_probe(
     failures: list[str] = []
     refused: BaseException | None = None
 
-    @contextlib.asynccontextmanager
-    async def stage(name: str, phase: Phase | None = None) -> AsyncIterator[None]:
-        t0 = time.monotonic()
+    async def write_output(state: RunState) -> None:
+        nonlocal failures, refused
+        assert record.input_after_start is not None  # the hash_input step's
         try:
-            if phase is None:
-                yield
-            else:
-                async with record.phase(phase):
-                    yield
-        finally:
-            stages[name] = round(stages.get(name, 0.0) + time.monotonic() - t0, 4)
+            failures = list(await asyncio.to_thread(write, state.folder.workspace_host, state.folder.input_host,
+                                                    record.input_after_start["digest"]) or [])
+        except Exception as e:  # the caller's refusal: nothing to grade
+            refused = e
+            raise
+        record.events.append("probe.output_written", failures=failures[:20])
+        state.live.agent_started = True  # from here on, what fails is graded as in a run after the agent's turn
 
     record.events.append("probe.start", probe_id=probe_id, kind=KIND, label=label, note=NOT_A_RUN)
     try:
-        _make_dirs(state.folder)
-        async with stage("stage_input", Phase.STAGE_INPUT):
-            await lifecycle.stage_input(state)
-        async with stage("software"):
-            await lifecycle.provide_software(state)
-        if prep.task.has("start"):
-            async with stage("task_start", Phase.TASK_START):
-                await lifecycle.start_in_grading_sandbox(state, start_sandbox_id(state.plan.run_id), command_timeout=state.plan.limits.command_timeout_s)
-        async with stage("commit_reference"):
-            record.input_after_start = ev.hash_tree(state.folder.public_host)
-            record.store.write_json(Evidence.INPUT_AFTER_START, record.input_after_start)
-            await lifecycle.commit_reference(state)
-        async with stage("write_output"):
-            try:
-                failures = list(await asyncio.to_thread(write, state.folder.workspace_host, state.folder.input_host,
-                                                        record.input_after_start["digest"]) or [])
-            except Exception as e:  # the caller's refusal: nothing to grade
-                refused = e
-                raise
-            record.events.append("probe.output_written", failures=failures[:20])
-        state.live.agent_started = True  # from here on, what fails is graded as in a run after the agent's turn
-        async with stage("deliverables", Phase.DELIVERABLES):
-            await lifecycle.collect_deliverables(state)
-        async with stage("grade", Phase.GRADE):
-            try:
-                await lifecycle.stage_reference(state)
-            except GradingError as e:  # start()'s reference changed: not the output's doing
-                raise GradingEnvironmentError(str(e), e.traceback) from e
-            record.scores = await lifecycle.grade_with_retries(state)
+        lifecycle.make_dirs(state)
+        await lifecycle.drive(state, {"write_output": write_output}, stages=stages)
         status = RunStatus.SCORED
     except Exception as e:
         if refused is None:
-            status, error, extra = lifecycle._classify_failure(e, state)  # a run's own classification
+            status, error, extra = lifecycle.classify_failure(e, state)  # a run's own classification
             record.scores = None
     finally:
-        await asyncio.shield(_cleanup(state))
+        await lifecycle.cleanup(state)
     if refused is not None:
         _remove(probe_dir)
         raise refused
@@ -274,22 +213,6 @@ async def grade_probe(
     record.events.append("probe.end", status=status.value, score=result.score)
     (probe_dir / PROBE_RECORD).write_text(json.dumps(result.to_dict(), indent=1, default=str))
     return result
-
-
-async def _cleanup(state: RunState) -> None:
-    jobs = [state.prep.process.close()]
-    if state.live.task_process is not None:
-        jobs.append(state.live.task_process.close())
-    if state.live.grader is not None:
-        jobs.append(state.live.grader.close())
-    await asyncio.gather(*jobs, return_exceptions=True)
-    task = asyncio.current_task()
-    if task is not None and task.cancelling() > 0:  # interrupted: whatever sandbox this probe made, by its label
-        for run_id in (state.plan.run_id, start_sandbox_id(state.plan.run_id)):
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(state.prep.provider.remove_managed, run_id=run_id)
-    await asyncio.to_thread(release_scratch, state.folder.scratch)
-    lifecycle.release_package(state)
 
 
 def _remove(path: Path) -> None:

@@ -368,33 +368,9 @@ def start_node(
         release_scratch(stale)
 
     temp = ray_temp_dir or Path("/tmp") / f"ale-ray-{name}"
-    ray_bin = str(Path(sys.executable).with_name("ray"))
-    cmd = [ray_bin if Path(ray_bin).exists() else "ray", "start", "--disable-usage-stats", "--temp-dir", str(temp),
-           "--num-cpus", "0", "--resources", json.dumps({RESOURCE: slots} if slots else {})]
-    if head:
-        cmd += ["--head", "--port", str(port), "--node-ip-address", node_ip or "127.0.0.1",
-                "--include-dashboard", "false", "--dashboard-host", "127.0.0.1"]
-    else:
-        assert address is not None
-        cmd += ["--address", address]
-        if node_ip:
-            cmd += ["--node-ip-address", node_ip]
-    env = {**os.environ, **ray_auth_env(token), NODE_ENV: str(node_dir)}
-    log_path = node_dir / "ray-start.log"
-    with log_path.open("wb") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        rc = proc.wait(timeout=180)
-    text = log_path.read_text(errors="replace")
-    pgid = proc.pid  # the session (and group) Ray's daemons stay in
-    if rc != 0:
-        _kill_group(pgid)
-        tail = "\n".join(text.splitlines()[-15:])
-        raise NodeError(f"`ray start` failed (exit {rc}); its log is {log_path}:\n{tail}")
-    if head:
-        found = re.findall(r"--address='([^']+)'", text)
-        cluster_address = found[-1] if found else f"{node_ip or '127.0.0.1'}:{port}"
-    else:
-        cluster_address = address
+    cluster_address, pgid = _ray_start(head=head, address=address, port=port, node_ip=node_ip, slots=slots, temp=temp,
+                                       env={**os.environ, **ray_auth_env(token), NODE_ENV: str(node_dir)},
+                                       log_path=node_dir / "ray-start.log")
     rec = {
         "name": name,
         "head": head,
@@ -413,6 +389,38 @@ def start_node(
     tmp.write_text(json.dumps(rec, indent=2))
     os.replace(tmp, node_dir / NODE_RECORD)
     return rec
+
+
+def _ray_start(*, head: bool, address: str | None, port: int, node_ip: str | None, slots: int, temp: Path,
+               env: dict[str, str], log_path: Path) -> tuple[str | None, int]:
+    """``ray start`` for one node; returns the cluster's address and the process group
+    Ray's daemons stay in. Raises ``NodeError`` (its log's tail) when it fails."""
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    cmd = [ray_bin if Path(ray_bin).exists() else "ray", "start", "--disable-usage-stats", "--temp-dir", str(temp),
+           "--num-cpus", "0", "--resources", json.dumps({RESOURCE: slots} if slots else {})]
+    if head:
+        cmd += ["--head", "--port", str(port), "--node-ip-address", node_ip or "127.0.0.1",
+                "--include-dashboard", "false", "--dashboard-host", "127.0.0.1"]
+    else:
+        assert address is not None
+        cmd += ["--address", address]
+        if node_ip:
+            cmd += ["--node-ip-address", node_ip]
+    with log_path.open("wb") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        rc = proc.wait(timeout=180)
+    text = log_path.read_text(errors="replace")
+    pgid = proc.pid  # the session (and group) Ray's daemons stay in
+    if rc != 0:
+        _kill_group(pgid)
+        tail = "\n".join(text.splitlines()[-15:])
+        raise NodeError(f"`ray start` failed (exit {rc}); its log is {log_path}:\n{tail}")
+    if head:
+        found = re.findall(r"--address='([^']+)'", text)
+        cluster_address = found[-1] if found else f"{node_ip or '127.0.0.1'}:{port}"
+    else:
+        cluster_address = address
+    return cluster_address, pgid
 
 
 def _kill_group(pgid: int, grace_s: float = 10.0) -> None:

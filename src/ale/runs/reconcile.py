@@ -50,7 +50,7 @@ def reconcile(output: Path, experiment: str, janitor: Janitor) -> tuple[list[str
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(run_dir), dest)
                 moved.append(run_dir.name)
-        scratch = root / ".scratch"
+        scratch = root / layout.SCRATCH_DIR
         if scratch.is_dir():
             release_scratch(scratch)
     return orphans, moved

@@ -1,7 +1,10 @@
 """`ale regrade RUN_DIR|EXP_DIR`: grade finished runs again from their signed deliverables.
 
 A regrade re-runs the GRADE phase of a finished run, with the task code as it is
-now (or the same task in another tree, ``--tasks``), and nothing else:
+now (or the same task in another tree, ``--tasks``), and nothing else. It is a kind
+of the one run engine (``RunKind.REGRADE``): the run's preflight, directory set-up,
+steps and cleanup, driven by the lifecycle as ``ale.phases.kind_steps`` lists them,
+with three steps of its own (the kept start() writes, the two comparisons):
 
 1. the run must verify (``ale verify``), regrades before this one included;
 2. the input is staged again from the run's data source (``plan.json``) and what the
@@ -44,26 +47,19 @@ from ale import layout
 from ale.agents.base import AgentEnd, AgentOutcome
 from ale.grading.grader import GradingError
 from ale.layout import Evidence
-from ale.phases import RunShape
-from ale.plan import RunPlan
+from ale.phases import RunKind, RunShape
+from ale.plan import AgentSpec, RunPlan
 from ale.record import evidence as ev
 from ale.record import regrades as rg
 from ale.record.signing import load_or_create_signing_key
 from ale.record.verify import verify_run_dir
 from ale.result import RunResult
 from ale.runs import lifecycle, start_writes
-from ale.runs.extensions import make_extension
-from ale.runs.state import LiveHandles, Prepared, RunFolder, RunRecord, RunState, now
+from ale.runs.state import RunFolder, RunRecord, RunState, now
 from ale.runs.store import iter_results, read_result
 from ale.sandbox.base import SandboxProvider
-from ale.sandbox.providers import make_provider
 from ale.sandbox.scratch import release_scratch
 from ale.status import InvalidAttribution, RunStatus
-from ale.tasks.card import load_card
-from ale.tasks.environment import resolve_environment
-from ale.tasks.jail import task_network
-from ale.tasks.loader import select_variant
-from ale.tasks.process import TaskProcess, judge_env
 
 # A run whose candidate's turn ended and whose deliverables were collected: graded,
 # or its grading failed. Invalid runs carry no score by design; nothing to regrade.
@@ -183,7 +179,7 @@ def _agent_status(run_dir: Path, result: RunResult) -> RunStatus:
     ended = [e for e in events if e.get("type") == "agent.ended"]
     end = (ended[-1].get("data") or {}).get("end") if ended else None
     try:
-        return lifecycle._status_after_agent(AgentOutcome(AgentEnd(str(end))))
+        return lifecycle.status_after_agent(AgentOutcome(AgentEnd(str(end))))
     except ValueError as e:
         raise RegradeRefused(f"{run_dir}: the event log records no agent end to grade after ({e})") from e
 
@@ -270,96 +266,88 @@ async def _grade_again(
     run_dir: Path, plan: RunPlan, result: RunResult, task_dir: Path, staging: Path, scratch: Path,
     provider: SandboxProvider | None,
 ) -> tuple[dict[str, Any], str | None, dict[str, Any], Any]:
-    """Stage, check, grade. Returns the new grading, the grader's error, extra record
-    fields and the task's info."""
+    """Stage, check, grade: the regrade's kind of the one driver (``RunKind.REGRADE``),
+    with its own steps (start()'s kept writes, the two comparisons) and its finisher.
+    Returns the new grading, the grader's error, extra record fields and the task's info."""
+    regrade_plan = plan.model_copy(update={"task_dir": str(task_dir), "agent": AgentSpec(name="nop")})  # its turn is over
     try:
-        card = load_card(task_dir)
-        environment = await asyncio.to_thread(resolve_environment, task_dir)
-    except Exception as e:
+        prep = await lifecycle.prepare(regrade_plan, provider)
+    except lifecycle.PreflightError as e:
         raise RegradeRefused(f"{task_dir}: the task cannot be loaded: {e}") from e
-    provider = provider or make_provider(plan.provider)
-
-    process = TaskProcess(task_dir, environment=environment, card=card, log_path=staging / layout.TASK_LOG,
-                          network=task_network(judge_env(names=plan.judge_env)))
+    prep.process.log_path = staging / layout.TASK_LOG
+    task, variant = prep.task, prep.variant
+    state = lifecycle.new_state(prep, RunFolder(run_dir, scratch, variant), staging, kind=RunKind.REGRADE)
+    record = state.record
     try:
-        task = await process.start()
-        variant = select_variant(task.variants, plan.variant)
-    except Exception as e:
-        await process.close()
-        raise RegradeRefused(f"{task_dir}: load() failed: {e}") from e
-    if variant.task_id != result.task_id:
-        await process.close()
-        raise RegradeRefused(f"{task_dir}: variant {plan.variant} is now {variant.task_id!r}, the run graded {result.task_id!r}")
-    prep = Prepared(plan, task, variant, plan.data_source or task.card.data_source, 0.0, provider,
-                    None, process, None, plan.image, None)  # type: ignore[arg-type]  # no agent: its turn is over
-    folder = RunFolder(run_dir, scratch, variant)
-    record = RunRecord(events=ev.EventLog(staging / layout.EVENTS), store=ev.EvidenceStore(staging))
-    state = RunState(prep, folder, record, LiveHandles(), make_extension(prep))
-    record.events.append("regrade.start", run_id=plan.run_id, task_dir=str(task_dir), task_code_sha256=task.code_hash)
-    try:
-        _make_dirs(folder)
-        try:
-            await lifecycle.stage_input(state)
-            kept = start_writes.kept(run_dir) if task.has("start") else None
-            if kept is not None:  # what start() wrote in the run, from its signed folder
-                start_from = f"the run's record ({start_writes.START_DIR}/)"
-                try:
-                    await asyncio.to_thread(start_writes.apply, run_dir, *kept, folder.public_host, folder.setup_reference_host)
-                except start_writes.KeptWritesError as e:
-                    raise RegradeRefused(f"{run_dir}: {e}") from e
-            elif task.has("start"):
-                start_from = "start() run again"
-                await lifecycle.start_in_grading_sandbox(state, f"{state.plan.run_id}-regrade-start", command_timeout=state.plan.limits.grading_timeout_s)
-            else:
-                start_from = "no start()"
-            record.events.append("regrade.start_writes", source=start_from)
-            _compare_input(run_dir, folder)
-            await lifecycle.commit_reference(state)
-            committed = _compare_reference(run_dir, record)
-            record.reference_commit = committed
-            state.live.agent_started = True  # what fails from here on is graded as in the run
-            await lifecycle.stage_reference(state)
-        except RegradeRefused:
-            raise
-        except Exception as e:
-            raise RegradeRefused(f"{run_dir}: the input or reference could not be staged again: {type(e).__name__}: {e}") from e
-        status = _agent_status(run_dir, result)
-        extra: dict[str, Any] = {}
-        try:
-            # The lifecycle's own grading: its attempts, retries and backoff, its record
-            # of them (evidence/grading-attempts.json, in the regrade's folder).
-            scores = await lifecycle.grade_with_retries(state)
-            new: dict[str, Any] = {"status": status.value, "score": sum(scores) / len(scores), "scores": scores,
-                                   "invalid_attribution": None}
-            error = result.error if status in (RunStatus.AGENT_FAILED, RunStatus.TIMEOUT) else None
-        except GradingError as e:
-            if not getattr(e, "charged", False):  # the grading sandbox, the engine, a task process that did not start
-                raise RegradeRefused(f"{run_dir}: grading could not run (the harness's failure, not the grader's on the "
-                                     f"deliverables): {e}") from e
-            new = {"status": RunStatus.GRADING_FAILED.value, "score": None, "scores": None,
-                   "invalid_attribution": InvalidAttribution.AFTER_AGENT_START.value}
-            error = str(e)
-            if e.traceback:
-                extra["grading_traceback"] = e.traceback[-8000:]
-        except Exception as e:
-            raise RegradeRefused(f"{run_dir}: grading could not run: {type(e).__name__}: {e}") from e
-        record.store.write_json(Evidence.TASK_PROCESS, process.evidence())
-        record.events.append("regrade.end", status=new["status"], score=new["score"])
+        if variant.task_id != result.task_id:
+            raise RegradeRefused(f"{task_dir}: variant {plan.variant} is now {variant.task_id!r}, the run graded {result.task_id!r}")
+        if prep.shape is not RunShape.STANDARD:
+            raise RegradeRefused(f"{task_dir}: the task now asks for a {prep.shape} run; its run was graded as a standard one")
+        record.events.append("regrade.start", run_id=plan.run_id, task_dir=str(task_dir), task_code_sha256=task.code_hash)
+        lifecycle.make_dirs(state)
+        new, error, extra = await _drive_and_finish(state, run_dir, result)
         return new, error, extra, task
     finally:
         # the last process to close writes task.log into the regrade's folder: the last attempt's
-        for p in {id(x): x for x in (state.prep.process, process, state.live.task_process) if x is not None}.values():
-            await p.close()
-        lifecycle.release_package(state)  # the shared public package it staged from: the cache may evict it
+        await lifecycle.cleanup(state)
 
 
-def _make_dirs(folder: RunFolder) -> None:
-    folder.scratch.mkdir(parents=True, mode=0o700)
-    folder.public_host.mkdir(mode=0o755)
-    folder.input_host.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    folder.workspace_host.mkdir(mode=0o755)
-    folder.private.mkdir(mode=0o700)
-    folder.setup_reference_host.mkdir(mode=0o700)
+def _own_steps(run_dir: Path) -> dict[str, lifecycle.Step]:
+    """The regrade's own steps (``ale.phases``'s REGRADE kind names them)."""
+
+    async def apply_start_writes(state: RunState) -> None:
+        kept = start_writes.kept(run_dir) if state.prep.task.has("start") else None
+        if kept is not None:  # what start() wrote in the run, from its signed folder
+            try:
+                await asyncio.to_thread(start_writes.apply, run_dir, *kept, state.folder.public_host,
+                                        state.folder.setup_reference_host)
+            except start_writes.KeptWritesError as e:
+                raise RegradeRefused(f"{run_dir}: {e}") from e
+            state.live.start_kept = True
+
+    async def compare_input(state: RunState) -> None:
+        start_from = (f"the run's record ({start_writes.START_DIR}/)" if state.live.start_kept
+                      else "start() run again" if state.prep.task.has("start") else "no start()")
+        state.record.events.append("regrade.start_writes", source=start_from)
+        _compare_input(run_dir, state.folder)
+
+    async def compare_reference(state: RunState) -> None:
+        state.record.reference_commit = _compare_reference(run_dir, state.record)
+        state.live.agent_started = True  # what fails from here on is graded as in the run
+
+    return {"apply_start_writes": apply_start_writes, "compare_input": compare_input,
+            "compare_reference": compare_reference}
+
+
+async def _drive_and_finish(state: RunState, run_dir: Path, result: RunResult) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
+    """The regrade's finisher: a failure before grading refuses it; the grader's own
+    failure, repeated on the deliverables, is recorded as the run's would be."""
+    extra: dict[str, Any] = {}
+    try:
+        await lifecycle.drive(state, _own_steps(run_dir))
+        scores = state.record.scores or []
+        status = _agent_status(run_dir, result)
+        new: dict[str, Any] = {"status": status.value, "score": sum(scores) / len(scores), "scores": scores,
+                               "invalid_attribution": None}
+        error = result.error if status in (RunStatus.AGENT_FAILED, RunStatus.TIMEOUT) else None
+    except RegradeRefused:
+        raise
+    except Exception as e:
+        if state.live.at != "grade_with_retries":
+            raise RegradeRefused(f"{run_dir}: the input or reference could not be staged again: {type(e).__name__}: {e}") from e
+        if not isinstance(e, GradingError):
+            raise RegradeRefused(f"{run_dir}: grading could not run: {type(e).__name__}: {e}") from e
+        if not e.charged:  # the grading sandbox, the engine, a task process that did not start
+            raise RegradeRefused(f"{run_dir}: grading could not run (the harness's failure, not the grader's on the "
+                                 f"deliverables): {e}") from e
+        new = {"status": RunStatus.GRADING_FAILED.value, "score": None, "scores": None,
+               "invalid_attribution": InvalidAttribution.AFTER_AGENT_START.value}
+        error = str(e)
+        if e.traceback:
+            extra["grading_traceback"] = e.traceback[-8000:]
+    state.record.store.write_json(Evidence.TASK_PROCESS, state.prep.process.evidence())
+    state.record.events.append("regrade.end", status=new["status"], score=new["score"])
+    return new, error, extra
 
 
 def _compare_input(run_dir: Path, folder: RunFolder) -> None:

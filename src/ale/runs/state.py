@@ -27,7 +27,7 @@ from ale.agents.trajectory import TrajectoryWriter
 from ale.data.base import DataSource, ReferenceCommitment
 from ale.grading.grader import Grader
 from ale.isolation.checks import Check, failures, violation_line
-from ale.phases import CheckGroup, Phase, RunShape
+from ale.phases import CheckGroup, Phase, RunKind, RunShape
 from ale.plan import RunPlan
 from ale.record import evidence as ev
 from ale.result import PhaseTiming
@@ -211,6 +211,9 @@ class LiveHandles:
     gateway: dict[str, Any] | None = None  # the gateway record's summary (record.derive), once the turn ended
     agent_started: bool = False  # from here on, a failure may be the candidate's doing
     provisioning: bool = False  # a sandbox may exist from here on (cleanup sweeps by label if in doubt)
+    start_sandbox: str | None = None  # the grading sandbox start() runs in when there is no candidate's (swept if in doubt)
+    start_kept: bool = False  # start()'s writes were laid from a run's record: start() is not run again
+    at: str | None = None  # the step the driver is in (a kind's finisher reads where a failure happened)
 
 
 @dataclass
@@ -222,6 +225,7 @@ class RunState:
     record: RunRecord
     live: LiveHandles
     extension: RunExtension
+    kind: RunKind = RunKind.RUN
 
     @property
     def plan(self) -> RunPlan:
@@ -230,6 +234,23 @@ class RunState:
     @property
     def variant(self) -> TaskVariant:
         return self.prep.variant
+
+    @property
+    def planned_image(self) -> str:
+        """The image the preflight chose (the plan's, the desktop image, an operator's VM disk)."""
+        return self.prep.image or self.plan.image
+
+    @property
+    def candidate_image(self) -> str:
+        """The image the candidate's sandbox starts from: the task's software's (or a
+        native harness's layer over it) once provided, else the preflight's choice."""
+        return self.live.image or self.planned_image
+
+    @property
+    def grading_image(self) -> str:
+        """The image grading sandboxes (and start() with no candidate sandbox) start
+        from: the task's software's once provided, else the plan's."""
+        return self.live.image or self.plan.image
 
     @property
     def sandbox(self) -> Sandbox:
