@@ -138,3 +138,62 @@ def test_a_second_build_takes_the_cached_wheel(docker_client, built, monkeypatch
                                                  say=lambda _l: None)
     assert done.cached and folder is not None and done.wheel_sha256 == first["wheel_sha256"]
     assert json.loads(json.dumps(done.record()))["cached"] is True
+
+
+def test_a_looser_requirement_is_met_by_the_wheel_built_for_an_exact_pin(tmp_path, monkeypatch) -> None:
+    """ALE's nsclc_radiomics variant: the card's PyRadiomics is the catalogue's
+    `pyradiomics==3.0.1` (built from its sdist), its `runtime_env/pyproject.toml` asks
+    for a bare `pyradiomics`, whose newest sdist (3.1.0) does not build. The bare one is
+    met by the wheel built for the pin, not built (and reported missing) on its own."""
+    from packaging.requirements import Requirement
+    from packaging.utils import parse_wheel_filename
+
+    from ale.sandbox import env_image
+    from ale.sandbox.base import SandboxError
+
+    builds: list[str] = []
+
+    def build_from_sdist(client, requirement, *, builder, extra, download, say):
+        builds.append(requirement)
+        done = wheel_builds.Built(requirement=requirement, builder=builder, sdist="demo-x.tar.gz")
+        if requirement != "demo==1.0":
+            done.error = "the build failed"  # the newest sdist (2.0) does not build
+            return done, None
+        folder = tmp_path / "built"
+        folder.mkdir()
+        (folder / "demo-1.0-py3-none-any.whl").write_bytes(b"wheel")
+        done.wheel = "demo-1.0-py3-none-any.whl"
+        return done, folder
+
+    def pip_download(reqs, dest, target, say, *, no_deps=False, find_links=None):
+        links = [find_links] if isinstance(find_links, Path) else list(find_links or [])
+        for r in map(Requirement, reqs):
+            have = [w for link in links for w in link.glob("*.whl")
+                    if parse_wheel_filename(w.name)[0] == r.name and parse_wheel_filename(w.name)[1] in r.specifier]
+            if not have:  # PyPI has only sdists of `demo`
+                raise SandboxError(f"ERROR: No matching distribution found for {r}")
+
+    monkeypatch.setattr(wheel_builds, "build_from_sdist", build_from_sdist)
+    monkeypatch.setattr(env_image, "pip_download", pip_download)
+    monkeypatch.setattr(env_image, "builder_image", lambda *a, **k: "ale-env-builder:test")
+    spec = SoftwareSpec(python=("demo==1.0",), store_only=("demo",))
+    why = "no wheel for the image's interpreter and platform: ERROR: No matching distribution found for demo"
+    # as the sets are resolved: the manifest's bare `demo` (store_only, and its pyproject) first
+    missing = [{"name": "demo", "why": why}, {"name": "demo", "why": why}, {"name": "demo==1.0", "why": why}]
+    wheels = tmp_path / "store"
+    wheels.mkdir()
+    lines: list[str] = []
+    still, records = env_image._built_from_sdists(None, spec, "system", missing, wheels, {"machine": "x86_64"},
+                                                  lines.append)
+    assert still == []
+    assert builds == ["demo==1.0"]  # the pin first; the bare requirement never built
+    assert [r["requirement"] for r in records] == ["demo==1.0"] and records[0]["wheel"]
+    assert (wheels / "demo-1.0-py3-none-any.whl").is_file()
+    assert sum("met by a wheel built from an sdist here" in line for line in lines) == 2
+
+
+def test_exact_pins() -> None:
+    from ale.sandbox.env_image import _exact_pin
+
+    assert _exact_pin("pyradiomics==3.0.1") and _exact_pin("a===1")
+    assert not any(map(_exact_pin, ["pyradiomics", "a>=1", "a==1.*", "a==1,<2", "not a requirement!"]))

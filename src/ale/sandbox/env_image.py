@@ -634,12 +634,16 @@ def _built_from_sdists(client: docker.DockerClient, spec: SoftwareSpec, system: 
     from ale.sandbox.wheel_builds import build_from_sdist
 
     wanted = {*spec.python, *spec.store_only}
-    todo = [m for m in missing if m["name"] in wanted]
+    # Exact pins (a catalogue's `pyradiomics==3.0.1`) first: a looser requirement of the
+    # same project (a manifest's bare `pyradiomics`) may then be met by their wheel,
+    # where building the newest sdist would fail (3.1.0 lacks its C headers).
+    todo = sorted((m for m in missing if m["name"] in wanted), key=lambda m: not _exact_pin(m["name"]))
     if not todo:
         return missing, []
     still = [m for m in missing if m["name"] not in wanted]
     builder = builder_image(client, system, env_folder() / "Dockerfile.builder", say)
     records: list[dict[str, Any]] = []
+    built_links: list[Path] = []  # folders of the wheels built so far (and their built dependencies)
 
     def build(req: str) -> tuple[Any, Path | None]:
         return build_from_sdist(client, req, builder=builder, extra=list(spec.build_requires),
@@ -647,6 +651,13 @@ def _built_from_sdists(client: docker.DockerClient, spec: SoftwareSpec, system: 
 
     for m in todo:
         req = m["name"]
+        if built_links:
+            try:
+                pip_download([req], wheels, target, lambda _line: None, find_links=built_links)
+                say(f"{req}: met by a wheel built from an sdist here; not built again")
+                continue
+            except SandboxError:
+                pass
         done, folder = build(req)
         deps_built: list[Any] = []
         if folder is not None:
@@ -670,6 +681,7 @@ def _built_from_sdists(client: docker.DockerClient, spec: SoftwareSpec, system: 
                         break
                     links.append(dep_folder)
             if done.error is None:
+                built_links += [link for link in links if link not in built_links]
                 for link in links:
                     for w in link.glob("*.whl"):
                         shutil.copy(w, wheels / w.name)
@@ -679,6 +691,15 @@ def _built_from_sdists(client: docker.DockerClient, spec: SoftwareSpec, system: 
             still.append({"name": req, "why": f"{m['why']}; building it from its sdist {done.sdist or '(none)'} failed: "
                                               f"{done.error}" + (f" (log: {log})" if log else "")})
     return still, records
+
+
+def _exact_pin(req: str) -> bool:
+    """Whether ``req`` names one version exactly (``name==1.2``, no wildcard)."""
+    try:
+        specs = list(Requirement(req).specifier)
+    except InvalidRequirement:
+        return False
+    return len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version
 
 
 #: how many of a built package's dependencies may be built from their sdists too
