@@ -274,3 +274,22 @@ def test_workspace_names_from_the_guest_are_checked() -> None:
     assert _safe_rel("answer.json") and _safe_rel("a/b c/d")
     for bad in ("", "/etc/passwd", "../x", "a/../../x", "a//b", "./a", "a\0b", "a/."):
         assert not _safe_rel(bad), bad
+
+
+def test_a_windows_guest_is_stopped_before_the_agent_and_not_retried(tmp_path) -> None:
+    """A guest whose computer-server says os_type windows cannot be proven sealed (the probes
+    are POSIX shell): its boot ends the run before the agent, infrastructure_error, never
+    retried."""
+    from types import SimpleNamespace
+
+    from ale.runs.steps.outcome import classify_failure
+    from ale.sandbox.base import UnsupportedGuest
+    from ale.sandbox.qemu.foreign import unsupported_guest
+
+    assert unsupported_guest({"status": "ok", "os_type": "linux"}) is None
+    assert unsupported_guest({"status": "ok"}) is None
+    why = unsupported_guest({"status": "ok", "os_type": "Windows"})
+    assert why is not None and "'windows'" in why and "cannot be proven sealed" in why
+    before = SimpleNamespace(live=SimpleNamespace(agent_started=False))
+    status, error, extra = classify_failure(UnsupportedGuest(why), before)  # type: ignore[arg-type]
+    assert status is RunStatus.INFRASTRUCTURE_ERROR and extra == {"retryable": False} and "windows" in error

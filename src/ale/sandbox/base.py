@@ -51,6 +51,11 @@ class ImageMissing(SandboxError):
     """The sandbox image is not in the provider's image store."""
 
 
+class UnsupportedGuest(SandboxError):
+    """The sandbox booted a guest whose seal ale cannot prove (a Windows VM's in-guest
+    probes do not exist yet): another attempt meets the same guest, so never retried."""
+
+
 class SandboxGone(SandboxError):
     """The sandbox no longer exists (removed behind the harness's back)."""
 

@@ -13,7 +13,7 @@ from ale.isolation.checks import Check
 from ale.phases import CheckGroup
 from ale.runs import software
 from ale.runs.state import RunState
-from ale.sandbox.base import SandboxError
+from ale.sandbox.base import SandboxError, UnsupportedGuest
 from ale.status import InvalidAttribution, RunStatus
 from ale.tasks.process import TaskCallFailed
 
@@ -51,6 +51,8 @@ def classify_failure(e: Exception, state: RunState) -> tuple[RunStatus, str, dic
         # an unreachable input is infrastructure_error (retryable), a missing one
         # too, recorded once (another attempt finds the same).
         return RunStatus(e.status), f"{type(e).__name__}: {e}", ({} if e.retryable else {"retryable": False})
+    if isinstance(e, UnsupportedGuest) and not state.live.agent_started:  # the same guest on every attempt
+        return RunStatus.INFRASTRUCTURE_ERROR, f"{type(e).__name__}: {e}", {"retryable": False}
     detail = f"{type(e).__name__}: {e}"
     if state.live.agent_started and not engine_down(state):
         state.record.add_checks(CheckGroup.AFTER_AGENT, [Check(

@@ -65,6 +65,7 @@ from ale.sandbox.base import (
     SandboxError,
     SandboxGone,
     SandboxSpec,
+    UnsupportedGuest,
 )
 from ale.sandbox.halt import STOP_BOUND_S, StopOutcome
 from ale.sandbox.qemu.foreign_disk import FOREIGN_PORT
@@ -128,6 +129,19 @@ def expectation_fields(meta: dict[str, Any]) -> dict[str, Any]:
     forward to computer-server, no share (the input is copied in, the workspace out)."""
     return {"network": "user-restricted", "hostfwd_port": int(meta["hostfwd_port"]),
             "guest_port": int(meta["guest_port"]), "shares": {}, "input_transfer": "copy"}
+
+
+def unsupported_guest(status: dict[str, Any]) -> str | None:
+    """Why ale cannot prove a booted guest sealed, from its computer-server's ``/status``
+    (None: a Linux guest). A Windows guest has no POSIX shell for the in-guest probes
+    and no ``find`` for the workspace's copy out, so its run could only end invalid:
+    it is stopped before the agent starts, with this reason, and not retried."""
+    os_type = str(status.get("os_type") or "linux").lower()
+    if os_type == "linux":
+        return None
+    return (f"its computer-server reports os_type {os_type!r}: ale's in-guest seal probes and the workspace's "
+            "copy out are POSIX shell, so this guest's run cannot be proven sealed yet (nothing of the agent ran; "
+            "docs/vm.md, Windows guests)")
 
 
 def free_port() -> int:
@@ -258,6 +272,9 @@ class ForeignQemuSandbox(QemuSandbox):
                 await asyncio.sleep(1.0)
         self._client = client
         self._cua = client
+        unsupported = unsupported_guest(status)
+        if unsupported is not None:
+            raise UnsupportedGuest(f"VM {self.name}: {unsupported}")
         self.boot = {"launch_s": round(launched, 3), "ready_s": round(time.monotonic() - t0, 3), "status": status,
                      "accel": self.meta["accel"]["accel"], "ready": "computer-server /status over the hostfwd"}
         self.meta["boot"] = self.boot
