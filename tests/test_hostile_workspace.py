@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ale import lossless
@@ -528,6 +528,7 @@ def test_evidence_json_holds_what_utf8_cannot():
 
 @settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=HOSTILE_TEXT, raw=st.binary(max_size=200), key=HOSTILE_TEXT, big=st.booleans())
+@example(text="0\x80\x80\ud800\U00010000\U00010000", raw=b"", key="", big=False)  # found by CI: args.n as a file
 def test_trajectory_records_any_bytes_exactly(text, raw, key, big):
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp)
@@ -554,5 +555,8 @@ def test_trajectory_records_any_bytes_exactly(text, raw, key, big):
         assert got == raw or got == raw.decode("utf-8")
         assert exact("stderr", step.stderr) == text and exact("error", step.error or "") == text
         assert exact("args.command", step.args["command"]) == text
-        assert lossless.restore(step.args["n"]) == {"x": [text]}
+        nested = step.files.get("args.n")  # past the inline limit once encoded: a file of its JSON
+        kept = step.args["n"] if nested is None else json.loads((run_dir / nested.path).read_bytes())
+        assert nested is None or nested.kind == "json"
+        assert lossless.restore(kept) == {"x": [text]}
         assert not any(k.startswith("stdout_bytes") for k in step.extra)

@@ -129,7 +129,8 @@ for d in os.listdir("/proc"):
         cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
     except (OSError, IndexError, ValueError):
         continue
-    if uid != 0 and state not in ("Z", "X") and "computer_server" not in cmd:
+    # the guest's screen and its server run as the candidate from boot, not from an exec
+    if uid != 0 and state not in ("Z", "X") and not any(m in cmd for m in ("computer_server", "computer-server", "Xvfb")):
         out.append({"pid": int(d), "uid": uid, "cmd": cmd})
 print(json.dumps(out))
 """
