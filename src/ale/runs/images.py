@@ -48,12 +48,12 @@ def kind_of(ref: str) -> str | None:
 def image_for(plan: RunPlan) -> str:
     """The image a plan's sandbox starts from (before its software environment):
     the desktop image for a variant asking for a desktop run in the default tools
-    image, as the lifecycle's preflight chooses."""
-    if plan.image != DEFAULT_TOOLS_IMAGE:
-        return plan.image
+    image (``start_image``: the preflight's own choice)."""
+    if desktop_mod.start_image(plan.image, plan.provider, desktop=True) == plan.image:
+        return plan.image  # a desktop would not change it: nothing to screen
     screen = screen_task(plan.task_dir, plan.provider, vm_images=(load_card(plan.task_dir).snapshot or "",) if plan.vm_image else ())
     facts = next((v for v in screen.variants if v.index == plan.variant), None)
-    return desktop_mod.DEFAULT_DESKTOP_IMAGE if facts is not None and facts.desktop else plan.image
+    return desktop_mod.start_image(plan.image, plan.provider, desktop=facts is not None and facts.desktop)
 
 
 def images_for(plans: Iterable[RunPlan]) -> list[str]:

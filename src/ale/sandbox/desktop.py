@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ale.defaults import DEFAULT_TOOLS_IMAGE
 from ale.sandbox.base import Sandbox, SandboxError
 
 DESKTOP_REPO = "ale-desktop"
@@ -53,6 +54,17 @@ class DesktopSpec:
 
     def to_dict(self) -> dict[str, int]:
         return {"width": self.width, "height": self.height}
+
+
+def start_image(image: str, provider: str, *, desktop: bool) -> str:
+    """The image a run's sandbox starts from (before its software environment): the
+    desktop image for a task asking for a desktop that Docker would run in the default
+    tools image; the plan's image otherwise (under qemu the guest's own screen serves a
+    desktop: the disk is the plan's). The one place this is decided: the preflight and
+    ``ale.runs.images`` (which builds what runs will need) both ask it."""
+    if desktop and image == DEFAULT_TOOLS_IMAGE and provider != "qemu":
+        return DEFAULT_DESKTOP_IMAGE
+    return image
 
 
 def _size(d: dict[str, Any], default: DesktopSpec) -> DesktopSpec:

@@ -11,11 +11,10 @@ from ale.agents.errors import AgentConfigError
 from ale.agents.registry import make_agent
 from ale.data.base import DataError
 from ale.data.vm_disks import fetch_vm_disk
-from ale.defaults import DEFAULT_TOOLS_IMAGE
 from ale.plan import RunPlan
 from ale.runs.state import Prepared
 from ale.sandbox.base import ImageMissing, SandboxError, SandboxProvider
-from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE, desktop_spec
+from ale.sandbox.desktop import desktop_spec, start_image
 from ale.sandbox.providers import make_provider
 from ale.tasks.card import TaskCard, load_card
 from ale.tasks.environment import EnvironmentBuildError, TaskEnvironment, resolve_environment
@@ -109,8 +108,7 @@ async def _preflight(plan: RunPlan, provider: SandboxProvider | None, process: T
     # a task asking for a desktop runs in the desktop image; in a VM, on its guest's own
     # screen (computer-server's: checked below, once the guest's record is read)
     desktop = desktop_spec(task.card.raw, variant.computer)
-    image = DEFAULT_DESKTOP_IMAGE if desktop is not None and plan.image == DEFAULT_TOOLS_IMAGE \
-        and plan.provider != "qemu" else plan.image
+    image = start_image(plan.image, plan.provider, desktop=desktop is not None)
     if plan.provider == "qemu" and plan.vm_image:  # the operator's disk for this task's vm.snapshot, verified
         try:
             image = str((await asyncio.to_thread(fetch_vm_disk, plan.vm_image)).path) if "://" in plan.vm_image \
