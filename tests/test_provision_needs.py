@@ -60,11 +60,11 @@ def test_a_task_declaring_pandas_and_a_debian_tool(tmp_path: Path) -> None:
 
 def test_unknown_and_unprovidable_names_are_reported(tmp_path: Path) -> None:
     d = task(tmp_path, "mixed", {"vm": LINUX, "software": [
-        "R", "Frobnicator 9000", "Docker", "Amber 22 / SLURM", "Python (`software/python`)", "Python 3.12"]})
+        "R", "Frobnicator 9000", "Docker", "Amber 22 / SLURM", "Python (`software/python`)", "Python 3.9"]})
     p = resolve_needs(d)
     assert not p.complete
     missing = {m.name: m for m in p.missing}
-    assert set(missing) == {"Frobnicator 9000", "Docker", "Amber 22", "SLURM", "Python 3.12"}
+    assert set(missing) == {"Frobnicator 9000", "Docker", "Amber 22", "SLURM", "Python 3.9"}
     assert missing["Frobnicator 9000"].kind == "unknown" and "not in the catalogue" in missing["Frobnicator 9000"].why
     assert missing["Docker"].kind == "container"
     assert missing["Amber 22"].declared_as == "Amber 22 / SLURM"
@@ -121,19 +121,29 @@ async def grade(session, meta):
 
 
 def test_runtime_env_asking_for_another_python_is_missing(tmp_path: Path) -> None:
-    d = task(tmp_path, "py312", {"vm": LINUX})
+    d = task(tmp_path, "py39", {"vm": LINUX})
     inp = tmp_path / "input"
-    write(inp / "runtime_env" / "pyproject.toml", '[project]\nname = "x"\nversion = "0"\nrequires-python = "==3.12.*"\n')
+    write(inp / "runtime_env" / "pyproject.toml", '[project]\nname = "x"\nversion = "0"\nrequires-python = "==3.9.*"\n')
     p = resolve_needs(d, input_dir=inp)
     assert [m.kind for m in p.missing] == ["version"] and "3.11" in p.missing[0].why
 
 
-def test_runtime_env_asking_for_a_newer_python_gets_a_debian_releases(tmp_path: Path) -> None:
+def test_runtime_env_asking_for_an_older_python_gets_an_ubuntu_releases(tmp_path: Path) -> None:
+    d = task(tmp_path, "py310", {"vm": LINUX})
+    inp = tmp_path / "input"
+    write(inp / "runtime_env" / "pyproject.toml", '[project]\nname = "x"\nversion = "0"\nrequires-python = "==3.10.*"\n')
+    p = resolve_needs(d, input_dir=inp)
+    assert p.complete and p.spec.python_version == "3.10"
+
+
+def test_runtime_env_asking_for_a_newer_python_gets_the_oldest_release_that_meets_it(tmp_path: Path) -> None:
     d = task(tmp_path, "py312", {"vm": LINUX})
     inp = tmp_path / "input"
     write(inp / "runtime_env" / "pyproject.toml", '[project]\nname = "x"\nversion = "0"\nrequires-python = ">=3.12"\n')
     p = resolve_needs(d, input_dir=inp)
-    assert p.complete and p.spec.python_version == "3.13"
+    assert p.complete and p.spec.python_version == "3.12"
+    write(inp / "runtime_env" / "pyproject.toml", '[project]\nname = "x"\nversion = "0"\nrequires-python = ">=3.13"\n')
+    assert resolve_needs(d, input_dir=inp).spec.python_version == "3.13"
 
 
 def test_an_environment_block_is_read(tmp_path: Path) -> None:
@@ -175,7 +185,7 @@ def test_a_bad_environment_block_is_refused_naming_the_card(tmp_path: Path, bloc
 
 def test_an_overlay_adds_needs_and_mappings(tmp_path: Path) -> None:
     a = task(tmp_path, "alpha", {"vm": LINUX, "software": ["GrowthBook", "Frobnicator"]})
-    b = task(tmp_path, "beta", {"vm": LINUX, "software": ["Python 3.12"]})
+    b = task(tmp_path, "beta", {"vm": LINUX, "software": ["Python 3.9"]})
     ov_file = write(tmp_path / "overlay.yaml", """\
 all:
   python: [rich]
@@ -185,7 +195,7 @@ tasks:
     debian: [jq]
 mappings:
   Frobnicator: {debian: [frob-tools], check: "frob --version"}
-python_versions: ["3.12"]
+python_versions: ["3.9"]
 """)
     ov = load_overlay(ov_file)
     pa = resolve_needs(a, overlay=ov)
@@ -196,7 +206,7 @@ python_versions: ["3.12"]
     assert ("jq", f"overlay {ov_file}:tasks[lab/alpha]") in origins
     assert ("Frobnicator", "task_card.json:software") in origins
     pb = resolve_needs(b, overlay=ov)
-    assert pb.complete and pb.spec.python_version == "3.12" and pb.spec.debian == ()
+    assert pb.complete and pb.spec.python_version == "3.9" and pb.spec.debian == ()
     assert resolve_needs(b).missing[0].kind == "version"  # without the overlay
 
 

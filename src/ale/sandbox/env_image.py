@@ -66,6 +66,7 @@ from ale.sandbox.image import (
     build_tools_image,
     images_dir,
 )
+from ale.sandbox.releases import debian, ubuntu
 from ale.sandbox.software import RECORD_LABEL, LockFile, SoftwareSpec
 
 ENV_REPO = "ale-env"
@@ -84,12 +85,13 @@ RECORD_PATH = "/opt/ale/software-record.json"
 RECIPE_VERSION = "3"  # 2: the uv project environment; 3: command shims, prepare
 RECORD_ROLE = "env-record"
 #: Interpreters other than the tools image's (Debian 12: Python 3.11), each the
-#: default ``python3`` of a Debian release this machine's mirror serves: a spec that
-#: asks for one is built on a tools image bootstrapped from that release (the same
+#: default ``python3`` of a release whose packages this machine's mirrors serve: a spec
+#: that asks for one is built on a tools image bootstrapped from that release (the same
 #: ``images/Dockerfile``), so its packages, wheels and ``python`` are that version's.
-#: Python 3.10 and 3.12 are the default of no Debian release the mirror serves, and no
-#: registry here has a self-contained CPython that installs offline.
-INTERPRETER_SUITES = {"3.13": "trixie", "3.14": "sid"}
+#: 3.10 and 3.12 are Ubuntu 22.04's and 24.04's (ALE's own ``cpu-free-ubuntu`` VM is an
+#: Ubuntu machine), 3.13 and 3.14 Debian trixie's and sid's.
+INTERPRETER_RELEASES = {"3.10": ubuntu("jammy"), "3.12": ubuntu("noble"), "3.13": debian("trixie"),
+                        "3.14": debian("sid")}
 LABEL_KEY = "org.ale.env.key"
 LABEL_RECORD = RECORD_LABEL
 
@@ -718,14 +720,14 @@ def _unmet_names(pip_error: str) -> list[str]:
 
 
 def interpreter_tools_image(client: docker.DockerClient, version: str, say: Say = print) -> str:
-    """The tools image on a Debian base whose default ``python3`` is ``version``
-    (``INTERPRETER_SUITES``), bootstrapped from Debian packages; cached by content."""
-    suite = INTERPRETER_SUITES[version]
-    base = bootstrap_base(client, say, suite=suite)
+    """The tools image on a base whose default ``python3`` is ``version``
+    (``INTERPRETER_RELEASES``), bootstrapped from that release's packages; cached by content."""
+    release = INTERPRETER_RELEASES[version]
+    base = bootstrap_base(client, say, suite=release)
     ref = build_tools_image(client, base=base, tag=f"ale-tools:python{version}", say=say)
     got = probe_platform(client, ref)["python"]
     if got != version:
-        raise SandboxError(f"Debian {suite}'s python3 is {got}, not {version}: INTERPRETER_SUITES is out of date")
+        raise SandboxError(f"{release.label}'s python3 is {got}, not {version}: INTERPRETER_RELEASES is out of date")
     return ref
 
 
@@ -757,10 +759,10 @@ def build_env_image(
 
         client = connect()
     t0 = time.monotonic()
-    suite = INTERPRETER_SUITES.get(spec.python_version or "")
-    if suite is not None:
-        say(f"Python {spec.python_version} is Debian {suite}'s python3: the environment is built on a tools image "
-            f"bootstrapped from {suite}" + (f", not on {base_image}" if base_image else ""))
+    release = INTERPRETER_RELEASES.get(spec.python_version or "")
+    if release is not None:
+        say(f"Python {spec.python_version} is {release.label}'s python3: the environment is built on a tools image "
+            f"bootstrapped from {release.label}" + (f", not on {base_image}" if base_image else ""))
         base_ref = interpreter_tools_image(client, str(spec.python_version), say)
     else:
         base_ref = build_tools_image(client, say=say) if base_image is None else base_image

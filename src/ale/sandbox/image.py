@@ -23,6 +23,7 @@ from ale.paths import cache_dir, repo_root
 from ale.sandbox.base import SandboxError
 from ale.sandbox.desktop import DEFAULT_DESKTOP_IMAGE, DESKTOP_REPO
 from ale.sandbox.docker import connect
+from ale.sandbox.releases import Release, debian
 
 DEFAULT_BASE = "python:3.11-slim"
 BOOTSTRAP_SUITE = "bookworm"
@@ -54,26 +55,32 @@ def _sha(*parts: bytes | str) -> str:
 
 
 def bootstrap_base(
-    client: docker.DockerClient, say: Say = print, *, suite: str = BOOTSTRAP_SUITE, packages: str = BOOTSTRAP_PACKAGES,
+    client: docker.DockerClient, say: Say = print, *, suite: str | Release = BOOTSTRAP_SUITE,
+    packages: str = BOOTSTRAP_PACKAGES,
 ) -> str:
-    """A Debian base image made from Debian packages (debootstrap + docker import):
-    ``suite`` with ``packages`` (comma-separated), cached by that recipe."""
+    """A base image made from a release's packages (debootstrap + docker import): a
+    Debian ``suite`` (or any ``Release``: Ubuntu's too) with ``packages``
+    (comma-separated), cached by that recipe."""
+    release = suite if isinstance(suite, Release) else debian(suite)
     script = images_dir() / "bootstrap-base.sh"
-    mirror = os.environ.get("ALE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-    key = _sha(script.read_bytes(), suite, mirror, packages)[:12]
-    tag = f"ale-base:{suite}-{key}"
+    mirror = release.mirror
+    args = [release.suite, mirror, packages]
+    if release.distro != "debian":
+        keyring = release.keyring(say)
+        args += [keyring, release.components, release.updates, release.script]
+        key = _sha(script.read_bytes(), *args[:3], release.distro, Path(keyring).read_bytes(), *args[4:])[:12]
+        tag = f"ale-base:{release.distro}-{release.suite}-{key}"
+    else:
+        key = _sha(script.read_bytes(), *args)[:12]
+        tag = f"ale-base:{release.suite}-{key}"
     if _has_image(client, tag):
         say(f"base image {tag} is cached")
         return tag
-    say(f"bootstrapping a Debian {suite} base from {mirror} (about a minute)...")
-    proc = subprocess.run(
-        ["sh", str(script), tag, suite, mirror, packages],
-        capture_output=True,
-        text=True,
-    )
+    say(f"bootstrapping a {release.label} base from {mirror} (about a minute)...")
+    proc = subprocess.run(["sh", str(script), tag, *args], capture_output=True, text=True)
     if proc.returncode != 0 or not _has_image(client, tag):
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise SandboxError(f"bootstrapping the base image failed (exit {proc.returncode}):\n{tail}")
+        raise SandboxError(f"bootstrapping the {release.label} base image failed (exit {proc.returncode}):\n{tail}")
     return tag
 
 
