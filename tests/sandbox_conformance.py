@@ -703,6 +703,24 @@ async def check_kill_user_processes(provider: SandboxProvider, env: ConformanceE
         assert r.stdout == b"still usable\n", r
 
 
+def _cgroup_listing(path: str | None) -> str:
+    """What the cgroup a halt acted on holds now (its processes, their names and uids)."""
+    if not path:
+        return "no cgroup"
+    try:
+        pids = Path(path, "cgroup.procs").read_text().split()
+    except OSError as e:
+        return f"{path}: {e}"
+    rows = []
+    for pid in pids:
+        try:
+            st = dict(ln.split(":", 1) for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in ln)
+            rows.append(f"{pid}:{st.get('Name', '').strip()}:{st.get('Uid', '').split()[:1]}:{st.get('State', '').strip()[:1]}")
+        except OSError:
+            rows.append(f"{pid}:gone")
+    return f"{path}: {rows}"
+
+
 @check
 async def check_halt_from_outside(provider: SandboxProvider, env: ConformanceEnv) -> None:
     """halt() ends every candidate process from outside the sandbox, within its bound:
@@ -722,9 +740,10 @@ async def check_halt_from_outside(provider: SandboxProvider, env: ConformanceEnv
                       timeout=30)
         await asyncio.sleep(0.5)
         out = await sb.halt(keep_uids=(1234,), bound_s=10)
-        assert out.survivors == [] and out.within_bound and not out.sandbox_stopped, out
-        assert out.killed >= _STUBBORN_COUNT + 3 and out.kept == 1, out
         left = await live_processes(sb)
+        assert out.survivors == [] and out.within_bound and not out.sandbox_stopped, (out, left)
+        # (seen once under CI's load: killed=0 in 1.3 ms; the listing says what the cgroup held then)
+        assert out.killed >= _STUBBORN_COUNT + 3 and out.kept == 1, (out, left, _cgroup_listing(out.cgroup))
         assert [p for p in left if p["uid"] == env.policy.uid] == [], f"candidate processes survived: {left}"
         assert [p["uid"] for p in left] == [1234], left
         r = await sb.exec(["echo", "still usable"], timeout=30)
