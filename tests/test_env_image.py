@@ -320,6 +320,10 @@ def test_a_venv_installs_from_the_store(sealed):
 def test_uv_pip_install_into_a_venv(sealed):
     ok(sealed.sh("uv venv /tmp/v2 && uv pip install --python /tmp/v2 tomli"))
     ok(sealed.sh("/tmp/v2/bin/python -c 'import tomli'"))
+    # a venv in /tmp holds its files once: hardlinked with uv's cache on the same tmpfs
+    # (copies filled the candidate's 1 GiB /tmp twice over with a scientific stack)
+    links = ok(sealed.sh("stat -c %h /tmp/v2/lib/python3*/site-packages/tomli/__init__.py")).split()
+    assert links and all(int(n) >= 2 for n in links), links
 
 
 def test_uv_run_with_a_stored_package(sealed):
