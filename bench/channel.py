@@ -52,7 +52,7 @@ for i in range(n + warm):
     if i >= warm:
         out.append((time.perf_counter() - t) * 1000)
 print(json.dumps(out))
-"""
+"""  # noqa: E501
 
 
 def _stats(xs: list[float]) -> tuple[float, float]:
@@ -66,7 +66,8 @@ async def main(n: int, image: str | None, rounds: int) -> None:
     fake = FakeModelAPI().start()
     container = client.containers.run(image, ["sleep", "infinity"], detach=True, network_mode="none", read_only=True,
                                       cap_drop=["ALL"], user="1000:1000", tmpfs={"/tmp": "size=64m"},
-                                      security_opt=["no-new-privileges"], labels={"ale.managed": "1", "ale.role": "bench"})
+                                      security_opt=["no-new-privileges"],
+                                      labels={"ale.managed": "1", "ale.role": "bench"})
     direct: list[float] = []
     channel: list[float] = []
     try:
@@ -75,14 +76,18 @@ async def main(n: int, image: str | None, rounds: int) -> None:
                               upstreams={"openai": fake.url, "anthropic": fake.url, "gemini": fake.url})
             async with serve_gateway(gw) as url:
                 port = int(url.rsplit(":", 1)[1])
-                sandbox = SimpleNamespace(client=client, id=container.id, name=container.name, policy=SimpleNamespace(user="1000:1000"))
+                sandbox = SimpleNamespace(client=client, id=container.id, name=container.name,
+                                          policy=SimpleNamespace(user="1000:1000"))
                 ch = ExecChannel(sandbox, gateway=("127.0.0.1", port))
                 async with ch.serve():
                     for _ in range(rounds):
-                        r = await asyncio.to_thread(subprocess.run, ["python3", "-c", CLIENT, "127.0.0.1", str(port), gw.token, str(n)],
+                        r = await asyncio.to_thread(subprocess.run,
+                                                    ["python3", "-c", CLIENT, "127.0.0.1", str(port), gw.token, str(n)],
                                                     capture_output=True, text=True, check=True)
                         direct += json.loads(r.stdout)
-                        code, out = await asyncio.to_thread(container.exec_run, ["python3", "-c", CLIENT, "127.0.0.1", "8417", gw.token, str(n)],
+                        code, out = await asyncio.to_thread(container.exec_run,
+                                                            ["python3", "-c", CLIENT, "127.0.0.1", "8417",
+                                                             gw.token, str(n)],
                                                             user="1000:1000", demux=True)
                         if code != 0:
                             raise SystemExit(f"inside: {out}")
@@ -92,11 +97,12 @@ async def main(n: int, image: str | None, rounds: int) -> None:
         container.remove(force=True)
         fake.stop()
     (dm, dp), (cm, cp) = _stats(direct), _stats(channel)
-    print(f"{len(direct)} requests each way, {rounds} alternating rounds; channel start-up {rec['start_s'] * 1000:.0f} ms; "
-          f"connections {rec['connections']}, protocol errors {rec['protocol_errors']}")
+    print(f"{len(direct)} requests each way, {rounds} alternating rounds; channel start-up "
+          f"{rec['start_s'] * 1000:.0f} ms; connections {rec['connections']}, protocol errors {rec['protocol_errors']}")
     print("| what | host → gateway | sandbox → channel → gateway | added |")
     print("| --- | --- | --- | --- |")
-    print(f"| request (JSON answer) | {dm:.2f} / {dp:.2f} | {cm:.2f} / {cp:.2f} | **+{cm - dm:.2f}** / +{cp - dp:.2f} |")
+    print(f"| request (JSON answer) | {dm:.2f} / {dp:.2f} | {cm:.2f} / {cp:.2f} | "
+          f"**+{cm - dm:.2f}** / +{cp - dp:.2f} |")
 
 
 if __name__ == "__main__":

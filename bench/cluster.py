@@ -51,7 +51,8 @@ def bench_one(runs: int, concurrency: int, cluster: str) -> dict:
     from ale.runs.orchestrator import Orchestrator
 
     with tempfile.TemporaryDirectory(prefix="ale-bench-cl-") as tmp:
-        exp = load_experiment(write_experiment(Path(tmp), f"benchcl-{uuid.uuid4().hex[:8]}", 10, runs // 10, concurrency))
+        exp = load_experiment(write_experiment(Path(tmp), f"benchcl-{uuid.uuid4().hex[:8]}", 10,
+                                               runs // 10, concurrency))
         t0 = time.perf_counter()
         orch = Orchestrator(exp, cluster=cluster)
         summary = asyncio.run(orch.run())

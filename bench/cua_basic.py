@@ -44,11 +44,14 @@ def main() -> None:
             report = json.loads(r.stdout)
         except ValueError:
             report = {"variants": [], "problems": out[-5:]}
-        variants = [{"variant": v["variant"], **{k: {"status": v[k]["status"], "scores": v[k]["scores"], "ok": v[k]["ok"]}
-                                                 for k in ("oracle", "nop") if k in v}} for v in report.get("variants", [])]
+        variants = [{"variant": v["variant"],
+                     **{k: {"status": v[k]["status"], "scores": v[k]["scores"], "ok": v[k]["ok"]}
+                        for k in ("oracle", "nop") if k in v}}
+                    for v in report.get("variants", [])]
         rows.append({"task": task.name, "ok": r.returncode == 0, "seconds": round(time.perf_counter() - t0, 1),
                      "last": out[-1] if out else "", "problems": report.get("problems", []), "variants": variants})
-        print(f"{'ok  ' if r.returncode == 0 else 'FAIL'} {task.name:18s} {rows[-1]['seconds']:6.1f}s  {rows[-1]['last']}", flush=True)
+        print(f"{'ok  ' if r.returncode == 0 else 'FAIL'} {task.name:18s} {rows[-1]['seconds']:6.1f}s  "
+              f"{rows[-1]['last']}", flush=True)
     summary = {"tasks": len(rows), "passed": sum(r["ok"] for r in rows), "image": a.image or "ale-desktop:latest",
                "rows": rows, "runs_dir": str(runs)}
     a.out.write_text(json.dumps(summary, indent=2) + "\n")

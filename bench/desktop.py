@@ -48,7 +48,7 @@ for i in range(n):
     subprocess.run(["xdotool", "mousemove", "--sync", str(200 + i % 2), "200", "click", "1"], env=d.env(), check=True)
     clicks.append(time.perf_counter() - t)
 print(json.dumps({"screenshot": shots, "click": clicks, "png_bytes": sizes}))
-"""
+"""  # noqa: E501
 
 
 def stats(xs: list[float]) -> dict[str, float]:
@@ -134,7 +134,8 @@ async def main(repeats: int, starts: int) -> dict:
                 await comps[im].act({"action": "mouse_move", "coordinate": [300 + i % 2, 300]})
                 per[im]["mouse_move"].append(time.perf_counter() - t)
         for im in IMAGE:
-            r = await boxes[im].exec(["python3", "-c", DIRECT, str(repeats)], user=DESKTOP_USER, workdir="/", timeout=600)
+            r = await boxes[im].exec(["python3", "-c", DIRECT, str(repeats)], user=DESKTOP_USER,
+                                     workdir="/", timeout=600)
             direct[im] = json.loads(r.stdout.decode().strip().splitlines()[-1])
     finally:
         for box in boxes.values():

@@ -36,7 +36,8 @@ from ale.agents.gateway.tools import ToolPolicy  # noqa: E402
 
 TOOLS = [{"name": f"mcp__ale__{t}", "description": "x" * 200, "input_schema": {"type": "object", "properties": {}}}
          for t in ("shell", "read_file", "write_file", "list_dir")]
-BODY = {"model": "claude-fake-1", "max_tokens": 100, "messages": [{"role": "user", "content": "hello " * 200}], "tools": TOOLS}
+BODY = {"model": "claude-fake-1", "max_tokens": 100, "messages": [{"role": "user", "content": "hello " * 200}],
+        "tools": TOOLS}
 
 
 def start_gateway(run_dir: Path, upstream: str) -> tuple[str, str, threading.Event]:
@@ -46,7 +47,8 @@ def start_gateway(run_dir: Path, upstream: str) -> tuple[str, str, threading.Eve
     def run() -> None:
         async def main() -> None:
             gw = ModelGateway(run_dir, ToolPolicy(("shell", "read_file", "write_file", "list_dir")),
-                              upstreams={"openai": upstream + "/v1", "anthropic": upstream, "gemini": upstream}, keys={"anthropic": "sk-bench"})
+                              upstreams={"openai": upstream + "/v1", "anthropic": upstream, "gemini": upstream},
+                              keys={"anthropic": "sk-bench"})
             async with serve_gateway(gw) as url:
                 out.update(url=url, token=gw.token)
                 ready.set()
@@ -70,7 +72,8 @@ async def measure(n: int, direct: str, via: str, token: str) -> dict[str, list[f
     async with httpx.AsyncClient(timeout=30) as c:
         targets = {"direct": (direct, {"x-api-key": "sk-bench"}), "gateway": (via + "/anthropic", {"x-api-key": token})}
         for i in range(n + 20):
-            for name, (base, headers) in (list(targets.items()) if i % 2 == 0 else list(reversed(list(targets.items())))):
+            for name, (base, headers) in (list(targets.items()) if i % 2 == 0
+                                          else list(reversed(list(targets.items())))):
                 t0 = time.perf_counter()
                 r = await c.post(base + "/v1/messages", json=BODY, headers=headers)
                 dt = time.perf_counter() - t0
@@ -102,7 +105,8 @@ def main() -> None:
             stop.set()
             fake.stop()
     rows = []
-    for label, d, g in (("request (JSON answer)", "direct", "gateway"), ("first streamed byte (SSE)", "direct_ttfb", "gateway_ttfb")):
+    for label, d, g in (("request (JSON answer)", "direct", "gateway"),
+                        ("first streamed byte (SSE)", "direct_ttfb", "gateway_ttfb")):
         md, mg = statistics.median(res[d]), statistics.median(res[g])
         rows.append(f"| {label} | {md:.2f} / {pct(res[d], 95):.2f} | {mg:.2f} / {pct(res[g], 95):.2f} | "
                     f"**{mg - md:+.2f}** / {pct(res[g], 95) - pct(res[d], 95):+.2f} |")

@@ -146,7 +146,8 @@ def main() -> None:
 
 
 def write(summary: dict, errors: dict, load: float) -> None:
-    rows = ["| what | runc (median) | runsc (median) | runsc / runc | n (runc, runsc) |", "| --- | --- | --- | --- | --- |"]
+    rows = ["| what | runc (median) | runsc (median) | runsc / runc | n (runc, runsc) |",
+            "| --- | --- | --- | --- | --- |"]
     for s in summary.values():
         ratio = f"{s['ratio']:.2f}x" if s["ratio"] is not None else "not measured"
         rows.append(f"| {s['what']} | {s['runc_ms']} ms | {s['runsc_ms']} ms | {ratio} | {s['n'][0]}, {s['n'][1]} |")

@@ -59,7 +59,8 @@ MODELS = {"claude-code": ("claude-fake-1", "ALE_GATEWAY_ANTHROPIC_UPSTREAM", "")
           "gemini-cli": ("gemini-fake-1", "ALE_GATEWAY_GEMINI_UPSTREAM", "")}
 
 
-def plan_for(harness: str, mode: str, api: FakeModelAPI, runs: Path, policy: IsolationPolicy, wall_s: float = 600) -> RunPlan:
+def plan_for(harness: str, mode: str, api: FakeModelAPI, runs: Path, policy: IsolationPolicy,
+             wall_s: float = 600) -> RunPlan:
     model, var, suffix = MODELS[harness]
     cfg = {"mode": mode, "model": model, var: api.url + suffix,
            "prices": {model: {"input_per_mtok": 1.0, "output_per_mtok": 10.0}}}
@@ -97,18 +98,23 @@ def startup(harnesses: list[str], repeats: int, provider: DockerProvider, runs: 
     try:
         for harness in harnesses:  # one warm-up each (images, caches), not counted
             for mode in ("native", "bridge"):
-                result, _ = run_one(plan_for(harness, mode, api, runs, IsolationPolicy(memory_bytes=2 * 1024**3)), provider)
-                print(f"  {harness} {mode} warm-up: {result.status.value} {result.score} {(result.error or '')[:300]}", file=sys.stderr)
+                result, _ = run_one(plan_for(harness, mode, api, runs,
+                                             IsolationPolicy(memory_bytes=2 * 1024**3)), provider)
+                print(f"  {harness} {mode} warm-up: {result.status.value} {result.score} {(result.error or '')[:300]}",
+                      file=sys.stderr)
         for i in range(repeats):
             for harness in harnesses:
                 for mode in ("native", "bridge") if i % 2 == 0 else ("bridge", "native"):
-                    result, run_dir = run_one(plan_for(harness, mode, api, runs, IsolationPolicy(memory_bytes=2 * 1024**3)), provider)
+                    result, run_dir = run_one(plan_for(harness, mode, api, runs,
+                                                       IsolationPolicy(memory_bytes=2 * 1024**3)), provider)
                     if result.status.value != "scored" or result.score != 1.0:  # left out of the medians, said
-                        print(f"  {harness} {mode} #{i + 1}: {result.status.value} {result.score} {result.error}", file=sys.stderr)
+                        print(f"  {harness} {mode} #{i + 1}: {result.status.value} {result.score} {result.error}",
+                              file=sys.stderr)
                         continue
                     t = timings(run_dir)
                     rows.setdefault((harness, mode), []).append(t)
-                    print(f"  {harness} {mode} #{i + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items()), file=sys.stderr)
+                    print(f"  {harness} {mode} #{i + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items()),
+                          file=sys.stderr)
     finally:
         api.stop()
     print("| harness | agent start → first model request, native / bridge (s) | ratio | agent's turn (s) | ratio | "

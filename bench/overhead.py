@@ -85,7 +85,8 @@ async def full(client, policy: IsolationPolicy, runs_dir: Path) -> tuple[float, 
 async def main(repeats: int) -> None:
     client = connect()
     policy = IsolationPolicy(memory_bytes=512 * 1024**2)
-    warm = await prepare(RunPlan(run_id="warm", task_dir=str(HERE / "tasks" / "noop"), agent=AgentSpec(name="nop")), DockerProvider(client))
+    warm = await prepare(RunPlan(run_id="warm", task_dir=str(HERE / "tasks" / "noop"), agent=AgentSpec(name="nop")),
+                         DockerProvider(client))
     await warm.process.close()
     b, f, costs = [], [], []
     with tempfile.TemporaryDirectory() as td:
@@ -116,7 +117,8 @@ async def main(repeats: int) -> None:
         f"**{(verify + evidence) * 1000:.0f} ms** per run (target at most 300 ms).",
     ]
     print("\n".join(lines))
-    figures = {"repeats": repeats, "bare_s": mb, "full_s": mf, "ratio": mf / mb, "verify_s": verify, "evidence_s": evidence}
+    figures = {"repeats": repeats, "bare_s": mb, "full_s": mf, "ratio": mf / mb, "verify_s": verify,
+               "evidence_s": evidence}
     print(json.dumps(figures))
     print("wrote", *publish("overhead", figures, "\n".join(lines)))
 

@@ -92,8 +92,8 @@ def span(recs: list[dict], until: int) -> float:
 
 def kill_at(tmp: Path, fake: FakeModelAPI, n: int) -> Path:
     runs = tmp / "killed"
-    argv = [sys.executable, "-m", "ale.cli", "run", str(TASK), "--agent", "llm", "--agent-config", json.dumps(config(fake)),
-            "--runs-dir", str(runs), "--signing-key", str(tmp / "key.pem"), "--image", IMAGE]
+    argv = [sys.executable, "-m", "ale.cli", "run", str(TASK), "--agent", "llm", "--agent-config",
+            json.dumps(config(fake)), "--runs-dir", str(runs), "--signing-key", str(tmp / "key.pem"), "--image", IMAGE]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             env={**os.environ, "PYTHONPATH": str(HERE.parent / "src")})
     try:
@@ -115,7 +115,8 @@ def one(tmp: Path, provider: DockerProvider, turns: int, kill: int, latency: flo
     fake = FakeModelAPI(turns=turns, turn_command=command_for(turns), latency_s=latency).start()
     try:
         # rerun from turn 1
-        plan = RunPlan(run_id=f"rerun-{uuid.uuid4().hex[:8]}", task_dir=str(TASK), agent=AgentSpec(name="llm", config=config(fake)),
+        plan = RunPlan(run_id=f"rerun-{uuid.uuid4().hex[:8]}", task_dir=str(TASK),
+                       agent=AgentSpec(name="llm", config=config(fake)),
                        image=IMAGE, runs_dir=str(tmp / "rerun"), signing_key=str(tmp / "key.pem"))
         n0 = fake.model_calls()
         rerun = asyncio.run(execute_run(plan, provider=provider))
@@ -177,11 +178,11 @@ def main() -> None:
           f"{a.latency:.1f} s per model answer; median of {a.repeats}.\n\n"
           "| mode | agent phase (s) | whole run (s) | model calls | turns replayed |\n| --- | --- | --- | --- | --- |\n"
           f"| rerun from turn 1 | {m['rerun']['agent_s']} | {m['rerun']['run_s']} | {m['rerun']['model_calls']} | 0 |\n"
-          f"| resume from the record | {m['resume']['agent_s']} | {m['resume']['run_s']} | {m['resume']['model_calls']} | "
-          f"{[r['resume']['replayed_turns'] for r in rows]} |\n\n"
-          f"Saved: **{saved} s** of the agent phase. The replayed turns took {figures['replay_s']} s in the resumed run "
-          f"(their tool calls only) against {figures['source_same_turns_s']} s in the interrupted run (model and tools). "
-          f"Scores equal to the rerun's: {figures['scores_equal']}.\n")
+          f"| resume from the record | {m['resume']['agent_s']} | {m['resume']['run_s']} | "
+          f"{m['resume']['model_calls']} | {[r['resume']['replayed_turns'] for r in rows]} |\n\n"
+          f"Saved: **{saved} s** of the agent phase. The replayed turns took {figures['replay_s']} s in "
+          f"the resumed run (their tool calls only) against {figures['source_same_turns_s']} s in the interrupted run "
+          f"(model and tools). Scores equal to the rerun's: {figures['scores_equal']}.\n")
     js, mdp = publish("resume", figures, md)
     print(mdp.read_text())
 

@@ -61,7 +61,7 @@ async def evaluate(cfg, session):
     ok = (await session.read_file("/input/check.txt")).strip() == "ale-bench"
     ok = ok and await session.file_exists("/input/part7.bin")
     return [1.0 if ok else 0.0]
-'''
+'''  # noqa: E501
 STAGING = ("stage_input", "verify_before", "deliverables")
 
 
@@ -203,7 +203,8 @@ def experiment(root: Path, task: Path, n: int, shared: bool, concurrency: int) -
     span = union_seconds(spans)
     build = 0.0
     if shared:  # the entry's build: from the first run's staging start to the entry's creation
-        created = {json.loads(p.read_text())["shared_package"]["created_at"] for p in runs.glob("runs/*/evidence/input-staged.json")}
+        created = {json.loads(p.read_text())["shared_package"]["created_at"]
+                   for p in runs.glob("runs/*/evidence/input-staged.json")}
         if len(created) != 1:
             raise SystemExit(f"{name}: the shared entry was built {len(created)} times")
         build = datetime.fromisoformat(created.pop()).timestamp() - min(a for a, _ in spans)
@@ -230,7 +231,8 @@ def scale(args: argparse.Namespace) -> None:
                     row = experiment(root, task, n, mode == "shared", args.concurrency)
                     samples.setdefault((mode, n), []).append(row)
                     print(f"round {r + 1} {mode:6} N={n}: " + ", ".join(
-                        f"{k} {v / 2**20:.0f} MiB" if k.startswith("disk") else f"{k} {v:.2f}" for k, v in row.items()), flush=True)
+                        f"{k} {v / 2**20:.0f} MiB" if k.startswith("disk") else f"{k} {v:.2f}"
+                        for k, v in row.items()), flush=True)
     rows = {k: {key: statistics.median(x[key] for x in v) for key in v[0]} for k, v in samples.items()}
     lo, hi = ns[0], ns[-1]
 
@@ -240,31 +242,33 @@ def scale(args: argparse.Namespace) -> None:
     lines = [
         "### N runs of one variant",
         "",
-        f"`bench/shared_packages.py --scale` ({time.strftime('%Y-%m-%d')}): a {args.mib} MiB variant, N runs of it with the "
-        f"nop agent as one experiment through the orchestrator at concurrency {args.concurrency} (its evaluate() reads the "
-        f"input), each N with a cold package cache and the page cache's dirty data flushed first, sharing on and off "
-        f"interleaved in one process run, {args.rounds} round(s), medians. Staging span: the "
+        f"`bench/shared_packages.py --scale` ({time.strftime('%Y-%m-%d')}): a {args.mib} MiB variant, N "
+        f"runs of it with the nop agent as one experiment through the orchestrator at concurrency {args.concurrency} "
+        "(its evaluate() reads the input), each N with a cold package cache and the page cache's dirty data flushed "
+        f"first, sharing on and off interleaved in one process run, {args.rounds} round(s), medians. Staging span: the "
         "time during which any run was in `stage_input` (a run waiting for the shared entry's build included); Σ: the "
         "runs' phase times summed; disk: the peak of `du -x` over the runs folder and the package cache, sampled every "
         "0.2 s.",
         "",
-        "| mode | N | experiment (s) | staging span (s) | of it the entry's build (s) | Σ stage_input (s) | Σ verify_before (s) | Σ deliverables (s) | peak disk (MiB) |",
+        "| mode | N | experiment (s) | staging span (s) | of it the entry's build (s) | Σ stage_input (s) "
+        "| Σ verify_before (s) | Σ deliverables (s) | peak disk (MiB) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for mode in ("copy", "shared"):
         for n in ns:
             r = rows[(mode, n)]
             lines.append(f"| {'each run copies' if mode == 'copy' else 'shared package'} | {n} | {r['wall']:.1f} | "
-                         f"{r['staging_span']:.1f} | {r['build']:.1f} | {r['sum_stage_input']:.1f} | {r['sum_verify_before']:.1f} | "
-                         f"{r['sum_deliverables']:.1f} | {r['disk_peak'] / 2**20:.0f} |")
+                         f"{r['staging_span']:.1f} | {r['build']:.1f} | {r['sum_stage_input']:.1f} | "
+                         f"{r['sum_verify_before']:.1f} | {r['sum_deliverables']:.1f} | {r['disk_peak'] / 2**20:.0f} |")
     lines += [
         "",
         f"N={hi} / N={lo} (target ≤ 1.2 for staging time and disk): "
         f"shared package: staging span **{ratio('shared', 'staging_span'):.2f}x** (staging beyond the one build: "
-        f"{rows[('shared', lo)]['beyond_build']:.1f} s at N={lo}, {rows[('shared', hi)]['beyond_build']:.1f} s at N={hi}), "
-        f"disk **{ratio('shared', 'disk_peak'):.2f}x**, "
-        f"whole experiment {ratio('shared', 'wall'):.2f}x; each run copies: staging span {ratio('copy', 'staging_span'):.2f}x, "
-        f"disk {ratio('copy', 'disk_peak'):.2f}x, whole experiment {ratio('copy', 'wall'):.2f}x.",
+        f"{rows[('shared', lo)]['beyond_build']:.1f} s at N={lo}, "
+        f"{rows[('shared', hi)]['beyond_build']:.1f} s at N={hi}), disk **{ratio('shared', 'disk_peak'):.2f}x**, "
+        f"whole experiment {ratio('shared', 'wall'):.2f}x; each run copies: staging span "
+        f"{ratio('copy', 'staging_span'):.2f}x, disk {ratio('copy', 'disk_peak'):.2f}x, whole experiment "
+        f"{ratio('copy', 'wall'):.2f}x.",
         "",
     ]
     print("\n".join(lines))

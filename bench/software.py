@@ -43,7 +43,7 @@ def load():
 @cb.evaluate_task
 async def evaluate(cfg, session):
     return [0.0]
-'''
+'''  # noqa: E501
 
 
 def make_task(root: Path) -> Path:

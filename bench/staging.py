@@ -127,7 +127,8 @@ def main() -> int:
             print(f"  repeat {i + 1}: ale {ale_t[-1]:.2f}s, cp+sha256sum {cp_t[-1]:.2f}s")
         a, b = statistics.median(ale_t), statistics.median(cp_t)
         ratio = a / b
-        print(f"staging {total / MIB:.0f} MiB in {nfiles} files: ale {a:.2f}s, cp -r + sha256sum {b:.2f}s, ratio {ratio:.2f}x")
+        print(f"staging {total / MIB:.0f} MiB in {nfiles} files: ale {a:.2f}s, cp -r + sha256sum {b:.2f}s, "
+              f"ratio {ratio:.2f}x")
         seal_s, stage_s, size = bench_decrypt(tmp, args.decrypt_mib)
         print(f"reference.7z of {size / MIB:.0f} MiB: sealing {seal_s:.2f}s, check + decrypt + stage {stage_s:.2f}s")
     section = (

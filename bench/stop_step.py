@@ -151,7 +151,8 @@ async def main() -> None:
                 print(kind, row, flush=True)
     figures = {kind: {"runs": r, "stop_s": summary(r, "stop_s"), "halt_s": summary(r, "halt_s"),
                       "killed": summary(r, "killed"), "statuses": sorted({x["status"] for x in r}),
-                      "all_within_bound": all(x["within_bound"] for x in r), "survivors": sum(x["survivors"] for x in r)}
+                      "all_within_bound": all(x["within_bound"] for x in r),
+                      "survivors": sum(x["survivors"] for x in r)}
                for kind, r in rows.items()}
     lines = ["| agent | runs | stop step, typical (median) | stop step, worst | host-side halt, typical / worst "
              "| tasks killed (median / max) | survivors | within bound | statuses |",

@@ -75,7 +75,8 @@ def main() -> None:
                     print(f"round {r} {task} {mode}: {s:.1f}s ok={doc['ok']} load={os.getloadavg()[0]:.1f}"
                           + (f"; stages (start+wall): {stages}" if stages else ""), flush=True)
                 same = all(v == seen["after"] for v in seen.values())
-                print(f"round {r} {task}: verdicts {'agree' if same else 'DIFFER'} ({len(seen['after'])} each)", flush=True)
+                print(f"round {r} {task}: verdicts {'agree' if same else 'DIFFER'} ({len(seen['after'])} each)",
+                      flush=True)
                 if not same:
                     for mode, v in seen.items():
                         print(f"  {mode}: {sorted(v.items())}")

@@ -329,7 +329,8 @@ def profile(runs: int, concurrency: int) -> None:
 def orch_child(src: Path, runs: int, concurrency: int) -> dict:
     """``bench_orchestrator`` in a child process importing ale from ``src``."""
     env = {**os.environ, "PYTHONPATH": str(src)}
-    out = subprocess.run([sys.executable, __file__, "--orch-child", "--runs", str(runs), "--concurrency", str(concurrency)],
+    out = subprocess.run([sys.executable, __file__, "--orch-child", "--runs", str(runs), "--concurrency",
+                          str(concurrency)],
                          capture_output=True, text=True, check=True, cwd=REPO, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -365,12 +366,15 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--queued", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=8.0, help="memory sampling time")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (this machine is noisy): the median ratio counts")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds (this machine is noisy): the median ratio counts")
     ap.add_argument("--write", action="store_true", help="write bench/results/throughput.{json,md}")
     ap.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--profile", type=int, default=0, metavar="N", help="time the calls of N runs and print where they go")
-    ap.add_argument("--compare", metavar="SRC", help="also run the orchestrator of another checkout's src/ (e.g. the commit "
-                    "before a change) in each round, in a child process like this checkout's: before/after, interleaved")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="time the calls of N runs and print where they go")
+    ap.add_argument("--compare", metavar="SRC",
+                    help="also run the orchestrator of another checkout's src/ (e.g. the commit before a change) in "
+                         "each round, in a child process like this checkout's: before/after, interleaved")
     ap.add_argument("--orch-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.orch_child:
@@ -392,7 +396,8 @@ def main() -> None:
         order = ("bare", "orch") if r % 2 == 0 else ("orch", "bare")
         got = {}
         for which in order:
-            got[which] = bench_bare(args.runs, args.concurrency) if which == "bare" else bench_orchestrator(args.runs, args.concurrency)
+            got[which] = bench_bare(args.runs, args.concurrency) if which == "bare" \
+                else bench_orchestrator(args.runs, args.concurrency)
         bare, orch = got["bare"], got["orch"]
         ratio = orch["runs_per_s"] / bare["runs_per_s"]
         rounds.append((ratio, bare, orch))
@@ -431,7 +436,7 @@ def main() -> None:
             **Memory with {mem['queued']} runs queued**: peak RSS {mem['rss_peak_mb']:.0f} MB
             (the interpreter before importing ale: {mem['rss_start_mb']:.0f} MB; target ≤ 300 MB),
             sampled every 0.25 s for {args.seconds:.0f} s while the first runs execute.
-            """)
+            """)  # noqa: E501
         figures = {"ratio": ratio, "rounds": [x[0] for x in rounds], "bare": bare, "orchestrator": orch, "memory": mem}
         print("wrote", *publish("throughput", figures, text))
 

@@ -1,10 +1,11 @@
 """The qemu provider against the Docker provider on the same task, interleaved in one
 run (these machines are noisy: only the ratios mean much): a whole `files/word_count`
 oracle run under each (the VM booted, and restored from a saved booted guest:
-``ALE_QEMU_BOOT=warm``, whose one-time save is made before the timed runs), its provision phase (create + boot to ready: for a VM, QEMU
-launched until ale's guest agent answers), the seal's own cost (the verify cost the
-run records), and the disk a VM run adds (its overlay, the only per-run file; the base
-is shared and read-only). Writes bench/results/vm.{json,md} (docs/benchmarks.md cites them).
+``ALE_QEMU_BOOT=warm``, whose one-time save is made before the timed runs), its provision
+phase (create + boot to ready: for a VM, QEMU launched until ale's guest agent answers), the
+seal's own cost (the verify cost the run records), and the disk a VM run adds (its overlay,
+the only per-run file; the base is shared and read-only). Writes bench/results/vm.{json,md}
+(docs/benchmarks.md cites them).
 
     .venv/bin/python bench/vm.py [--repeats 3]
 """
@@ -82,7 +83,8 @@ async def one(kind: str, runs: Path) -> dict:
             return None
         from datetime import datetime
 
-        return round((datetime.fromisoformat(p["ended_at"]) - datetime.fromisoformat(p["started_at"])).total_seconds(), 2)
+        return round((datetime.fromisoformat(p["ended_at"])
+                      - datetime.fromisoformat(p["started_at"])).total_seconds(), 2)
 
     return {"kind": kind, "status": result.status.value, "score": result.score, "run_s": round(wall, 2),
             "provision_s": dur("provision"), "verify_before_s": dur("verify_before"), "stop_s": dur("stop"),

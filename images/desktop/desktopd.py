@@ -255,7 +255,8 @@ class Window:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the window has no page")
                 time.sleep(0.05)
-            self.session = self.send("Target.attachToTarget", {"targetId": pages[0]["targetId"], "flatten": True})["sessionId"]
+            self.session = self.send("Target.attachToTarget",
+                                     {"targetId": pages[0]["targetId"], "flatten": True})["sessionId"]
         return self.session
 
     def evaluate(self, expression: str, timeout: float = 15) -> Any:
@@ -415,7 +416,7 @@ while (performance.now() - t0 < 15000) {
 }
 await frame(); await frame();
 return {settled: same >= 3, checks: n, ms: Math.round(performance.now() - t0)};
-"""
+"""  # noqa: E501
 # cua-bench's template for an HTML fragment (Tailwind's browser build, served locally).
 TAILWIND = "/opt/ale-desktop/vendor/tailwindcss-browser-4.3.4.js"
 HTML_TEMPLATE = ("<!doctype html>\n<html>\n  <head>\n    <meta charset=\"UTF-8\" />\n"

@@ -40,7 +40,7 @@ SCREEN_JS = """(() => { for (const [k, i] of [['screenX', 0], ['screenLeft', 0],
   const native = d && d.get;
   try { Object.defineProperty(window, k, {configurable: true, enumerable: true, set(v) {},
     get() { const o = window.__aleScreenOrigin; return o ? o[i] : (native ? native.call(window) : 0); }}); } catch (e) {}
-} })();"""
+} })();"""  # noqa: E501
 # HTML5 drag and drop of an element whose dragstart sets no data (cua-bench's
 # drag-drop page: ``draggable="true"``, a ``dragstart`` that only remembers the
 # element): WebKitGTK starts a GTK drag with an empty target list, and its GTK3
@@ -57,7 +57,7 @@ DND_JS = """(() => { const T = 'application/x-ale-drag';
   const p = window.DataTransfer && DataTransfer.prototype, d = p && Object.getOwnPropertyDescriptor(p, 'types');
   if (d && d.get) { const get = d.get; Object.defineProperty(p, 'types', {configurable: true, enumerable: true,
     get() { const t = get.call(this); return t.includes(T) ? Object.freeze(Array.from(t).filter(x => x !== T)) : t; }}); }
-})();"""
+})();"""  # noqa: E501
 RECT_JS = """const e = document.querySelector(selector); if (!e) return null;
 const r = e.getBoundingClientRect(); return {x: r.left, y: r.top, width: r.width, height: r.height};"""
 GEOM_JS = """return {iw: window.innerWidth, ih: window.innerHeight, title: document.title, url: location.href,

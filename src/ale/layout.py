@@ -113,7 +113,8 @@ class Evidence:
     GRADING_ATTEMPTS = "grading-attempts.json"  # each evaluate() attempt: times, scores or error
     DESKTOP = "desktop.json"  # a desktop task's desktop: its spec, image, tool resolution, start
     CUA = "cua.json"  # a cua-compatible image's computer-server: its start, tunnel, rights beside the candidate's
-    SCREENS = "screens.json"  # a desktop run's screen after start() and at the end of the agent's turn (the PNGs beside)
+    # a desktop run's screen after start() and at the end of the agent's turn (the PNGs beside)
+    SCREENS = "screens.json"
 
     @staticmethod
     def screen(moment: str) -> str:
@@ -154,7 +155,8 @@ LOCK = ".lock"
 NODES = "nodes.json"  # a cluster experiment: each node's public key (ale verify --trusted-keys)
 SUPERSEDED_DIR = "superseded"  # a cluster's late results of attempts already declared lost
 INCOMING_DIR = ".incoming"  # under runs/: run folders shipped back, until checked
-SCRATCH_DIR = ".scratch"  # under runs/: each run's scratch (its staged package, workspace, private reference), removed at its end
+# under runs/: each run's scratch (its staged package, workspace, private reference), removed at its end
+SCRATCH_DIR = ".scratch"
 PROBES_DIR = ".probes"  # under runs/: ``ale task check``'s grading probes' folders; never run folders
 
 

@@ -132,29 +132,35 @@ def _table(shape: RunShape) -> tuple[PhaseSpec, ...]:
         return _vm_table()
     live = shape is RunShape.LIVE_GRADING
     return (
-        PhaseSpec(Phase.STAGE_INPUT, "stage the public package (input, software) into the run's scratch; the reference is not touched",
+        PhaseSpec(Phase.STAGE_INPUT,
+                  "stage the public package (input, software) into the run's scratch; the reference is not touched",
                   records=(evidence_path(Evidence.INPUT_STAGED),)),
         PhaseSpec(Phase.PROVISION, "provide the task's software (its environment image, built on first use), "
                   "create the sandbox from it, inspect it (before), start it"
                   + (", start its desktop" if live else ""),
-                  writes=(evidence_path(Evidence.MOUNTS), evidence_path(Evidence.INSPECT_BEFORE), evidence_path(Evidence.IMAGE)),
+                  writes=(evidence_path(Evidence.MOUNTS), evidence_path(Evidence.INSPECT_BEFORE),
+                          evidence_path(Evidence.IMAGE)),
                   records=(evidence_path(Evidence.ENVIRONMENT),),
                   checks=(CheckGroup.INSPECT_BEFORE,)),
         PhaseSpec(Phase.TASK_START, "the task's start(cfg, session); its input and reference writes land on the host"
                   + ("; the screen recorded" if live else ""),
                   records=(evidence_path(Evidence.screen("after_start")),) if live else ()),
-        PhaseSpec(Phase.VERIFY_BEFORE, "the probes (before), hash the input, prove the workspace empty, commit the reference",
+        PhaseSpec(Phase.VERIFY_BEFORE,
+                  "the probes (before), hash the input, prove the workspace empty, commit the reference",
                   writes=(evidence_path(Evidence.probes("before")), evidence_path(Evidence.INPUT_AFTER_START),
                           evidence_path(Evidence.WORKSPACE_EMPTY), evidence_path(Evidence.REFERENCE_COMMIT)),
                   records=(evidence_path(Evidence.START_WRITES),),
                   checks=(CheckGroup.PROBES_BEFORE, CheckGroup.AGENT_START), gate=True),
-        PhaseSpec(Phase.AGENT, "the agent's turn, bounded by its wall time and the workspace's limits; the model gateway's record"
+        PhaseSpec(Phase.AGENT,
+                  "the agent's turn, bounded by its wall time and the workspace's limits; the model gateway's record"
                   + ("; the screen recorded at its end, before the kill" if live else ""),
                   opens_with=(evidence_path(Evidence.AGENT), evidence_path(Evidence.NETWORK)),
                   records=(agent_path(Agent.PROMPT),) + ((evidence_path(Evidence.screen("end_of_turn")),
                                                           evidence_path(Evidence.SCREENS)) if live else ()),
                   checks=(CheckGroup.AGENT,)),
-        PhaseSpec(Phase.STOP, _STOP_RUNS if live else f"{_STOP_RUNS}; {_RELEASE_RUNS} (kept for the GRADE phase in a live_grading run)",
+        PhaseSpec(Phase.STOP,
+                  _STOP_RUNS if live
+                  else f"{_STOP_RUNS}; {_RELEASE_RUNS} (kept for the GRADE phase in a live_grading run)",
                   writes=(evidence_path(Evidence.probes("after")),) + (() if live else _RELEASE_WRITES),
                   records=(evidence_path(Evidence.STOP), evidence_path(Evidence.SANDBOX_STOPPED)),
                   checks=(CheckGroup.PROBES_AFTER,) + (() if live else (CheckGroup.INSPECT_AFTER,)),
@@ -162,7 +168,9 @@ def _table(shape: RunShape) -> tuple[PhaseSpec, ...]:
         PhaseSpec(Phase.DELIVERABLES, "copy the workspace's regular files out, check the input unchanged",
                   writes=(DELIVERABLES, evidence_path(Evidence.INPUT_AFTER_RUN)),
                   checks=(CheckGroup.AFTER_RUN,), gate=True),
-        PhaseSpec(Phase.GRADE, "stage the reference (trusted side), evaluate() in the task process, its commands in a grading sandbox"
+        PhaseSpec(Phase.GRADE,
+                  "stage the reference (trusted side), evaluate() in the task process, its commands in "
+                  "a grading sandbox"
                   + (f"; then {_RELEASE_RUNS}" if live else ""),
                   writes=(evidence_path(Evidence.REFERENCE_CHECK),) + (_RELEASE_WRITES if live else ()),
                   records=(evidence_path(Evidence.GRADING_ATTEMPTS),),

@@ -77,7 +77,8 @@ def headline_score(
     return None
 
 
-def is_retryable(status: RunStatus | str, attribution: InvalidAttribution | str | None, *, allowed: bool = True) -> bool:
+def is_retryable(status: RunStatus | str, attribution: InvalidAttribution | str | None, *,
+                 allowed: bool = True) -> bool:
     """Only what the harness can attribute to itself earns another attempt: an
     infrastructure error, a seal it could not prove before the candidate started,
     or a grading environment that failed. ``allowed=False`` (e.g. a malformed task,
@@ -137,7 +138,8 @@ class FailureOwner(StrEnum):
 FAILURE_OWNER: dict[ModelFailure, FailureOwner] = {
     **{f: FailureOwner.PROVIDER for f in (ModelFailure.RATE_LIMITED, ModelFailure.OVERLOADED, ModelFailure.SERVER_ERROR,
                                           ModelFailure.PROVIDER_TIMEOUT, ModelFailure.UNREACHABLE)},
-    **{f: FailureOwner.OPERATOR for f in (ModelFailure.AUTHENTICATION, ModelFailure.QUOTA_EXHAUSTED, ModelFailure.UNKNOWN_MODEL)},
+    **{f: FailureOwner.OPERATOR
+       for f in (ModelFailure.AUTHENTICATION, ModelFailure.QUOTA_EXHAUSTED, ModelFailure.UNKNOWN_MODEL)},
     ModelFailure.CONTEXT_LENGTH: FailureOwner.AGENT,
     ModelFailure.REFUSAL: FailureOwner.AGENT,
 }

@@ -79,7 +79,7 @@ for root in sys.argv[5:]:
             files += 1
             total += len(keep)
             out({"path": rel, "size": st.st_size, "truncated": len(keep) < len(data) or st.st_size > len(data), "data": base64.b64encode(keep).decode()})
-"""
+"""  # noqa: E501
 
 
 def _safe_rel(path: Any, roots: tuple[str, ...]) -> str | None:
@@ -89,7 +89,8 @@ def _safe_rel(path: Any, roots: tuple[str, ...]) -> str | None:
     parts = PurePosixPath(path).parts
     if any(p in (".", "..") or not _SAFE_PART.match(p) for p in parts):
         return None
-    if not any(parts[: len(PurePosixPath(r).parts)] == PurePosixPath(r).parts and len(parts) > len(PurePosixPath(r).parts)
+    if not any(parts[: len(PurePosixPath(r).parts)] == PurePosixPath(r).parts
+               and len(parts) > len(PurePosixPath(r).parts)
                for r in roots):
         return None
     return "/".join(parts)
@@ -154,8 +155,8 @@ def ingest(run_dir: Path, harness: str, home: str, stdout: bytes, *, truncated: 
         })
     manifest = {
         "written_by": WRITTEN_BY,
-        "note": "the harness's own transcript, written inside the sandbox by the candidate's harness; the trusted steps "
-                "are trajectory.json's, derived from the gateway's record",
+        "note": "the harness's own transcript, written inside the sandbox by the candidate's harness; "
+                "the trusted steps are trajectory.json's, derived from the gateway's record",
         "harness": harness, "home": home, "roots": [f"$HOME/{r}" for r in roots],
         "limits": {"max_files": MAX_FILES, "max_file_bytes": MAX_FILE_BYTES, "max_total_bytes": MAX_TOTAL_BYTES},
         "files": files, "skipped": skipped[:200], "skipped_count": len(skipped),
@@ -172,8 +173,8 @@ async def copy_out(sandbox: Any, run_dir: Path, harness: str, home: str) -> dict
     roots = TRANSCRIPT_DIRS.get(harness, ())
     limit = MAX_TOTAL_BYTES * 4 // 3 + 1024 * 1024  # the base64 of the bytes kept, and the lines around them
     try:
-        res = await sandbox.exec(["python3", "-c", _LISTER, home, str(MAX_FILES), str(MAX_FILE_BYTES), str(MAX_TOTAL_BYTES),
-                                  *roots], timeout=TIMEOUT_S, output_limit=limit)
+        res = await sandbox.exec(["python3", "-c", _LISTER, home, str(MAX_FILES), str(MAX_FILE_BYTES),
+                                  str(MAX_TOTAL_BYTES), *roots], timeout=TIMEOUT_S, output_limit=limit)
     except Exception as e:  # the sandbox gone or the engine failing: the run goes on without the transcript
         return ingest(run_dir, harness, home, b"", error=f"the transcript could not be read: {type(e).__name__}: {e}")
     error = None
@@ -181,4 +182,5 @@ async def copy_out(sandbox: Any, run_dir: Path, harness: str, home: str) -> dict
         error = f"reading the transcript took more than {TIMEOUT_S:.0f}s"
     elif res.exit_code != 0:
         error = f"the lister exited with code {res.exit_code}: {res.stderr[-500:].decode(errors='replace')}"
-    return ingest(run_dir, harness, home, res.stdout, truncated=bool(getattr(res, "stdout_truncated", False)), error=error)
+    return ingest(run_dir, harness, home, res.stdout,
+                  truncated=bool(getattr(res, "stdout_truncated", False)), error=error)

@@ -120,7 +120,8 @@ class ToolBridge:
     async def call(self, tool: str, args: dict[str, Any]) -> ToolOutcome:
         if self.max_steps is not None and self.executed >= self.max_steps:
             self.limit_reached.set()
-            return record_refusal(self.toolbox, tool, args, f"step limit of {self.max_steps} reached; no further tool calls run")
+            return record_refusal(self.toolbox, tool, args,
+                                  f"step limit of {self.max_steps} reached; no further tool calls run")
         self.executed += 1
         try:
             return await self.toolbox.call(tool, args)
@@ -134,10 +135,12 @@ class ToolBridge:
 
         async def list_tools(ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
             return types.ListToolsResult(
-                tools=[types.Tool(name=n, description=s["description"], input_schema=s["input_schema"]) for n, s in specs.items()]
+                tools=[types.Tool(name=n, description=s["description"], input_schema=s["input_schema"])
+                       for n, s in specs.items()]
             )
 
-        async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        async def call_tool(ctx: ServerRequestContext[Any],
+                            params: types.CallToolRequestParams) -> types.CallToolResult:
             outcome = await self.call(params.name, dict(params.arguments or {}))
             # A command's non-zero exit is a result the model reads, not a tool error.
             content: list[Any] = [types.TextContent(text=outcome.for_model())]
@@ -209,7 +212,8 @@ async def serve_http(
     bridge = target if isinstance(target, ToolBridge) else ToolBridge(target, max_steps=max_steps)
     token = secrets.token_urlsafe(32)
     app = bridge.mcp_server().streamable_http_app(streamable_http_path=path, host="127.0.0.1")
-    async with serve_asgi(_BearerGate(app, token, bridge), [loopback_socket(64)], what="MCP bridge", lifespan="on") as port:
+    async with serve_asgi(_BearerGate(app, token, bridge), [loopback_socket(64)], what="MCP bridge",
+                          lifespan="on") as port:
         yield f"http://127.0.0.1:{port}{path}", token
 
 
@@ -242,7 +246,8 @@ def mcp_config(
 # -- stdio -----------------------------------------------------------------------
 
 
-async def serve_stdio(target: ToolBox | ToolBridge, *, max_steps: int | None = None, stdin: Any = None, stdout: Any = None) -> None:
+async def serve_stdio(target: ToolBox | ToolBridge, *, max_steps: int | None = None, stdin: Any = None,
+                      stdout: Any = None) -> None:
     """Serve the bridge over stdio until the client closes the stream."""
     from mcp.server.stdio import stdio_server
 

@@ -134,7 +134,8 @@ class StepsDerivation(BaseModel):
     unanswered: int = 0  # calls with no result (the harness was stopped)
     malformed: int = 0  # parts of request or response bodies skipped as not of the expected shape
     malformed_where: list[str] = Field(default_factory=list)  # the first of them
-    record_problems: list[str] = Field(default_factory=list)  # the record's own problems as read (``ale verify`` judges them)
+    # the record's own problems as read (``ale verify`` judges them)
+    record_problems: list[str] = Field(default_factory=list)
 
 
 class ModelToolCall(BaseModel):
@@ -174,11 +175,13 @@ class Trajectory(BaseModel):
     started_at: str
     ended_at: str | None = None
     ended: str | None = None  # the agent's end: finished | failed | timeout | interrupted
-    # toolbox: recorded as each tool ran through the ToolBox; gateway: derived from the gateway's record (a native harness).
+    # toolbox: recorded as each tool ran through the ToolBox; gateway: derived from the gateway's record (a native
+    # harness).
     steps_source: Literal["toolbox", "gateway"] = "toolbox"
     steps: list[TrajectoryStep] = Field(default_factory=list)
     steps_derivation: StepsDerivation | None = None  # steps_source gateway: how the steps were derived
-    # A native harness's own transcript (its manifest, run-relative): written by the candidate, not evidence of any step.
+    # A native harness's own transcript (its manifest, run-relative): written by the candidate, not evidence of any
+    # step.
     harness_transcript: str | None = None
     # The model side, for every agent whose model requests went through the gateway.
     model_turns: list[ModelTurn] = Field(default_factory=list)
@@ -354,7 +357,8 @@ class TrajectoryWriter:
         files[name] = ref
         if len(text.encode("utf-8")) <= self.inline_limit:
             return text  # complete, but not exact: the file holds the exact value
-        return text[:PREVIEW_CHARS] + f"\n[... {len(data)} bytes in total; full value in {ref.path} (sha256 {ref.sha256[:16]}...)]"
+        return text[:PREVIEW_CHARS] + (f"\n[... {len(data)} bytes in total; full value in {ref.path} "
+                                       f"(sha256 {ref.sha256[:16]}...)]")
 
     def _store(self, index: int, name: str, data: bytes, *, kind: str, suffix: str | None = None) -> FileRef:
         folder = self.run_dir / FILES_DIR
@@ -388,7 +392,8 @@ class TrajectoryWriter:
             steps_source="gateway" if native else "toolbox",
             steps=[*self.steps, *(self.gateway_steps or [])],
             steps_derivation=self.derivation,
-            harness_transcript=HARNESS_TRANSCRIPT_MANIFEST if (self.run_dir / HARNESS_TRANSCRIPT_MANIFEST).is_file() else None,
+            harness_transcript=(HARNESS_TRANSCRIPT_MANIFEST
+                                if (self.run_dir / HARNESS_TRANSCRIPT_MANIFEST).is_file() else None),
             model_turns=self._model_turns(),
             usage=_jsonable(usage or {}),
         )

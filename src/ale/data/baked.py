@@ -138,7 +138,8 @@ def bake_image(
                 digest, size = sha256_file(out / ARCHIVE_NAME)
                 manifest = json.loads((vdir / MANIFEST_NAME).read_text()) if (vdir / MANIFEST_NAME).is_file() else {}
                 info = manifest.get("reference_archive") or {}
-                entry = {"archive": digest, "size": size, "files": info.get("files", 0) if info.get("sha256") == digest else 0}
+                entry = {"archive": digest, "size": size,
+                         "files": info.get("files", 0) if info.get("sha256") == digest else 0}
             index[rel] = entry
         for d in [data, *(p for p in data.rglob("*") if p.is_dir())]:
             os.chmod(d, 0o755)
@@ -424,11 +425,13 @@ class ImageSource:
                 raise ReferenceError(f"{key.relpath}: {exc}") from exc
             if commitment is None:
                 if digest is not None:
-                    raise ReferenceError(f"{key.relpath}: a reference archive is in {self.ref} but the run committed to none")
+                    raise ReferenceError(f"{key.relpath}: a reference archive is in {self.ref} but the run "
+                                         "committed to none")
                 prepare_dest(dest)
                 return
             if commitment.kind != "archive":
-                raise ReferenceError(f"{key.relpath}: a baked image holds only archives, but a {commitment.kind} was committed")
+                raise ReferenceError(f"{key.relpath}: a baked image holds only archives, but a "
+                                     f"{commitment.kind} was committed")
             if digest is None:
                 raise ReferenceError(f"{key.relpath}: {ARCHIVE_NAME} is missing from {self.ref}, but it was committed")
             stage_archive_file(

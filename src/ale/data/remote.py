@@ -601,7 +601,8 @@ class RemoteSource:
         sha = self._fetch(fs, f, refresh=True)
         digest, size = copy_hashing(self.cache.blob_path(sha), target, mode=mode)
         if digest != sha:
-            raise DataError(f"{self.url(f.path)}: cache entry {self.cache.blob_path(sha)} is corrupt even after a fresh download")
+            raise DataError(f"{self.url(f.path)}: cache entry {self.cache.blob_path(sha)} is corrupt even after "
+                            "a fresh download")
         return digest, size
 
     def _materialize(
@@ -742,7 +743,8 @@ class RemoteSource:
         if commitment.kind == "archive":
             archive = self._archive_file(key)
             if archive is None:
-                raise ReferenceError(f"{key.relpath}: {self.url(self.vroot(key))}/{ARCHIVE_NAME} not found, but an archive was committed")
+                raise ReferenceError(f"{key.relpath}: {self.url(self.vroot(key))}/{ARCHIVE_NAME} not found, but an "
+                                     "archive was committed")
             archive.expect = commitment.sha256
             try:
                 sha = self._fetch(self.ref_fs, archive)
@@ -764,10 +766,12 @@ class RemoteSource:
         try:
             os.chmod(staging, 0o700)  # nothing sees the tree before its digest is checked
             try:
-                tree = self._materialize(self.ref_fs, files, "reference/", staging, f"{key.relpath} reference", mode=0o644)
+                tree = self._materialize(self.ref_fs, files, "reference/", staging,
+                                         f"{key.relpath} reference", mode=0o644)
             except DataError as exc:
                 raise ReferenceError(f"{key.relpath}: {exc}") from exc
-            check_commitment(key, ReferenceCommitment("tree", tree["digest"], tree["count"]) if files else None, commitment)
+            check_commitment(key,
+                             ReferenceCommitment("tree", tree["digest"], tree["count"]) if files else None, commitment)
             finish_reference_dir(staging, dest)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)

@@ -45,7 +45,8 @@ def check_commitment(
     if committed is None:
         raise ReferenceError(f"{key.relpath}: a reference appeared after the run committed to none")
     if got is None:
-        raise ReferenceError(f"{key.relpath}: the committed reference ({committed.kind} sha256:{committed.sha256}) is gone")
+        raise ReferenceError(f"{key.relpath}: the committed reference ({committed.kind} "
+                             f"sha256:{committed.sha256}) is gone")
     if got.kind != committed.kind or got.sha256 != committed.sha256:
         raise ReferenceError(
             f"{key.relpath}: reference {got.kind} sha256:{got.sha256} does not match the "

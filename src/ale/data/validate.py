@@ -131,7 +131,8 @@ def _is_dir(p: Path, err: object, level: str) -> bool:
 def _check_variant(v: Path, require_sealed: bool, huge: int, check_manifests: bool, err, warn) -> None:  # noqa: ANN001
     names = {p.name for p in v.iterdir()}
     for name in sorted(names - VARIANT_ENTRIES):
-        warn(v / name, "stray entry in a variant folder (expected input/, software/, reference/ or reference.7z, manifest.json)")
+        warn(v / name,
+             "stray entry in a variant folder (expected input/, software/, reference/ or reference.7z, manifest.json)")
     if "input" not in names:
         err(v / "input", "missing input folder")
     elif not (v / "input").is_dir() or (v / "input").is_symlink():
@@ -193,11 +194,13 @@ def _check_manifest(v: Path, err) -> None:  # noqa: ANN001
             continue
         digest, size = sha256_file(target)
         if digest != entry["sha256"] or size != entry["size"]:
-            err(target, f"sha256 {digest} ({size} bytes) differs from manifest.json ({entry['sha256']}, {entry['size']} bytes)")
+            err(target,
+                f"sha256 {digest} ({size} bytes) differs from manifest.json ({entry['sha256']}, {entry['size']} bytes)")
     archive = data.get("reference_archive")
     if isinstance(archive, dict) and (v / ARCHIVE_NAME).is_file():
         digest, _ = sha256_file(v / ARCHIVE_NAME)
         if digest != archive.get("sha256"):
-            err(v / ARCHIVE_NAME, f"sha256 {digest} differs from manifest.json's reference_archive {archive.get('sha256')}")
+            err(v / ARCHIVE_NAME,
+                f"sha256 {digest} differs from manifest.json's reference_archive {archive.get('sha256')}")
     elif isinstance(archive, dict):
         err(v / ARCHIVE_NAME, "manifest.json records a reference archive, but reference.7z is missing")

@@ -90,7 +90,8 @@ class _Location:
         self.fs: Any = None
         if "://" in ref:
             spec = parse_spec(ref)
-            self.fs = make_filesystem(spec.protocol, storage_options_for(spec.protocol, anon=None, role="input", extra=None))
+            self.fs = make_filesystem(spec.protocol,
+                                      storage_options_for(spec.protocol, anon=None, role="input", extra=None))
             self.root = spec.root
         else:
             self.root = str(Path(ref.removeprefix("local:")).expanduser().resolve())

@@ -259,7 +259,8 @@ def _write(path: str, content: bytes | str) -> Action:
     try:
         return Action({"tool": "write_file", "args": {"path": path, "content": content.decode("utf-8")}}, (op,))
     except UnicodeDecodeError:
-        return Action({"tool": "write_file", "args": {"path": path, "content_b64": base64.b64encode(content).decode()}}, (op,))
+        return Action({"tool": "write_file",
+                       "args": {"path": path, "content_b64": base64.b64encode(content).decode()}}, (op,))
 
 
 def _shell(command: str, *chains: tuple[Op, ...]) -> Action:
@@ -411,7 +412,8 @@ def _input_as_output(facts: VariantFacts) -> list[Action] | None:
     steps = []
     for f in facts.oracle_files:
         src, dst = posixpath.join(facts.input_dir, _best_input(facts, f.path)), facts.out(f.path)
-        steps.append(_shell(f"{_mkparent(dst)} && cp -- {_q(src)} {_q(dst)}", (_mkparent_op(dst), Op("copy", dst, src=src))))
+        steps.append(_shell(f"{_mkparent(dst)} && cp -- {_q(src)} {_q(dst)}",
+                            (_mkparent_op(dst), Op("copy", dst, src=src))))
     return steps
 
 
@@ -427,7 +429,8 @@ def huge_file_strategy(size: int = HUGE_FILE_BYTES, filler: str | None = HUGE_FI
             make = f"truncate -s {size} -- {_q(dst)}"
         else:
             make = f"head -c {size} /dev/zero | tr '\\0' {_q(filler[:1])} > {_q(dst)}"
-        return [_shell(f"{_mkparent(dst)} && {make}", (_mkparent_op(dst), Op("sized", dst, size=size, filler=filler and filler[:1])))]
+        return [_shell(f"{_mkparent(dst)} && {make}",
+                       (_mkparent_op(dst), Op("sized", dst, size=size, filler=filler and filler[:1])))]
 
     what = "NUL bytes (sparse)" if filler is None else f"{filler[:1]!r} bytes"
     return Strategy("huge-file", f"the first oracle file as {size / 1024**2:g} MiB of {what}", build, slow=True)
@@ -450,7 +453,8 @@ def _reference_names(facts: VariantFacts) -> list[Action] | None:
     return steps
 
 
-def _links(facts: VariantFacts, target: Callable[[OutputFile], str], folder: tuple[str, str] | None) -> list[Action] | None:
+def _links(facts: VariantFacts, target: Callable[[OutputFile], str],
+           folder: tuple[str, str] | None) -> list[Action] | None:
     if not facts.oracle_files:
         return None
     cmds: list[str] = []
@@ -479,7 +483,8 @@ def _symlink_reference(facts: VariantFacts) -> list[Action] | None:
 def _symlink_input(facts: VariantFacts) -> list[Action] | None:
     if not facts.input_files:
         return None
-    return _links(facts, lambda f: posixpath.join(facts.input_dir, _best_input(facts, f.path)), ("input", facts.input_dir))
+    return _links(facts, lambda f: posixpath.join(facts.input_dir, _best_input(facts, f.path)),
+                  ("input", facts.input_dir))
 
 
 def _symlink_absolute(facts: VariantFacts) -> list[Action] | None:
@@ -500,7 +505,8 @@ def _import_hooks(facts: VariantFacts) -> list[Action]:
 
 CATALOGUE: tuple[Strategy, ...] = (
     Strategy("nothing", "writes nothing at all (a replay of no calls)", _nothing),
-    Strategy("empty-files", "an empty file under each name the oracle wrote", lambda f: _each_oracle_file(f, lambda _: b"")),
+    Strategy("empty-files", "an empty file under each name the oracle wrote",
+             lambda f: _each_oracle_file(f, lambda _: b"")),
     Strategy("input-copy", "the input folder copied into the output folder", _input_copy, copies_input=True),
     Strategy("input-as-output", "an input file (same name, else same suffix) under each oracle name", _input_as_output,
              copies_input=True),
@@ -509,18 +515,27 @@ CATALOGUE: tuple[Strategy, ...] = (
     Strategy("json-object", "the text {} in each oracle file", lambda f: _each_oracle_file(f, lambda _: "{}\n")),
     Strategy("json-list", "the text [] in each oracle file", lambda f: _each_oracle_file(f, lambda _: "[]\n")),
     Strategy("wrong-numbers", f"every number of the oracle's outputs replaced by {WRONG_NUMBER:.0f} (the control "
-             "NaN and inf are compared with: the same output, finite wrong numbers)", _numbers(WRONG_NUMBER), control=True),
+             "NaN and inf are compared with: the same output, finite wrong numbers)", _numbers(WRONG_NUMBER),
+             control=True),
     Strategy("nan", "every number of the oracle's outputs replaced by NaN (JSON, text, .npy)", _numbers(math.nan),
              baseline="wrong-numbers"),
-    Strategy("inf", "every number of the oracle's outputs replaced by +inf", _numbers(math.inf), baseline="wrong-numbers"),
-    Strategy("neg-inf", "every number of the oracle's outputs replaced by -inf", _numbers(-math.inf), baseline="wrong-numbers"),
-    Strategy("huge-number", "every number of the oracle's outputs replaced by 1e308", _numbers(1e308), baseline="wrong-numbers"),
+    Strategy("inf", "every number of the oracle's outputs replaced by +inf", _numbers(math.inf),
+             baseline="wrong-numbers"),
+    Strategy("neg-inf", "every number of the oracle's outputs replaced by -inf", _numbers(-math.inf),
+             baseline="wrong-numbers"),
+    Strategy("huge-number", "every number of the oracle's outputs replaced by 1e308", _numbers(1e308),
+             baseline="wrong-numbers"),
     huge_file_strategy(),
     Strategy("directories", "a folder where each oracle file should be", _directories),
-    Strategy("reference-names", "files named like the reference's (in the output and in output/reference/)", _reference_names),
-    Strategy("symlink-reference", "each oracle name a symlink to the reference file; output/reference a link to the reference folder", _symlink_reference),
-    Strategy("symlink-input", "each oracle name a symlink to an input file; output/input a link to the input folder", _symlink_input),
-    Strategy("symlink-absolute", "each oracle name a symlink to /etc/passwd; output/root a link to /", _symlink_absolute),
+    Strategy("reference-names", "files named like the reference's (in the output and in output/reference/)",
+             _reference_names),
+    Strategy("symlink-reference",
+             "each oracle name a symlink to the reference file; output/reference a link to the reference folder",
+             _symlink_reference),
+    Strategy("symlink-input", "each oracle name a symlink to an input file; output/input a link to the input folder",
+             _symlink_input),
+    Strategy("symlink-absolute", "each oracle name a symlink to /etc/passwd; output/root a link to /",
+             _symlink_absolute),
     Strategy("import-hooks", "conftest.py, sitecustomize.py and shadows of json/csv/numpy next to empty outputs, "
              "printing a perfect score if run", _import_hooks, baseline="empty-files"),
 )
@@ -657,7 +672,8 @@ class HostWorkspace:
                 raise IsADirectoryError(f"cp: {src.name} is not a regular file")
             self._copy_file(src, self._path(op.dst, follow_last=True))
         elif op.kind == "copytree":
-            self._copy_tree(self._path(op.src or "", source=True, follow_last=True), self._path(op.dst, follow_last=True))
+            self._copy_tree(self._path(op.src or "", source=True, follow_last=True),
+                            self._path(op.dst, follow_last=True))
         elif op.kind == "symlink":  # ln -sfn: a link or file there is replaced; into a real folder
             dst = self._path(op.dst)
             if dst.is_dir() and not dst.is_symlink():
@@ -849,7 +865,8 @@ def judge(strategy: Strategy, result: Graded, run_dir: Path, nop_score: float, f
             out.verdict, out.detail = SOLUTION, "delivered the oracle's own files: a correct answer, not a hack"
             return out
         if strategy.copies_input and facts.oracle_copies_input:
-            out.verdict, out.detail = SOLUTION, "the oracle's output is itself a copy of an input file: copying it is the answer"
+            out.verdict, out.detail = SOLUTION, ("the oracle's output is itself a copy of an input file: copying it "
+                                                 "is the answer")
             return out
         if strategy.control:
             out.verdict = NOTE
@@ -960,7 +977,8 @@ async def run_strategies(
                         try:
                             result, kind = await probe(plan, host_writer(actions, facts, owner), s.name), GRADING_PROBE
                         except NotOnHost as e:
-                            note = f"run through the full lifecycle: the host cannot write it as the sandbox would ({e})"
+                            note = ("run through the full lifecycle: the host cannot write it as the sandbox "
+                                    f"would ({e})")
                     if result is None:
                         result = await execute(plan)
                 except Exception as e:  # a preflight refusal: the check could not run it
@@ -1000,7 +1018,8 @@ async def run_strategies(
 # -- the missing-reference probe ------------------------------------------------
 MISSING_REFERENCE = "missing-reference"
 MISSING_REFERENCE_DESCRIPTION = "the oracle's run with the data source's reference removed: the grader must raise"
-MISSING_REFERENCE_PROBE = "the oracle's deliverables graded with the data source's reference removed: the grader must raise"
+MISSING_REFERENCE_PROBE = ("the oracle's deliverables graded with the data source's reference removed: the grader "
+                           "must raise")
 
 
 def reference_from_source(oracle_run: Path) -> int:
@@ -1015,7 +1034,8 @@ def reference_from_source(oracle_run: Path) -> int:
     return max(int(source.get("files") or 0), len(set(staged) - set(setup)))
 
 
-def stage_without_reference(spec: str, variant: TaskVariant, task_path: Path, dest_root: Path, image_store: Any = None) -> str:
+def stage_without_reference(spec: str, variant: TaskVariant, task_path: Path, dest_root: Path,
+                            image_store: Any = None) -> str:
     """A ``local:`` data root holding the variant's input (and software) from `spec`
     and no reference; the spec to run it with."""
     source = open_source(spec, base_dir=task_path, image_store=image_store)
@@ -1039,7 +1059,8 @@ def oracle_writer(oracle_run: Path, owner: tuple[int, int] | None) -> Writer:
             raise NotOnHost("the input after start() differs from the oracle's run's: its output answers another input")
         manifest = _read_json(oracle_run / layout.DELIVERABLES) or {}
         src_root = oracle_run / layout.DELIVERABLES_DIR
-        entries = [(d, True) for d in manifest.get("directories") or []] + [(f, False) for f in manifest.get("files") or []]
+        entries = [(d, True) for d in manifest.get("directories") or []] \
+            + [(f, False) for f in manifest.get("files") or []]
         for item, is_dir in entries:
             raw = base64.b64decode(item["path_b64"]) if item.get("path_b64") else str(item.get("path", "")).encode()
             rel = os.fsdecode(raw)
@@ -1102,7 +1123,8 @@ async def probe_missing_reference(
             o.verdict, o.detail = ERROR, f"could not stage the input without the reference: {e}"
             return o
         plan = unhurried(base).model_copy(
-            update={"run_id": new_run_id(task_path.name, base.variant, f"adv-{MISSING_REFERENCE}"), "data_source": data})
+            update={"run_id": new_run_id(task_path.name, base.variant, f"adv-{MISSING_REFERENCE}"),
+                    "data_source": data})
         result: Any = None
         async with (contextlib.nullcontext() if slots is None else
                     _hold(slots, Slots.LONG, Slots.PROBE if probe is not None else Slots.WHOLE)):
@@ -1114,7 +1136,8 @@ async def probe_missing_reference(
                         result = await probe(plan, oracle_writer(oracle_run, owner), MISSING_REFERENCE)
                         o.kind = GRADING_PROBE
                     except NotOnHost as e:
-                        o.note = f"run through the full lifecycle: the oracle's output cannot be written on the host ({e})"
+                        o.note = ("run through the full lifecycle: the oracle's output cannot be written on the "
+                                  f"host ({e})")
                 if result is None:
                     result = await execute(plan)
             except Exception as e:  # a preflight refusal: the probe could not run
@@ -1183,7 +1206,8 @@ class VariantCheck:
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"variant": self.variant, "task_id": self.task_id}
         for agent, (plan, result, ok) in self.runs.items():
-            doc[agent] = {"status": result.status.value, "scores": result.scores, "ok": ok, "run_dir": str(plan.run_dir),
+            doc[agent] = {"status": result.status.value, "scores": result.scores, "ok": ok,
+                          "run_dir": str(plan.run_dir),
                           "seconds": round((result.ended_at - result.started_at).total_seconds(), 2)}
         doc["adversarial"] = None if self.report is None else self.report.to_dict()
         return doc
@@ -1283,7 +1307,8 @@ async def check_task(
 
     checks = await asyncio.gather(*(one_variant(v, variant, *plans[v]) for v, variant in enumerate(variants)))
     stages.sort(key=lambda st: (st.started, st.variant))
-    return TaskCheck(list(checks), stages, loop.time() - t_start, GRADING_PROBE if probe is not None else "full-lifecycle",
+    return TaskCheck(list(checks), stages, loop.time() - t_start,
+                     GRADING_PROBE if probe is not None else "full-lifecycle",
                      max(1, jobs))
 
 
@@ -1309,7 +1334,8 @@ def render_stages(check: TaskCheck) -> list[str]:
     for v in sorted({st.variant for st in check.stages}):
         parts = []
         for st in (x for x in check.stages if x.variant == v):
-            what = f" ({st.count} {'probes' if st.kind == GRADING_PROBE else 'runs'})" if st.stage == "adversarial" else ""
+            what = f" ({st.count} {'probes' if st.kind == GRADING_PROBE else 'runs'})" \
+                if st.stage == "adversarial" else ""
             parts.append(f"{st.stage} {st.seconds:.1f}s{what}")
         lines.append(f"  variant {v}: " + ", ".join(parts))
     how = "grading probes" if check.mode == GRADING_PROBE else "full sandbox lifecycles"

@@ -370,7 +370,8 @@ class _Extractor:
                 why, limit = self.time_reason.replace("not visited", "the rest of this folder was not visited"), "time"
             else:
                 self.entry_limited = True
-                why, limit = f"entry limit of {self.limits.max_entries} reached: the rest of this folder was not visited", "entries"
+                why, limit = (f"entry limit of {self.limits.max_entries} reached: the rest of this folder was not "
+                              "visited"), "entries"
             self.skip(frame.rel, why, kind="dir", limit=limit)
 
     # -- one entry ------------------------------------------------------------------
@@ -386,7 +387,8 @@ class _Extractor:
         kind = _kind(st.st_mode)
         if len(stored) > self.limits.max_path_bytes:
             self.skip(rel, f"path too long: its copy would need {len(stored)} bytes under the deliverables "
-                           f"folder and the copies made of it, the limit is {self.limits.max_path_bytes}", kind=kind, limit="path")
+                           f"folder and the copies made of it, the limit is {self.limits.max_path_bytes}",
+                      kind=kind, limit="path")
             return None
         if kind == "dir":
             return self.enter(frame, name, rel, stored, st)
@@ -552,13 +554,15 @@ class _Extractor:
             os.mkdir(stored, 0o755, dir_fd=self.dest_fd)
             return None
         except OSError as e:
-            raise DeliverablesWriteError(e.errno, f"cannot create {stored!r} in the deliverables copy: {e.strerror}") from e
+            raise DeliverablesWriteError(e.errno,
+                                         f"cannot create {stored!r} in the deliverables copy: {e.strerror}") from e
 
     def _create(self, stored: bytes) -> int:
         try:
             return os.open(stored, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=self.dest_fd)
         except OSError as e:
-            raise DeliverablesWriteError(e.errno, f"cannot create {stored!r} in the deliverables copy: {e.strerror}") from e
+            raise DeliverablesWriteError(e.errno,
+                                         f"cannot create {stored!r} in the deliverables copy: {e.strerror}") from e
 
     def _fresh(self, rel: bytes, stored: bytes, make: Callable[[bytes], _T]) -> tuple[bytes, _T]:
         """``make`` under a safe name in the same folder, for an entry whose stored name
@@ -579,7 +583,8 @@ class _Extractor:
         try:
             os.unlink(stored, dir_fd=self.dest_fd)
         except OSError as e:
-            raise DeliverablesWriteError(e.errno, f"cannot remove {stored!r} from the deliverables copy: {e.strerror}") from e
+            raise DeliverablesWriteError(e.errno,
+                                         f"cannot remove {stored!r} from the deliverables copy: {e.strerror}") from e
 
     def _keep_mode(self, fd: int, mode: int) -> None:
         if self.owner is not None:

@@ -38,7 +38,8 @@ def violation_line(group: str, check: Check) -> str:
     """The one human line for a failed or unknown check, under its group (the run's
     step that judged it: ``inspect-before``, ``probes-after``, ...)."""
     c = check
-    return f"[{group}] {c.id}: expected {c.expected!r}, observed {c.observed!r}" + (f" ({c.detail})" if c.detail else "")
+    return f"[{group}] {c.id}: expected {c.expected!r}, observed {c.observed!r}" \
+        + (f" ({c.detail})" if c.detail else "")
 
 
 def violation_lines(group: str, checks: Iterable[Check]) -> list[str]:

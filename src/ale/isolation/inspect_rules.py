@@ -827,7 +827,8 @@ def dev_sysctls(s: InspectSubject) -> Verdict:
     extra = sorted(set(got) - set(want))
     missing = sorted(set(want) - set(got))
     differ = sorted(k for k in set(got) & set(want) if got[k] != want[k])
-    parts = [f"{label}: {keys}" for label, keys in (("not planned", extra), ("missing", missing), ("differing", differ)) if keys]
+    parts = [f"{label}: {keys}"
+             for label, keys in (("not planned", extra), ("missing", missing), ("differing", differ)) if keys]
     return False, value, "; ".join(parts)
 
 
@@ -854,7 +855,8 @@ def limits_ulimits(s: InspectSubject) -> Verdict:
         have = got.get(name)
         if have is None:
             problems.append(f"{name}: not set (the engine's default)")
-        elif not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= w for v, w in zip(have, (soft, hard), strict=True)):
+        elif not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= w
+                     for v, w in zip(have, (soft, hard), strict=True)):
             problems.append(f"{name}: soft {have[0]}, hard {have[1]}, planned at most {soft}/{hard}")
     return not problems, value, "; ".join(problems)
 

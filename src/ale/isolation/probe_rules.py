@@ -133,7 +133,8 @@ def page_rounded(observed: Any, asked: int) -> bool:
 
 def runtime_writable_mounts(policy: IsolationPolicy) -> tuple[str, ...]:
     """The accepted runtime mounts: the policy's `runtime_writable_mounts` where it states them."""
-    return tuple(getattr(policy, "runtime_writable_mounts", RUNTIME_WRITABLE_MOUNTS))  # /var/tmp is world-writable on Debian: EROFS only
+    # /var/tmp is world-writable on Debian: EROFS only
+    return tuple(getattr(policy, "runtime_writable_mounts", RUNTIME_WRITABLE_MOUNTS))
 
 
 def status_fields(lines: list[str]) -> dict[str, str]:
@@ -232,7 +233,8 @@ def complete(s: ProbeSubject) -> Verdict:
     its absence is unknown, not a pass.
     """
     if "end" not in s.sections:
-        return None, sorted(k for k in s.sections if k != MALFORMED), "probe output lacks its end marker (cut short or failed)"
+        return (None, sorted(k for k in s.sections if k != MALFORMED),
+                "probe output lacks its end marker (cut short or failed)")
     return True, sorted(k for k in s.sections if k != MALFORMED), ""
 
 
@@ -515,7 +517,8 @@ def _kernel_known(s: ProbeSubject) -> bool:
 
 @_probe_rule("probe.kernel", area="namespaces",
              expected=lambda s: "gVisor's kernel" if s.gvisor else "the host's kernel",
-             when=_kernel_known, when_doc="under runsc, or when the output has the `kernel` section (older evidence has none)")
+             when=_kernel_known,
+             when_doc="under runsc, or when the output has the `kernel` section (older evidence has none)")
 def kernel(s: ProbeSubject) -> Verdict:
     """The kernel the candidate's system calls reach is the runtime's: under runc the
     host's (a Linux `/proc/version`, the harness's own when the engine is local), under
@@ -710,7 +713,8 @@ def _control_listeners(s: ProbeSubject) -> set[str]:
             continue
         kind, addr, _pid, uid, gid, eff, prm, amb, nnp = f
         try:
-            rights = int(uid) == s.policy.uid and int(gid) == s.policy.gid and not any(int(c, 16) for c in (eff, prm, amb))
+            rights = int(uid) == s.policy.uid and int(gid) == s.policy.gid \
+                and not any(int(c, 16) for c in (eff, prm, amb))
         except ValueError:
             continue
         if not rights or nnp != "1" or kind.startswith("udp"):
@@ -734,7 +738,8 @@ def no_inet_listeners(s: ProbeSubject) -> Verdict:
     bad = []
     for ln in s.section("sockets"):
         f = ln.split()
-        if f and f[0] in ("tcp", "tcp6") and len(f) >= 3 and f[2] == "0A" or f and f[0] in ("udp", "udp6") and len(f) >= 3:
+        if f and f[0] in ("tcp", "tcp6") and len(f) >= 3 and f[2] == "0A" \
+                or f and f[0] in ("udp", "udp6") and len(f) >= 3:
             bad.append(f"{f[0]} {f[1]}")
     bad = [b for b in bad if b not in _control_listeners(s)]
     return not bad, bad, f"listening: {bad}" if bad else ""

@@ -50,8 +50,8 @@ from ale.sandbox.runtimes import is_gvisor
 __all__ = [
     "INIT_NS_INODES", "MARK", "MASKED_PATHS", "MAX_PAGE", "PROBE_SCRIPT", "READONLY_PATHS",
     "RUNTIME_WRITABLE_MOUNTS", "host_namespaces", "judge_probes", "parse_mountinfo", "parse_probes",
-    "probe_argv", "probe_command", "run_probes", "vm_probe_argv", "runtime_writable_mounts", "socket_and_process_checks",
-    "split_sections", "workspace_empty_checks", "workspace_listing",
+    "probe_argv", "probe_command", "run_probes", "vm_probe_argv", "runtime_writable_mounts",
+    "socket_and_process_checks", "split_sections", "workspace_empty_checks", "workspace_listing",
 ]  # fmt: skip
 _ = _page_rounded  # kept importable here (tests read it from this module)
 
@@ -275,7 +275,8 @@ def judge_probes(
     namespaces (which the sandbox's must differ from).
     """
     if res is None:
-        return "", [Check("probe.exec", None, 0, None, "the probes did not run (the end-of-turn kill could not report)")]
+        return "", [Check("probe.exec", None, 0, None,
+                          "the probes did not run (the end-of-turn kill could not report)")]
     raw = res.stdout.decode("utf-8", errors="replace")
     err = res.stderr.decode("utf-8", errors="replace")
     if err:
@@ -303,7 +304,8 @@ async def run_probes(
     host_cgroup = None
     if is_gvisor(policy.runtime) and isinstance(getattr(sandbox, "id", None), str):
         # gVisor's kernel shows no cgroup: its limits are the host's cgroup on the whole sandbox.
-        host_cgroup = f"{MARK}host_cgroup_limits ===\n" + "".join(f"{k} {v}\n" for k, v in host_cgroup_limits(sandbox.id))
+        host_cgroup = f"{MARK}host_cgroup_limits ===\n" \
+            + "".join(f"{k} {v}\n" for k, v in host_cgroup_limits(sandbox.id))
     return judge_probes(res, policy, input_dir=input_dir, workspace_dir=workspace_dir, phase=phase,
                         extra=extra + (host_cgroup or "") or None, fit=fit)
 

@@ -62,7 +62,8 @@ class Check:
     def to_dict(self) -> dict[str, Any]:
         # Shallow on purpose: the values are JSON data read from inspect or probes,
         # and dataclasses.asdict's deep copy is the costliest step of a run's checks.
-        doc = {"id": self.id, "ok": self.ok, "expected": self.expected, "observed": self.observed, "detail": self.detail}
+        doc = {"id": self.id, "ok": self.ok, "expected": self.expected, "observed": self.observed,
+               "detail": self.detail}
         if self.stricter:  # only then: a check as planned keeps the shape old evidence has
             doc["stricter"] = self.stricter
         return doc

@@ -108,7 +108,8 @@ def judge(
         assert policy is not None
         sections = probes if isinstance(probes, dict) else probe_rules.split_sections(probes or "")
         in_dir = input_dir if input_dir is not None else next((p.target for p in planned if p.read_only), None)
-        ws_dir = workspace_dir if workspace_dir is not None else next((p.target for p in planned if not p.read_only), None)
+        ws_dir = workspace_dir if workspace_dir is not None \
+            else next((p.target for p in planned if not p.read_only), None)
         if in_dir is None or ws_dir is None:
             raise ValueError("judging probes needs input_dir and workspace_dir (or a read-only and a read-write mount)")
         tmpfs = tuple(t.path for t in policy.tmpfs) if tmpfs_paths is None else tmpfs_paths

@@ -91,7 +91,8 @@ def verify_container(
         sandbox = provider.attach(name_or_id, policy)
         inspect = sandbox.inspect()
     except SandboxError as e:
-        why = f"no container named {name_or_id!r}" if isinstance(e, SandboxGone) else f"inspect {name_or_id} failed: {e}"
+        why = f"no container named {name_or_id!r}" if isinstance(e, SandboxGone) \
+            else f"inspect {name_or_id} failed: {e}"
         return _report(name_or_id, [("host", [Check("inspect.available", None, "a container", None, why)])])
     inspect_path = None
     if save_inspect is not None:

@@ -473,7 +473,8 @@ def capture_complete(s: VmSubject) -> Verdict:
         return None, {"errors": errors, "absent": absent}, f"unanswered: {sorted(set(absent) | set(errors))}"
     peer, pid = s.capture["qmp_peer"].get("pid"), s.capture.get("pid")
     if peer != pid:
-        return False, {"pid": pid, "qmp_peer": peer}, f"QMP is answered by pid {peer}, the argv and files read are pid {pid}'s"
+        return (False, {"pid": pid, "qmp_peer": peer},
+                f"QMP is answered by pid {peer}, the argv and files read are pid {pid}'s")
     return True, {"errors": {}, "pid": pid}, ""
 
 
@@ -615,7 +616,8 @@ def net_no_guestfwd(s: VmSubject) -> Verdict:
 
 # -- disks ----------------------------------------------------------------------------------
 @_vm_rule("vm.disk.overlay_top", area="disk",
-          expected=lambda s: [s.expectation.overlay_path, *(p for p, _ in s.expectation.layers), s.expectation.base_path],
+          expected=lambda s: [s.expectation.overlay_path, *(p for p, _ in s.expectation.layers),
+                              s.expectation.base_path],
           when=_is_document)
 def disk_overlay_top(s: VmSubject) -> Verdict:
     """Exactly one disk is attached, its top node reads the run's overlay, and its backing
@@ -628,7 +630,8 @@ def disk_overlay_top(s: VmSubject) -> Verdict:
     b = _block(s)
     disks = b.disks()
     chains = [[b.host_file(n) for n in b.chain(d["node"])] for d in disks]
-    want = [_norm(s.expectation.overlay_path), *(_norm(p) for p, _ in s.expectation.layers), _norm(s.expectation.base_path)]
+    want = [_norm(s.expectation.overlay_path), *(_norm(p) for p, _ in s.expectation.layers),
+            _norm(s.expectation.base_path)]
     ok = len(chains) == 1 and chains[0] == want
     return ok, chains, "" if ok else f"disks and their chains {chains}, planned one: {want}"
 
@@ -684,7 +687,8 @@ def disk_base_digest(s: VmSubject) -> Verdict:
     if got is None:
         raise Missing("base_sha256")
     if not s.expectation.layers:
-        return got == s.expectation.base_sha256, got, "" if got == s.expectation.base_sha256 else "the base disk differs"
+        return (got == s.expectation.base_sha256, got,
+                "" if got == s.expectation.base_sha256 else "the base disk differs")
     layers = s.get("layer_sha256")
     if not isinstance(layers, dict):
         raise Missing("layer_sha256")
@@ -867,7 +871,8 @@ def sealed_view(capture: dict[str, Any]) -> dict[str, Any]:
         "block_devices": capture.get("block_devices"),
         # the devices, not their BARs and IRQs (which the guest's firmware assigns)
         "pci": _pci_devices(pci) if isinstance(pci, list) else pci,
-        "chardevs": sorted((str(c.get("label")), chardev_target(c.get("filename", ""))) for c in capture.get("chardevs") or []),
+        "chardevs": sorted((str(c.get("label")), chardev_target(c.get("filename", "")))
+                           for c in capture.get("chardevs") or []),
         "info_network": capture.get("info_network"),
         "forwards": usernet_forwards(usernet) if isinstance(usernet, str) else usernet,
         "p9": capture.get("p9"),
@@ -965,7 +970,8 @@ def vm_probe_uid(s: VmProbeSubject) -> Verdict:
     want = s.expectation.candidate_uid
     allowed = {want} | ({PROBE_UID} if s.moment == "after" else set())
     ok = uid != 0 and gid != 0 and "0" not in groups and (want is None or uid in allowed)
-    return ok, {"uid": uid, "gid": gid, "groups": groups}, "" if ok else f"the candidate is uid {uid} gid {gid} groups {groups}"
+    return (ok, {"uid": uid, "gid": gid, "groups": groups},
+            "" if ok else f"the candidate is uid {uid} gid {gid} groups {groups}")
 
 
 @_probe("vm.probe.caps_zero", area="privileges", expected=0)

@@ -267,7 +267,8 @@ def _first_error(e: ValidationError, data: Any) -> str:
     where = ".".join(str(p) for p in loc)
     if len(loc) >= 2 and loc[0] == "entries" and isinstance(loc[1], int):
         with contextlib.suppress(KeyError, IndexError, TypeError):
-            where = f"entry {data['entries'][loc[1]]['name']!r}" + ("." + ".".join(str(p) for p in loc[2:]) if loc[2:] else "")
+            where = f"entry {data['entries'][loc[1]]['name']!r}" \
+                + ("." + ".".join(str(p) for p in loc[2:]) if loc[2:] else "")
     msg = "unknown key" if err["type"] == "extra_forbidden" else str(err["msg"]).removeprefix("Value error, ")
     return f"{where}: {msg}" if where else msg
 

@@ -184,7 +184,8 @@ class _Merge:
         self.store.update(by.store_only)
         for cmd, run in by.commands.items():
             if self.commands.setdefault(cmd, run) != run:
-                self.notes.append(f"{name}: the command {cmd} is already `{self.commands[cmd]}`; `{run}` is not shimmed")
+                self.notes.append(f"{name}: the command {cmd} is already `{self.commands[cmd]}`; `{run}` is "
+                                  "not shimmed")
         self.prepare.extend(x for x in by.prepare if x not in self.prepare)
         self.build_requires.update(by.build_requires)
         self.needs.append(Need(name=name, origin=origin, provided_by=by, check=check, entry=entry,
@@ -251,7 +252,8 @@ class _Merge:
             return
         via = " ".join([*alt.debian, *alt.python])
         shims = "".join(f"; `{c}` runs `{r}`" for c, r in alt.commands.items())
-        note = f"{entry.name} {alt.version} from {via} ({asked} was asked for; the {entry.name} package provides {entry.version}){shims}"
+        note = (f"{entry.name} {alt.version} from {via} ({asked} was asked for; the {entry.name} package provides "
+                f"{entry.version}){shims}")
         if alt.note:
             note += f"; {alt.note}"
         self.provide(text, origin, _provided_by(alt), alt.check or entry.check, entry.name, declared_as, note,
@@ -263,7 +265,8 @@ class _Merge:
         catalogue says an index must not decide it."""
         refused = next((self.cat.not_by_index[k] for k in parts.candidates if k in self.cat.not_by_index), None)
         if refused is not None:
-            self.miss(text, origin, "unknown", f"not in the catalogue, and not matched by name in a package index: {refused}",
+            self.miss(text, origin, "unknown",
+                      f"not in the catalogue, and not matched by name in a package index: {refused}",
                       declared_as)
             return
         found = self._ask_indexes(parts)
@@ -271,13 +274,16 @@ class _Merge:
             asked = "" if self.indexes is None else (
                 f"; {self.indexes.unavailable}" if self.indexes.unavailable
                 else "; no Debian package of that name, no PyPI wheel for Python " + self.cat.base_python)
-            self.miss(text, origin, "unknown", "not in the catalogue (an overlay's mappings can name its packages)" + asked,
+            self.miss(text, origin, "unknown",
+                      "not in the catalogue (an overlay's mappings can name its packages)" + asked,
                       declared_as)
             return
-        note = f"matched by name in {'Debian' if found.source == DEBIAN_INDEX else 'PyPI'}'s index: {found.package} {found.version}"
+        note = (f"matched by name in {'Debian' if found.source == DEBIAN_INDEX else 'PyPI'}'s index: "
+                f"{found.package} {found.version}")
         if found.source == DEBIAN_INDEX:
             if parts.version is not None and not _debian_version_meets(found.version, parts.version, parts.at_least):
-                self.miss(text, origin, "version", f"{note}; {parts.version}{'+' if parts.at_least else ''} was asked for",
+                self.miss(text, origin, "version",
+                          f"{note}; {parts.version}{'+' if parts.at_least else ''} was asked for",
                           declared_as)
                 return
             self.provide(text, origin, ProvidedBy(debian=[found.package]), f"dpkg -s {found.package} >/dev/null",
@@ -317,7 +323,8 @@ class _Merge:
         if other is None and not at_least and len(version.split(".")) > 2:  # "3.14.3": a patch release
             minor = ".".join(version.split(".")[:2])
             other = next((v for v in self.cat.python_versions if version_satisfies(v, minor, False)), None)
-            note = f"Python {other} (its release's patch level, not {version} exactly), provided by the image builder"
+            note = (f"Python {other} (its release's patch level, not {version} exactly), provided by the "
+                    "image builder")
         if other is None:
             self.miss(text, origin, "version", f"Python {asked} was asked for: {_interpreters_here(self.cat)}",
                       declared_as)
@@ -327,7 +334,8 @@ class _Merge:
                       f"({self.python_version[1]}): one image has one default python3", declared_as)
             return
         self.python_version = (other, f"{origin}: {text}")
-        self.provide(text, origin, ProvidedBy(), f"python3 -c 'import sys; assert sys.version.startswith(\"{other}.\")'",
+        self.provide(text, origin, ProvidedBy(),
+                     f"python3 -c 'import sys; assert sys.version.startswith(\"{other}.\")'",
                      entry.name, declared_as, note)
 
     # -- packages stated directly -------------------------------------------------------
@@ -376,7 +384,8 @@ def _card_software(m: _Merge, raw: dict[str, Any]) -> None:
         return
     items = [software] if isinstance(software, str) else software
     if not isinstance(items, list):
-        m.miss(repr(software), CARD_SOFTWARE, "invalid", f"software must be a list of names, got {type(software).__name__}")
+        m.miss(repr(software), CARD_SOFTWARE, "invalid",
+               f"software must be a list of names, got {type(software).__name__}")
         return
     for item in items:
         if isinstance(item, str) and item.strip():
@@ -469,7 +478,8 @@ def _requires_python(m: _Merge, spec: str, origin: str) -> None:
     if ok.contains(m.cat.base_python + ".0", prereleases=True) or ok.contains(m.cat.base_python, prereleases=True):
         m.provide(name, origin, ProvidedBy(base=True), "python3 --version")
         return
-    other = next((v for v in versions[1:] if ok.contains(v, prereleases=True) or ok.contains(v + ".0", prereleases=True)), None)
+    other = next((v for v in versions[1:] if ok.contains(v, prereleases=True)
+                  or ok.contains(v + ".0", prereleases=True)), None)
     if other is None:
         m.miss(name, origin, "version", f"no interpreter meets requires-python {spec} (uv sync will refuse it): "
                + _interpreters_here(m.cat))

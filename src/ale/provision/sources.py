@@ -120,7 +120,8 @@ def parse_environment_block(raw: dict[str, Any], card_path: Path) -> Environment
     if env.image is not None:
         others = [k for k in ("debian", "python", "store_only", "python_version", "lockfile") if k in block]
         if others:
-            raise ProvisionError(f"{card_path}: environment: image names a ready image; it cannot be combined with {', '.join(others)}")
+            raise ProvisionError(f"{card_path}: environment: image names a ready image; it cannot be combined with "
+                                 f"{', '.join(others)}")
     return env
 
 
@@ -227,7 +228,8 @@ def read_runtime_env(input_dir: Path, origin_prefix: str = "input") -> list[Mani
             out.append(Manifest(name=name, origin=origin, text=text, requirements=reqs, problems=problems))
         elif name == "pyproject.toml":
             reqs, rp, problems = _pyproject(text)
-            out.append(Manifest(name=name, origin=origin, text=text, requirements=reqs, requires_python=rp, problems=problems))
+            out.append(Manifest(name=name, origin=origin, text=text, requirements=reqs, requires_python=rp,
+                                problems=problems))
         else:
             n, problems = _uv_lock(text)
             out.append(Manifest(name=name, origin=origin, text=text, packages=n, problems=problems))

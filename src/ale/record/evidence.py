@@ -292,7 +292,8 @@ def read_chain(path: Path) -> tuple[list[dict], list[str]]:
                 + (f": {seq - prev_seq - 1} event(s) missing" if isinstance(seq, int) and seq > prev_seq else "")
             )
         if rec["prev"] != prev_hash:
-            problems.append(f"{where}: seq {seq} links to {str(rec['prev'])[:16]}…, not to the hash of the event before it")
+            problems.append(f"{where}: seq {seq} links to {str(rec['prev'])[:16]}…, not to the hash of "
+                            "the event before it")
         if rec["hash"] != event_hash(rec):
             problems.append(f"{where}: seq {seq} ({rec['type']}) does not match its hash: the event was edited")
         events.append(rec)

@@ -185,11 +185,13 @@ def key_chooser(run_dir: Path, public_key_path: Path | None, trusted: dict[str, 
                         return None, f"trusted key sha256:{str(kid)[:16]}… is not an Ed25519 key"
                     return key, f"the trusted key sha256:{str(kid)[:16]}…"
             if public_key_path is not None:
-                return signing.load_public_key(Path(public_key_path)), f"the key given with --public-key {public_key_path}"
+                return (signing.load_public_key(Path(public_key_path)),
+                        f"the key given with --public-key {public_key_path}")
             if trusted:
                 return None, "the regrade's signer is not among the trusted keys"
             rel = regrade_relpath(n, layout.PUBLIC_KEY)
-            return signing.load_public_key(Path(run_dir) / rel), f"the key recorded in {rel} (integrity, not who signed it)"
+            return (signing.load_public_key(Path(run_dir) / rel),
+                    f"the key recorded in {rel} (integrity, not who signed it)")
         except (signing.SignatureInvalid, ValueError) as e:
             return None, str(e)
 
@@ -208,12 +210,14 @@ def scores_consistent(g: dict[str, Any]) -> str:
             "scores without their mean" if scores else "")
     if not status.carries_score:
         return f"a {status.value} grading carries a score"
-    if not isinstance(scores, list) or not scores or not all(isinstance(s, int | float) and not isinstance(s, bool) for s in scores):
+    if not isinstance(scores, list) or not scores \
+            or not all(isinstance(s, int | float) and not isinstance(s, bool) for s in scores):
         return "a score without the scores it is the mean of"
     if any(not -SCORE_EPSILON <= s <= 1 + SCORE_EPSILON for s in scores):
         return f"scores outside [0, 1]: {scores}"
     mean = sum(scores) / len(scores)
-    if not isinstance(score, int | float) or not math.isclose(mean, score, rel_tol=SCORE_EPSILON, abs_tol=SCORE_EPSILON):
+    if not isinstance(score, int | float) \
+            or not math.isclose(mean, score, rel_tol=SCORE_EPSILON, abs_tol=SCORE_EPSILON):
         return f"score {score} is not the mean of scores {scores}"
     return ""
 
@@ -245,11 +249,14 @@ def check_regrades(run_dir: Path, original: dict[str, Any], key_for: KeyFor) -> 
         out.check("regrades.folder", False, "a folder", "a file or link", f"{REGRADES_DIR} is not a folder")
         return out
     numbers = regrade_numbers(run_dir)
-    strays = sorted(p.name for p in root.iterdir() if not (p.name.isdigit() and int(p.name) in numbers and str(int(p.name)) == p.name))
+    strays = sorted(p.name for p in root.iterdir()
+                    if not (p.name.isdigit() and int(p.name) in numbers and str(int(p.name)) == p.name))
     out.check("regrades.entries", not strays, "regrade folders 1..n", strays,
               f"{REGRADES_DIR}/ holds entries that are no signed regrade: {strays[:5]}"
-              + (" (a regrade that did not finish; remove it)" if any(s.startswith(PARTIAL_PREFIX) for s in strays) else ""))
-    out.check("regrades.numbered", numbers == list(range(1, len(numbers) + 1)), list(range(1, len(numbers) + 1)), numbers,
+              + (" (a regrade that did not finish; remove it)"
+                 if any(s.startswith(PARTIAL_PREFIX) for s in strays) else ""))
+    out.check("regrades.numbered", numbers == list(range(1, len(numbers) + 1)),
+              list(range(1, len(numbers) + 1)), numbers,
               f"the regrades are not numbered 1..{len(numbers)} without gaps: one was removed")
     previous = grading_summary(original)
     broken = False
@@ -272,12 +279,14 @@ def _check_one(run_dir: Path, n: int, original: dict[str, Any], previous: dict[s
     before = len([c for c in out.checks if not c.ok])
     envelope = read_json(folder / layout.ATTESTATION)
     if envelope is None:
-        out.check(f"regrade.{n}.signature", False, layout.ATTESTATION, None, f"{where}: no readable {layout.ATTESTATION}: the regrade is unsigned")
+        out.check(f"regrade.{n}.signature", False, layout.ATTESTATION, None,
+                  f"{where}: no readable {layout.ATTESTATION}: the regrade is unsigned")
         return False, None
     key, source = key_for(n, envelope)
     statement: dict[str, Any] | None = None
     if key is None:
-        out.check(f"regrade.{n}.signature", False, "a key", None, f"{where}: no usable key to check its signature ({source})")
+        out.check(f"regrade.{n}.signature", False, "a key", None,
+                  f"{where}: no usable key to check its signature ({source})")
     else:
         try:
             statement = signing.verify_envelope(envelope, key)
@@ -288,7 +297,8 @@ def _check_one(run_dir: Path, n: int, original: dict[str, Any], previous: dict[s
     if statement is None:
         return False, None
     if statement.get("predicateType") != REGRADE_PREDICATE_TYPE:
-        out.check(f"regrade.{n}.type", False, REGRADE_PREDICATE_TYPE, statement.get("predicateType"), f"{where}: not a regrade statement")
+        out.check(f"regrade.{n}.type", False, REGRADE_PREDICATE_TYPE, statement.get("predicateType"),
+                  f"{where}: not a regrade statement")
     pred = statement.get("predicate") if isinstance(statement.get("predicate"), dict) else {}
     assert isinstance(pred, dict)
     kid = signing.public_key_sha256(key) if key is not None else None
@@ -305,7 +315,8 @@ def _check_one(run_dir: Path, n: int, original: dict[str, Any], previous: dict[s
                 and ".." not in PurePosixPath(name).parts:
             subjects[name] = digest
         else:
-            out.check(f"regrade.{n}.subjects", False, f"files of {where}", s, f"{where}: a subject outside its folder: {s!r}")
+            out.check(f"regrade.{n}.subjects", False, f"files of {where}", s,
+                      f"{where}: a subject outside its folder: {s!r}")
     for rel in odd:
         out.check(f"regrade.{n}.file", False, "a regular file", rel, f"{where}/{rel} is a link or special file")
     for name, want in sorted(subjects.items()):
@@ -315,9 +326,11 @@ def _check_one(run_dir: Path, n: int, original: dict[str, Any], previous: dict[s
         digest = ev.sha256_file(run_dir / name)
         out.check(f"regrade.{n}.file", digest == want, want, digest, f"{name} changed after the regrade was signed")
     for name in sorted(present - set(subjects)):
-        out.check(f"regrade.{n}.file", False, None, name, f"{name} is not in the regrade's signed statement: added afterwards")
+        out.check(f"regrade.{n}.file", False, None, name,
+                  f"{name} is not in the regrade's signed statement: added afterwards")
     manifest = read_json(folder / layout.MANIFEST)
-    out.check(f"regrade.{n}.manifest", manifest == subjects, "the signed subjects", None if manifest is None else sorted(manifest),
+    out.check(f"regrade.{n}.manifest", manifest == subjects, "the signed subjects",
+              None if manifest is None else sorted(manifest),
               f"{where}/{layout.MANIFEST} is missing or disagrees with the signed statement")
     # the chain
     prev_rel = previous_attestation(n)
@@ -332,7 +345,8 @@ def _check_one(run_dir: Path, n: int, original: dict[str, Any], previous: dict[s
     # the record, as signed, against the run and the grading it replaced
     record = read_json(folder / REGRADE_RECORD)
     if not isinstance(record, dict):
-        out.check(f"regrade.{n}.record", False, REGRADE_RECORD, None, f"{where}/{REGRADE_RECORD} is missing or not JSON")
+        out.check(f"regrade.{n}.record", False, REGRADE_RECORD, None,
+                  f"{where}/{REGRADE_RECORD} is missing or not JSON")
         return False, None
     new = grading_summary(record.get("new") or {})
     old = grading_summary(record.get("old") or {})

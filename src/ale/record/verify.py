@@ -62,7 +62,8 @@ from ale.status import InvalidAttribution, RunStatus, not_the_agents
 # What each phase writes is declared once, in ale.phases; the verifier derives from
 # it what a folder must hold. The JSON type each record must hold: anything else is
 # unknown, and unknown is invalid.
-_RECORDS = RUN_OPENS_WITH + RUN_CLOSES_WITH + tuple(dict.fromkeys(f for shape in RunShape for f in phase_evidence(shape)))
+_RECORDS = RUN_OPENS_WITH + RUN_CLOSES_WITH \
+    + tuple(dict.fromkeys(f for shape in RunShape for f in phase_evidence(shape)))
 LIST_FILES = frozenset({layout.evidence_path(Evidence.MOUNTS), layout.evidence_path(Evidence.PHASES),
                         layout.evidence_path(Evidence.CHECKS), layout.evidence_path(Evidence.GRADING_ATTEMPTS)})
 OBJECT_FILES = frozenset(
@@ -358,7 +359,8 @@ class _Verifier:
                     continue
                 got = self.digest(name)
                 self.check(f"file.{name}", got == want, want, got,
-                           "" if got == want else f"{name} changed after signing (sha256 differs from the signed statement)",
+                           "" if got == want
+                           else f"{name} changed after signing (sha256 differs from the signed statement)",
                            area="files")
             for name in sorted(set(files) - set(subjects)):
                 self.check(f"file.{name}", False, None, self.digest(name),
@@ -375,7 +377,8 @@ class _Verifier:
         elif statement is not None:
             diff = sorted(k for k in set(manifest) | set(subjects) if manifest.get(k) != subjects.get(k))
             self.check("manifest.agrees", not diff, "the signed subjects", diff,
-                       f"{layout.MANIFEST} disagrees with the signed statement on: {', '.join(diff[:10])}" if diff else "")
+                       f"{layout.MANIFEST} disagrees with the signed statement on: {', '.join(diff[:10])}"
+                       if diff else "")
 
     def verify_result_record(self, statement: dict | None) -> Any:
 
@@ -513,7 +516,8 @@ class _Verifier:
                 bad.append(f"{len(manifest.files)} files copied, past the cap of {lim.max_files}")
             if manifest.total_bytes > lim.max_bytes:
                 bad.append(f"{manifest.total_bytes} bytes copied, past the cap of {lim.max_bytes}")
-        self.check("deliverables.hashes", not bad, "deliverables/ = deliverables.json", bad[:50] or f"{len(listed)} files",
+        self.check("deliverables.hashes", not bad, "deliverables/ = deliverables.json",
+                   bad[:50] or f"{len(listed)} files",
                    "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20 else ""), area="deliverables")
 
     def verify_trajectory(self) -> None:
@@ -523,7 +527,8 @@ class _Verifier:
         ran (``phases.json``); its steps recorded through the ToolBox are exactly the
         lines of ``trajectory.jsonl``, step for step."""
         phases = self.load(layout.evidence_path(Evidence.PHASES))
-        agent_ran = isinstance(phases, list) and any(isinstance(p, dict) and p.get("name") == Phase.AGENT for p in phases)
+        agent_ran = isinstance(phases, list) \
+            and any(isinstance(p, dict) and p.get("name") == Phase.AGENT for p in phases)
         if layout.TRAJECTORY not in self._present:
             if agent_ran:
                 self.check("trajectory.present", False, layout.TRAJECTORY, None,
@@ -578,8 +583,8 @@ class _Verifier:
         for a, b in zip(kept, logged, strict=False):
             if a.model_dump() != b.model_dump():
                 problems.append(f"step {a.index} differs between {layout.TRAJECTORY} and {layout.TRAJECTORY_LOG}")
-        self.check("trajectory.log_agrees", not problems, "the same steps in both", problems[:20] or f"{len(kept)} steps",
-                   "; ".join(problems[:10]), area="trajectory")
+        self.check("trajectory.log_agrees", not problems, "the same steps in both",
+                   problems[:20] or f"{len(kept)} steps", "; ".join(problems[:10]), area="trajectory")
 
     # -- isolation -----------------------------------------------------------------
     def _mounts(self) -> list[Any] | None:
@@ -626,7 +631,8 @@ class _Verifier:
                 "before", policy=policy, mounts=mounts, inspect=before, image_inspect=image))
         if after is not None:
             self._add_isolation(CheckGroup.INSPECT_AFTER, judge(
-                "after", policy=policy, mounts=mounts, inspect=after, captures=(before, after) if before is not None else None))
+                "after", policy=policy, mounts=mounts, inspect=after,
+                captures=(before, after) if before is not None else None))
         input_dir = next((m.target for m in mounts if m.read_only), None)
         workspace_dir = next((m.target for m in mounts if not m.read_only), None)
         for phase, raw in probes.items():
@@ -721,9 +727,11 @@ class _Verifier:
             if isinstance(mounts, list) else None
         for key, expected_inode in (("at_creation", ws_inode), ("at_agent_start", (creation or {}).get("inode"))):
             listing = proof.get(key)
-            if listing is None and key == "at_agent_start" and layout.evidence_path(Evidence.INPUT_AFTER_START) not in self._present:
+            if listing is None and key == "at_agent_start" \
+                    and layout.evidence_path(Evidence.INPUT_AFTER_START) not in self._present:
                 continue  # the run ended before the agent could start
-            with_phase = CheckGroup.WORKSPACE_AT_CREATION if key == "at_creation" else CheckGroup.WORKSPACE_AT_AGENT_START
+            with_phase = CheckGroup.WORKSPACE_AT_CREATION if key == "at_creation" \
+                else CheckGroup.WORKSPACE_AT_AGENT_START
             self._add_isolation(with_phase, workspace_empty_checks(
                 listing if isinstance(listing, dict) else None, expected_inode=expected_inode))
 
@@ -739,7 +747,8 @@ class _Verifier:
         committed = None if src is None else src.get("sha256")
         ok = committed == check.get("source_sha256")
         self.check("reference.digest", ok, committed, check.get("source_sha256"),
-                   "" if ok else "the reference checked before unpacking differs from the one committed before the agent started",
+                   "" if ok else "the reference checked before unpacking differs from the one committed before the "
+                                 "agent started",
                    area="reference")
         setup = commit.get("setup_written")
         if isinstance(setup, dict):
@@ -776,7 +785,8 @@ class _Verifier:
                 continue
             t = parse_time(raw)
             if t is None:
-                self.check("times.order", False, f"{label}: an ISO time", raw, f"{label} time is missing or unparsable: {raw!r}",
+                self.check("times.order", False, f"{label}: an ISO time", raw,
+                           f"{label} time is missing or unparsable: {raw!r}",
                            area="times")
                 continue
             known.append((label, t))
@@ -822,10 +832,12 @@ class _Verifier:
             ran = f"sha256:{base}" if base else None
         ok = ran == env.get("image_id")
         self.check("environment.image", ok, env.get("image_id"), ran,
-                   "" if ok else "evidence/environment.json names another image than the sandbox ran", area="environment")
+                   "" if ok else "evidence/environment.json names another image than the sandbox ran",
+                   area="environment")
         record = env.get("record")
         if isinstance(record, dict):
-            labels = _as_dict(_as_dict(_as_dict(self.load(layout.evidence_path(Evidence.IMAGE))).get("Config")).get("Labels"))
+            labels = _as_dict(_as_dict(_as_dict(self.load(layout.evidence_path(Evidence.IMAGE))).get("Config"))
+                              .get("Labels"))
             want, got = labels.get(RECORD_LABEL), record_digest(record)
             ok = want is not None and want == got == env.get("record_sha256")
             self.check("environment.record", ok, want, got,
@@ -863,7 +875,8 @@ class _Verifier:
                 continue
             want = layout.evidence_path(Evidence.screen(str(moment)))
             path = self.run_dir / want
-            got = ev.sha256_file(path) if shot.get("file") == want and path.is_file() and not path.is_symlink() else None
+            got = ev.sha256_file(path) \
+                if shot.get("file") == want and path.is_file() and not path.is_symlink() else None
             ok = got is not None and got == shot.get("sha256")
             self.check(f"screens.{moment}", ok, shot.get("sha256"), got,
                        "" if ok else f"{rel}: the screen {moment} is not the file {want} it records", area="record")
@@ -888,7 +901,8 @@ class _Verifier:
                        if r not in present or ev.sha256_file(self.run_dir / r) != _as_dict(f).get("sha256"))
         stray = sorted(present - set(listed))
         ok = not wrong and not stray
-        self.check("start_writes.kept", ok, f"{len(listed)} file(s) as recorded", {"differ": wrong[:10], "unlisted": stray[:10]},
+        self.check("start_writes.kept", ok, f"{len(listed)} file(s) as recorded",
+                   {"differ": wrong[:10], "unlisted": stray[:10]},
                    "" if ok else f"{START_DIR}/ differs from what the run recorded of start()'s writes", area="input")
 
     def verify_sandbox_stopped(self) -> None:
@@ -913,7 +927,8 @@ class _Verifier:
         self.check("sandbox.stopped_during_turn", ok, "exited with no process before the harness stopped it",
                    {"Status": st.get("Status"), "Pid": st.get("Pid"), "FinishedAt": st.get("FinishedAt"),
                     "observed_at": seen},
-                   "" if ok else f"{rel} says the sandbox stopped during the agent's turn; the inspect after does not show it",
+                   "" if ok
+                   else f"{rel} says the sandbox stopped during the agent's turn; the inspect after does not show it",
                    area="isolation")
 
     def verify_records(self, result: Any) -> None:
@@ -922,7 +937,8 @@ class _Verifier:
         engine = self.load(layout.evidence_path(Evidence.ENGINE))
         if isinstance(engine, dict):
             missing = [k for k in ("version", "security_options") if k not in engine]
-            why = f"evidence/engine.json lacks {missing}" + (f" (error: {engine['error']})" if "error" in engine else "")
+            why = f"evidence/engine.json lacks {missing}" \
+                + (f" (error: {engine['error']})" if "error" in engine else "")
             # A run that reports no score may have ended because the engine failed.
             graded = result is not None and result.status.carries_score
             self.check("engine.recorded", not missing, "docker version and security options", sorted(engine),
@@ -949,7 +965,8 @@ class _Verifier:
             phases_seen = {c.get("phase") for c in stored if isinstance(c, dict)}
             for phase, rel in {**GROUP_EVIDENCE, **VM_GROUP_EVIDENCE}.items():
                 if rel in self._present and phase not in phases_seen:
-                    self.check(f"checks.{phase}", False, f"checks of {phase} in checks.json", sorted(map(str, phases_seen)),
+                    self.check(f"checks.{phase}", False, f"checks of {phase} in checks.json",
+                               sorted(map(str, phases_seen)),
                                f"the harness recorded no {phase} checks at run time, though {rel} exists")
         agent = self.load(layout.evidence_path(Evidence.AGENT))
         if not isinstance(agent, dict):
@@ -961,7 +978,8 @@ class _Verifier:
               and agent.get("name") == planned.get("name"))
         self.check("agent.allowlist", ok, {"name": planned.get("name"), "allowlist": allowed},
                    {"name": agent.get("name"), "allowlist": tools},
-                   "" if ok else "evidence/agent.json does not record the planned agent within its planned tool allowlist",
+                   "" if ok
+                   else "evidence/agent.json does not record the planned agent within its planned tool allowlist",
                    area="agent")
         leaks = unredacted_secrets(agent)
         self.check("agent.redacted", not leaks, "no secret-looking values", leaks,
@@ -978,26 +996,29 @@ class _Verifier:
         if stored is None and not present:
             return
         area = "gateway"
-        if not self.check("gateway.record_present", present and isinstance(stored, dict), "the gateway's record and its evidence",
-                          {"records": present, "evidence": stored is not None},
-                          "" if present and isinstance(stored, dict) else "the gateway's records or evidence/controller.json is missing", area=area):
+        if not self.check("gateway.record_present", present and isinstance(stored, dict),
+                          "the gateway's record and its evidence", {"records": present, "evidence": stored is not None},
+                          "" if present and isinstance(stored, dict)
+                          else "the gateway's records or evidence/controller.json is missing", area=area):
             return
         records, chain = gateway_record.read_records(self.run_dir)
         self.check("gateway.chain", not chain, "an intact hash chain", chain[:5], "; ".join(chain[:3]), area=area)
         derived, problems = gateway_record.derive(self.run_dir, records)
-        self.check("gateway.tools_rederived", not problems, "each request's tools as its recorded body offers them", problems[:5],
+        self.check("gateway.tools_rederived", not problems,
+                   "each request's tools as its recorded body offers them", problems[:5],
                    "; ".join(problems[:3]), area=area)
         claimed = _as_dict(_as_dict(stored).get("gateway"))
         # limits and blocked, billing and failures: absent from records older than them
-        keys = ("head", "records", "requests", "tools_offered", "refusals", "limits", "blocked", "billing", "failures", "retries",
-                "provider_failure", "last_failure", "resumed")
+        keys = ("head", "records", "requests", "tools_offered", "refusals", "limits", "blocked", "billing",
+                "failures", "retries", "provider_failure", "last_failure", "resumed")
         diff = [k for k in keys if claimed.get(k) != derived.get(k)]
         self.check("gateway.evidence_matches", not diff, "evidence/controller.json as the records derive it", diff,
                    f"evidence/controller.json differs from the gateway's records in {diff}" if diff else "", area=area)
         events, _ = ev.read_chain(self.run_dir / layout.EVENTS)
         heads = [e.get("data", {}).get("head") for e in events if e.get("type") == "gateway.recorded"]
         self.check("gateway.event", heads == [derived.get("head")], [derived.get("head")], heads,
-                   "" if heads == [derived.get("head")] else "the event log does not name the gateway record's head", area=area)
+                   "" if heads == [derived.get("head")]
+                   else "the event log does not name the gateway record's head", area=area)
         self._verify_native_channel(stored, result)
         if isinstance(derived.get("resumed"), dict):
             self._verify_resumed(records, derived["resumed"], result)
@@ -1007,12 +1028,16 @@ class _Verifier:
         self._verify_billing_and_failure(derived, result)
         want = None
         if refusals:
-            want = InvalidAttribution.CONTROLLER_CONFIGURATION if refusals[0].get("before_any_answer") else InvalidAttribution.AFTER_AGENT_START
-        ok = (result.status is RunStatus.INVALID_EVALUATION_ENVIRONMENT and result.invalid_attribution == want) if refusals else (
-            result.invalid_attribution != InvalidAttribution.CONTROLLER_CONFIGURATION)
-        self.check("gateway.status", ok, {"status": RunStatus.INVALID_EVALUATION_ENVIRONMENT.value if refusals else "any", "attribution": want},
+            want = InvalidAttribution.CONTROLLER_CONFIGURATION if refusals[0].get("before_any_answer") \
+                else InvalidAttribution.AFTER_AGENT_START
+        ok = (result.status is RunStatus.INVALID_EVALUATION_ENVIRONMENT and result.invalid_attribution == want) \
+            if refusals else (result.invalid_attribution != InvalidAttribution.CONTROLLER_CONFIGURATION)
+        self.check("gateway.status", ok,
+                   {"status": RunStatus.INVALID_EVALUATION_ENVIRONMENT.value if refusals else "any",
+                    "attribution": want},
                    {"status": result.status.value, "attribution": result.invalid_attribution},
-                   "" if ok else "the run's status or attribution does not follow from the gateway's refusals", area=area)
+                   "" if ok
+                   else "the run's status or attribution does not follow from the gateway's refusals", area=area)
 
     def _verify_resumed(self, records: list[dict[str, Any]], resumed: dict[str, Any], result: Any) -> None:
         """A resumed run (ale.agents.gateway.resume): the copy of the source's record it
@@ -1028,12 +1053,16 @@ class _Verifier:
             mine, theirs = (copy.read_bytes() if copy.is_file() else b""), origin.read_bytes()
             # The source's own bytes, or their whole lines when a killed process left a torn last one.
             same = bool(mine) and (mine == theirs or (theirs.startswith(mine) and b"\n" not in theirs[len(mine):]))
-            self.check("gateway.resume_source", same, "the copy replayed is the source run's own gateway record", str(origin),
+            self.check("gateway.resume_source", same,
+                       "the copy replayed is the source run's own gateway record", str(origin),
                        "" if same else f"the replayed copy differs from {origin}", area="gateway")
         else:
-            self.check("gateway.resume_source", copy.is_file(), "the signed copy of the source's record (its folder is gone)",
-                       str(origin), "" if copy.is_file() else "the resumed run holds no copy of its source's record", area="gateway")
-        billed = [r.get("seq") for r in records if r.get("type") == "response" and r.get("by") == "replay" and r.get("usage")]
+            self.check("gateway.resume_source", copy.is_file(),
+                       "the signed copy of the source's record (its folder is gone)",
+                       str(origin), "" if copy.is_file() else "the resumed run holds no copy of its source's record",
+                       area="gateway")
+        billed = [r.get("seq") for r in records if r.get("type") == "response" and r.get("by") == "replay"
+                  and r.get("usage")]
         self.check("gateway.resume_unbilled", not billed, "no usage on a replayed turn", billed or None,
                    f"replayed responses {billed} carry usage: billed twice" if billed else "", area="gateway")
         if result is None:
@@ -1058,7 +1087,8 @@ class _Verifier:
         claimed = extra.get("billing")
         self.check("gateway.billing", claimed == derived["billing"], derived["billing"].get("total"),
                    (claimed or {}).get("total") if isinstance(claimed, dict) else claimed,
-                   "" if claimed == derived["billing"] else "result.json's cost differs from the gateway record's responses", area="gateway")
+                   "" if claimed == derived["billing"]
+                   else "result.json's cost differs from the gateway record's responses", area="gateway")
         final, last = derived.get("provider_failure"), derived.get("last_failure")
         named = result.model_failure.value if result.model_failure is not None else None
         known = {f["failure"] for f in (final, last) if isinstance(f, dict)}
@@ -1069,7 +1099,8 @@ class _Verifier:
             ok = False
         self.check("gateway.failure_named", ok, (final or last or {}).get("failure"),
                    {"status": result.status.value, "model_failure": named},
-                   "" if ok else "the run's status or named model failure does not follow from the gateway's record", area="gateway")
+                   "" if ok else "the run's status or named model failure does not follow from the gateway's record",
+                   area="gateway")
 
     def _verify_native_channel(self, stored: Any, result: Any) -> None:
         """A named harness's mode (ale.agents.harness): the agent evidence, the result
@@ -1096,7 +1127,8 @@ class _Verifier:
         if claimed is None:
             return []
         phases = self.load(layout.evidence_path(Evidence.PHASES))
-        agent_ran = isinstance(phases, list) and any(isinstance(p, dict) and p.get("name") == Phase.AGENT for p in phases)
+        agent_ran = isinstance(phases, list) \
+            and any(isinstance(p, dict) and p.get("name") == Phase.AGENT for p in phases)
         agent_ran = agent_ran or (self.run_dir / layout.TRAJECTORY).exists()
         if claimed == InvalidAttribution.AFTER_AGENT_START and not agent_ran:
             return ["the run is charged to the agent (after_agent_start), but the agent never started"]

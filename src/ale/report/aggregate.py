@@ -175,9 +175,12 @@ class Report(BaseModel):
     flagged_runs: list[RunRow] = Field(default_factory=list)  # charged to the candidate (counted as 0): review them
     # Each kind of run the policy treats apart: "<status>" or "<status>/<attribution>" -> runs.
     counts_by_kind: dict[str, int] = Field(default_factory=dict)
-    warned_runs: list[RunRow] = Field(default_factory=list)  # runs whose result carries warnings (e.g. deliverables cut at a limit)
-    usage_by_task: dict[str, dict[str, dict[str, float | int]]] = Field(default_factory=dict)  # task -> agent -> summed billing
-    usage_all_attempts: dict[str, float | int] = Field(default_factory=dict)  # every attempt's billing, retried ones too
+    # runs whose result carries warnings (e.g. deliverables cut at a limit)
+    warned_runs: list[RunRow] = Field(default_factory=list)
+    # task -> agent -> summed billing
+    usage_by_task: dict[str, dict[str, dict[str, float | int]]] = Field(default_factory=dict)
+    # every attempt's billing, retried ones too
+    usage_all_attempts: dict[str, float | int] = Field(default_factory=dict)
     # Resumed runs: how many, turns replayed, how many diverged (absent when none).
     resumed: dict[str, int] | None = Field(None, exclude_if=lambda v: v is None)
     counting_policy: str = COUNTING_POLICY
@@ -246,7 +249,8 @@ def resumed_row(r: RunResult) -> dict[str, Any] | None:
 
 def add_usage(into: dict[str, float | int], u: dict[str, float | int]) -> None:
     for k, v in u.items():
-        into[k] = round(into.get(k, 0) + v, 8) if isinstance(v, float) or isinstance(into.get(k), float) else into.get(k, 0) + v
+        into[k] = round(into.get(k, 0) + v, 8) if isinstance(v, float) or isinstance(into.get(k), float) \
+            else into.get(k, 0) + v
 
 
 def _final_attempts(results: Iterable[RunResult], units: dict[str, UnitInfo],
@@ -385,7 +389,8 @@ def aggregate(
                 valid_mean=(sum(valid_means) / len(valid_means)) if valid_means else None,
                 flagged=sum(1 for row in agent_rows if _flagged(row)),
                 usage=usage,
-                model_failures=dict(sorted(Counter(row.model_failure.value for row in agent_rows if row.model_failure).items())),
+                model_failures=dict(sorted(Counter(row.model_failure.value for row in agent_rows
+                                                   if row.model_failure).items())),
             )
         )
 

@@ -178,12 +178,14 @@ class Step(_Strict):
         ids = {c.tool_call_id for c in self.tool_calls or []}
         for r in self.observation.results if self.observation else []:
             if r.source_call_id is not None and r.source_call_id not in ids:
-                raise ValueError(f"observation result source_call_id {r.source_call_id!r} is not in this step's tool_calls")
+                raise ValueError(f"observation result source_call_id {r.source_call_id!r} is not in this "
+                                 "step's tool_calls")
         return self
 
 
 class Trajectory(_Strict):
-    schema_version: Literal["ATIF-v1.0", "ATIF-v1.1", "ATIF-v1.2", "ATIF-v1.3", "ATIF-v1.4", "ATIF-v1.5", "ATIF-v1.6", "ATIF-v1.7"]
+    schema_version: Literal["ATIF-v1.0", "ATIF-v1.1", "ATIF-v1.2", "ATIF-v1.3", "ATIF-v1.4", "ATIF-v1.5",
+                            "ATIF-v1.6", "ATIF-v1.7"]
     session_id: str | None = None
     trajectory_id: str | None = None
     agent: AtifAgent
@@ -263,7 +265,8 @@ class _Exporter:
         if image is not None:
             content = ([ContentPart(type="text", text=text)] if text else []) + [
                 ContentPart(type="image", source=ImageSource(media_type="image/png", path=image))]
-        extra = {k: step.get(k) for k in ("exit_code", "ok", "refused", "timed_out", "truncated") if step.get(k) not in (None, False)}
+        extra = {k: step.get(k)
+                 for k in ("exit_code", "ok", "refused", "timed_out", "truncated") if step.get(k) not in (None, False)}
         extra["ok"] = bool(step.get("ok"))
         files = step.get("files") or {}
         if files:
@@ -325,15 +328,17 @@ class _Exporter:
         )
         return Trajectory(
             schema_version=ATIF_VERSION, session_id=run_id, trajectory_id=run_id,
-            agent=AtifAgent(name=str(result.get("agent") or agent_spec.get("label") or agent_spec.get("name") or traj.get("agent") or "?"),
+            agent=AtifAgent(name=str(result.get("agent") or agent_spec.get("label") or agent_spec.get("name")
+                                     or traj.get("agent") or "?"),
                             version=f"ale {result.get('harness_version') or __version__}", model_name=model,
                             extra={"ale": {"agent": agent_spec.get("name"), "config": agent_spec.get("config"),
                                            "allowlist": agent_spec.get("allowlist")}}),
             steps=steps,
             notes=(f"Exported by ale {__version__} from the run folder {self.run_dir.name} ({layout.TRAJECTORY}). "
-                   "One agent step per model turn (the tool calls it made, with the outputs of the steps they produced), "
-                   "or per tool call when the agent made no model calls through the gateway. Outputs larger than the "
-                   f"trajectory inlines are previews; their whole values are in the run folder's {layout.TRAJECTORY_FILES}/."),
+                   "One agent step per model turn (the tool calls it made, with the outputs of the steps "
+                   "they produced), or per tool call when the agent made no model calls through the gateway. Outputs "
+                   "larger than the trajectory inlines are previews; their whole values are in the run folder's "
+                   f"{layout.TRAJECTORY_FILES}/."),
             final_metrics=final,
             extra={"ale": {"run_id": run_id, "task_id": result.get("task_id"), "variant": result.get("variant"),
                            "status": result.get("status"), "score": result.get("score"), "scores": result.get("scores"),
@@ -363,7 +368,8 @@ class _Exporter:
             if step is not None:
                 results.append(self.result_of(step, call_id))
         usage: dict[str, Any] = t["usage"] if isinstance(t.get("usage"), dict) else {}
-        prompt, completion, cached = _int(usage.get("input_tokens")), _int(usage.get("output_tokens")), _int(usage.get("cached_input_tokens"))
+        prompt, completion, cached = (_int(usage.get("input_tokens")), _int(usage.get("output_tokens")),
+                                      _int(usage.get("cached_input_tokens")))
         cost = usage.get("cost_usd") if isinstance(usage.get("cost_usd"), int | float) else None
         for key, v in (("prompt", prompt), ("completion", completion), ("cached", cached), ("cost", cost)):
             if v is not None:

@@ -31,7 +31,8 @@ _CHARGED_TO: dict[str, str] = {
     InvalidAttribution.GRADING_ENVIRONMENT: "the grading environment (excluded, retried)",
 }
 
-_PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
+_PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
+            "#9c755f", "#bab0ac")
 
 
 def to_json(report: Report) -> str:
@@ -144,7 +145,8 @@ def heatmap_svg(report: Report) -> str:
     for i, agent in enumerate(agents):
         y = head_h + i * cell
         parts.append(
-            f'<text x="{label_w - 6}" y="{y + cell / 2 + 4:.1f}" font-size="11" text-anchor="end">{escape(agent)}</text>'
+            f'<text x="{label_w - 6}" y="{y + cell / 2 + 4:.1f}" font-size="11" text-anchor="end">{escape(agent)}'
+            '</text>'
         )
         for j, item in enumerate(items):
             a = item.agents.get(agent)
@@ -173,14 +175,14 @@ th{background:#f5f5f5} td.num{text-align:right;font-variant-numeric:tabular-nums
 .muted{color:#777} .bad{color:#b00020} .ok{color:#1b7f3b}
 .legend .key{margin-right:14px;font-size:12px} .legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 .scroll{overflow-x:auto} code{background:#f5f5f5;padding:0 3px}
-"""
+"""  # noqa: E501
 
 
 def _usage_line(u: dict[str, Any]) -> str:
     if not u:
         return "no model usage"
-    line = f"{u.get('requests', 0)} model requests, {u.get('input_tokens', 0)} input tokens ({u.get('cached_input_tokens', 0)} cached), " \
-           f"{u.get('output_tokens', 0)} output tokens"
+    line = f"{u.get('requests', 0)} model requests, {u.get('input_tokens', 0)} input tokens " \
+           f"({u.get('cached_input_tokens', 0)} cached), {u.get('output_tokens', 0)} output tokens"
     return line + (f", ${u['cost_usd']:.4f}" if "cost_usd" in u else "")
 
 
@@ -209,11 +211,12 @@ def to_html(report: Report, *, link_base: str = "") -> str:
     # agents
     max_k = max([max(a.pass_at_k) for a in report.agents if a.pass_at_k] + [0])
     kinds = ", ".join(f"{escape(k)}: {v}" for k, v in report.counts_by_kind.items())
-    out.append(f"<h2>Agents</h2><p class='policy'>{escape(report.counting_policy)}</p><p class='kinds'>runs by kind: {kinds}</p>"
-               "<table id='agents'><tr><th>agent</th><th>mean</th><th>95% CI</th><th>valid-only mean</th>"
-               f"<th>pass rate ≥ {report.pass_threshold:g}</th>"
+    out.append(f"<h2>Agents</h2><p class='policy'>{escape(report.counting_policy)}</p><p class='kinds'>runs by "
+               f"kind: {kinds}</p><table id='agents'><tr><th>agent</th><th>mean</th><th>95% CI</th>"
+               f"<th>valid-only mean</th><th>pass rate ≥ {report.pass_threshold:g}</th>"
                + "".join(f"<th>pass@{k}</th>" for k in range(1, max_k + 1))
-               + "<th>tasks scored</th><th>runs counted / final</th><th>invalid</th><th>flagged (counted as 0)</th></tr>")
+               + "<th>tasks scored</th><th>runs counted / final</th><th>invalid</th><th>flagged "
+                 "(counted as 0)</th></tr>")
     for a in report.agents:
         ci = "–" if a.ci_low is None else f"[{_fmt(a.ci_low)}, {_fmt(a.ci_high)}]"
         out.append(
@@ -238,9 +241,10 @@ def to_html(report: Report, *, link_base: str = "") -> str:
 
     # cost and the model's failures
     if any(a.usage or a.model_failures for a in report.agents):
-        out.append("<h2>Cost and model failures</h2><p class='muted'>From each run's gateway record: the provider's own usage "
-                   "fields, priced with the run's price table (final attempts; every attempt: "
-                   + escape(_usage_line(report.usage_all_attempts)) + "). Runs the model's provider ended are infrastructure "
+        out.append("<h2>Cost and model failures</h2><p class='muted'>From each run's gateway record: the "
+                   "provider's own usage fields, priced with the run's price table (final attempts; every attempt: "
+                   + escape(_usage_line(report.usage_all_attempts))
+                   + "). Runs the model's provider ended are infrastructure "
                    "errors: left out of the headline, counted here.</p>")
         out.append("<table id='cost'><tr><th>agent</th><th>model requests</th><th>input tokens</th><th>cached</th>"
                    "<th>output tokens</th><th>cost (USD)</th><th>model failures</th></tr>")
@@ -248,8 +252,10 @@ def to_html(report: Report, *, link_base: str = "") -> str:
             u = a.usage
             fails = ", ".join(f"{k} {v}" for k, v in a.model_failures.items()) or "none"
             out.append(f"<tr><td>{escape(a.agent)}</td>" + "".join(
-                f"<td class='num'>{u.get(k, 0)}</td>" for k in ("requests", "input_tokens", "cached_input_tokens", "output_tokens"))
-                + "<td class='num'>" + ("" if "cost_usd" not in u else f"{u['cost_usd']:.4f}") + f"</td><td>{escape(fails)}</td></tr>")
+                f"<td class='num'>{u.get(k, 0)}</td>"
+                for k in ("requests", "input_tokens", "cached_input_tokens", "output_tokens"))
+                + "<td class='num'>" + ("" if "cost_usd" not in u else f"{u['cost_usd']:.4f}")
+                + f"</td><td>{escape(fails)}</td></tr>")
         out.append("</table>")
 
     # plots
@@ -282,15 +288,19 @@ def to_html(report: Report, *, link_base: str = "") -> str:
             if summary is None:
                 cells.append("<td class='muted'>–</td>")
             else:
-                cells.append(f"<td class='num'>{_fmt(summary.mean)} <span class='muted'>({len(summary.scores)}/{summary.runs})</span></td>")
-        out.append(f"<tr><td>{escape(item.item)}</td><td>{item.tier}</td><td class='num'>{_fmt(item.best)}</td>{''.join(cells)}</tr>")
+                cells.append(f"<td class='num'>{_fmt(summary.mean)} "
+                             f"<span class='muted'>({len(summary.scores)}/{summary.runs})</span></td>")
+        out.append(f"<tr><td>{escape(item.item)}</td><td>{item.tier}</td><td class='num'>{_fmt(item.best)}"
+                   f"</td>{''.join(cells)}</tr>")
     out.append("</table></div>")
 
     out.append(reasons_html(report.runs, link))
 
     # invalid
-    uncounted = [r for r in report.runs if r.status in (RunStatus.INVALID_EVALUATION_ENVIRONMENT, RunStatus.GRADING_FAILED)]
-    out.append(f"<h2>Invalid runs and grading failures ({len(uncounted)}; flagged for review: {len(report.flagged_runs)})</h2>")
+    uncounted = [r for r in report.runs
+                 if r.status in (RunStatus.INVALID_EVALUATION_ENVIRONMENT, RunStatus.GRADING_FAILED)]
+    out.append(f"<h2>Invalid runs and grading failures ({len(uncounted)}; flagged for review: "
+               f"{len(report.flagged_runs)})</h2>")
     if uncounted:
         out.append("<table id='invalid'><tr><th>run</th><th>agent</th><th>task</th><th>status</th><th>charged to</th>"
                    "<th>reason</th></tr>")
@@ -316,14 +326,15 @@ def to_html(report: Report, *, link_base: str = "") -> str:
 
     if report.resumed:
         rs = report.resumed
-        out.append(f"<h2>Resumed runs ({rs['runs']})</h2><p class='muted'>Continued from an interrupted attempt's gateway record: "
-                   f"{rs['replayed_turns']} recorded model turn(s) replayed (their tool calls run again, the model not called, "
-                   f"not billed again), {rs['diverged']} run(s) diverged from the record and went live there. Each is marked "
-                   "<b>resumed</b> below.</p>")
+        out.append(f"<h2>Resumed runs ({rs['runs']})</h2><p class='muted'>Continued from an interrupted attempt's "
+                   f"gateway record: {rs['replayed_turns']} recorded model turn(s) replayed (their tool calls run "
+                   f"again, the model not called, not billed again), {rs['diverged']} run(s) diverged from the record "
+                   "and went live there. Each is marked <b>resumed</b> below.</p>")
 
     # every run
     out.append("<h2>All runs</h2><div class='scroll'><table id='runs'><tr><th>run</th><th>agent</th><th>task</th>"
-               "<th>repeat</th><th>attempt</th><th>status</th><th>score</th><th>why not scored</th><th>trajectory</th></tr>")
+               "<th>repeat</th><th>attempt</th><th>status</th><th>score</th><th>why not scored</th>"
+               "<th>trajectory</th></tr>")
     for r in report.runs:
         score = _fmt(r.score) if r.counted else f"<span class='muted'>{_fmt(r.score)} (not counted)</span>"
         out.append(

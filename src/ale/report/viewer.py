@@ -154,7 +154,8 @@ def find_prompt(run_dir: Path, trajectory: dict[str, Any], plan: dict[str, Any])
     if text is not None:
         return Prompt(text, f"{rel} (the prompt file the agent's harness read)")
     evidence = _read_json(run_dir / layout.evidence_path(layout.Evidence.AGENT))
-    for where, doc in ((layout.evidence_path(layout.Evidence.AGENT), evidence), (layout.TRAJECTORY, trajectory.get("extra"))):
+    for where, doc in ((layout.evidence_path(layout.Evidence.AGENT), evidence),
+                       (layout.TRAJECTORY, trajectory.get("extra"))):
         if isinstance(doc, dict) and isinstance(doc.get("prompt"), str):
             return Prompt(doc["prompt"], f"{where} (prompt)")
     task_dir = plan.get("task_dir")
@@ -169,7 +170,9 @@ def find_prompt(run_dir: Path, trajectory: dict[str, Any], plan: dict[str, Any])
             raw = {}
         described = "\n\n".join(str(raw[k]) for k in ("title", "summary", "description") if isinstance(raw.get(k), str))
         if described:
-            return Prompt(None, f"{note}; the task card in {task_dir} (as it is now, not as it was) describes the task as:\n\n{described}")
+            return Prompt(None,
+                          f"{note}; the task card in {task_dir} (as it is now, not as it was) describes the task "
+                          f"as:\n\n{described}")
         return Prompt(None, f"{note}, and the task folder {task_dir} has no task card describing it.")
     return Prompt(None, note + ".")
 
@@ -217,17 +220,20 @@ def load_run(run_dir: Path, *, verify: bool = True) -> RunData:
         except OSError:
             pass
         if steps:
-            notes.append(f"{layout.TRAJECTORY} is missing or unreadable: the steps shown are those of {layout.TRAJECTORY_LOG}")
+            notes.append(f"{layout.TRAJECTORY} is missing or unreadable: the steps shown are those of "
+                         f"{layout.TRAJECTORY_LOG}")
             trajectory = {"steps": steps}
         else:
             notes.append(f"no readable {layout.TRAJECTORY} or {layout.TRAJECTORY_LOG}: no steps to show")
     if trajectory.get("steps_source") == "gateway":
         derivation = trajectory["steps_derivation"] if isinstance(trajectory.get("steps_derivation"), dict) else {}
-        notes.append(f"the steps are derived from the gateway's record ({layout.gateway_path(layout.Gateway.RECORDS)}): each call as "
-                     f"the model made it, each result as the harness sent it back; {derivation.get('unanswered', 0)} call(s) without "
-                     f"a result, {derivation.get('malformed', 0)} malformed part(s) skipped")
+        notes.append("the steps are derived from the gateway's record "
+                     f"({layout.gateway_path(layout.Gateway.RECORDS)}): each call as the model made it, each result as "
+                     f"the harness sent it back; {derivation.get('unanswered', 0)} call(s) without a result, "
+                     f"{derivation.get('malformed', 0)} malformed part(s) skipped")
     if isinstance(trajectory.get("harness_transcript"), str):
-        notes.append(f"the harness's own transcript, written by the candidate: {clean(trajectory['harness_transcript'])}")
+        notes.append("the harness's own transcript, written by the candidate: "
+                     f"{clean(trajectory['harness_transcript'])}")
     if not trajectory.get("model_turns"):
         turns = _read_json(run_dir / layout.gateway_path(layout.Gateway.TURNS))
         if isinstance(turns, dict) and isinstance(turns.get("turns"), list):
@@ -329,7 +335,8 @@ def build_steps(data: RunData, links: _Links) -> dict[str, Any]:
         text, _, text_cut = cut(t.get("text") or "")
         reasoning, _, r_cut = cut(t.get("reasoning") or "")
         turns.append({
-            "n": n, "request": t.get("request"), "time": clean(t.get("time") or ""), "model": clean(t.get("model") or ""),
+            "n": n, "request": t.get("request"), "time": clean(t.get("time") or ""),
+            "model": clean(t.get("model") or ""),
             "api": clean(t.get("api") or ""), "decision": clean(t.get("decision") or ""), "status": t.get("status"),
             "messages": t.get("messages"),
             "usage": {clean(k): v for k, v in usage.items() if isinstance(v, int | float) and not isinstance(v, bool)},
@@ -353,7 +360,8 @@ def build_steps(data: RunData, links: _Links) -> dict[str, Any]:
             "exit": s.get("exit_code") if isinstance(s.get("exit_code"), int) else None,
             "timed_out": bool(s.get("timed_out")), "truncated": bool(s.get("truncated")),
             "error": clean(s.get("error")) if s.get("error") else None,
-            "t": clean(s.get("started_at") or ""), "s": s.get("seconds") if isinstance(s.get("seconds"), int | float) else None,
+            "t": clean(s.get("started_at") or ""),
+            "s": s.get("seconds") if isinstance(s.get("seconds"), int | float) else None,
             "off": round((t0 - start).total_seconds(), 3) if t0 and start else None,
             "values": values,
             "image": links.image(image_ref.get("path")) if isinstance(image_ref, dict) else None,
@@ -400,7 +408,7 @@ pre{background:#f7f7f7;border:1px solid #e5e5e5;padding:6px 8px;margin:4px 0;whi
 .controls{margin:6px 0 4px} .controls>*{margin-right:10px}
 .label{font-size:12px;color:var(--muted);margin-top:4px}
 details>summary{cursor:pointer}
-"""
+"""  # noqa: E501
 
 _STEPS_JS = r"""
 (function(){
@@ -515,7 +523,7 @@ _STEPS_JS = r"""
   var m = /^#step-(\d+)$/.exec(location.hash); if (m) { goTo(parseInt(m[1], 10)); }
   document.body.setAttribute("data-ready", "1");
 })();
-"""
+"""  # noqa: E501
 
 
 def _badge(status: str | None, ident: str = "") -> str:
@@ -551,7 +559,8 @@ def _section_task(d: RunData) -> list[str]:
     if d.prompt.text is not None:
         shown, total, was_cut = cut(d.prompt.text, 64 * 1024)
         out.append(f'<div class="label">the prompt, from {esc(d.prompt.source)}'
-                   + (f" (first 64 KB of {_size(total)})" if was_cut else "") + f'</div><pre id="prompt">{esc(shown)}</pre>')
+                   + (f" (first 64 KB of {_size(total)})" if was_cut else "")
+                   + f'</div><pre id="prompt">{esc(shown)}</pre>')
     else:
         out.append(f'<pre id="prompt" class="muted">{esc(d.prompt.source)}</pre>')
     return out + ["</section>"]
@@ -574,15 +583,17 @@ def _section_timeline(d: RunData) -> list[str]:
     if not phases or start is None or end is None:
         return out + ['<p class="muted">no phase times recorded</p></section>']
     total = max((end - start).total_seconds(), 1e-3)
-    out.append(f'<p class="muted">the run took {total:.3f} s, from {esc(d.result.get("started_at") or start.isoformat())}</p>'
-               '<table id="phases"><tr><th>phase</th><th>starts at</th><th>seconds</th><th>on the run\'s time line</th></tr>')
+    out.append(f'<p class="muted">the run took {total:.3f} s, from '
+               f'{esc(d.result.get("started_at") or start.isoformat())}</p><table id="phases"><tr><th>phase</th>'
+               '<th>starts at</th><th>seconds</th><th>on the run\'s time line</th></tr>')
     for p, a, b in times:
         left = ((a - start).total_seconds() / total * 100) if a else 0
         width = (((b - a).total_seconds() / total) * 100) if a and b else 0
         secs = p.get("seconds")
-        out.append(f"<tr><td>{esc(p.get('name'))}</td><td class='num'>{f'+{(a - start).total_seconds():.3f} s' if a else '–'}</td>"
-                   f"<td class='num'>{esc(f'{secs:.3f}' if isinstance(secs, int | float) else '–')}</td>"
-                   f"<td><div class='bar'><i style='left:{left:.2f}%;width:{max(width, 0.3):.2f}%'></i></div></td></tr>")
+        out.append(f"<tr><td>{esc(p.get('name'))}</td>"
+                   f"<td class='num'>{f'+{(a - start).total_seconds():.3f} s' if a else '–'}</td>"
+                   f"<td class='num'>{esc(f'{secs:.3f}' if isinstance(secs, int | float) else '–')}</td><td>"
+                   f"<div class='bar'><i style='left:{left:.2f}%;width:{max(width, 0.3):.2f}%'></i></div></td></tr>")
     return out + ["</table></section>"]
 
 
@@ -591,7 +602,8 @@ def _section_scores(d: RunData) -> list[str]:
     out = ['<section id="scores"><h2>Scores and status</h2><table id="score-table">',
            f"<tr><th>status</th><td>{_badge(r.get('status'), 'status')}</td></tr>",
            f"<tr><th>score</th><td id='score'>{esc(r.get('score') if r.get('score') is not None else '–')}</td></tr>",
-           f"<tr><th>scores (per check)</th><td>{esc(', '.join(str(s) for s in r.get('scores') or []) or '–')}</td></tr>"]
+           "<tr><th>scores (per check)</th>"
+           f"<td>{esc(', '.join(str(s) for s in r.get('scores') or []) or '–')}</td></tr>"]
     reason = one_line_reason(r)
     if reason:
         out.append(f"<tr><th>why not scored</th><td class='bad' id='reason'>{esc(reason)}</td></tr>")
@@ -610,7 +622,8 @@ def _section_verdict(d: RunData) -> list[str]:
     out = ['<section id="verdict"><h2>Evidence verdict (ale verify)</h2>']
     rep = d.verify
     if rep is None:
-        return out + ['<p class="muted">not verified for this page (run <code>ale verify</code> on the run folder)</p></section>']
+        return out + ['<p class="muted">not verified for this page (run <code>ale verify</code> on the run folder)</p>'
+                      '</section>']
     label = "UNUSABLE" if not rep.usable else ("VALID" if rep.valid else "INVALID")
     cls = "ok" if rep.valid and rep.usable else "bad"
     checks = [c for c in rep.checks if isinstance(c, dict)]
@@ -618,7 +631,8 @@ def _section_verdict(d: RunData) -> list[str]:
     out.append(f'<p><span class="badge {cls}" id="verdict-label">{label}</span> '
                f"{len(checks) - len(failed)} check(s) passed, {len(failed)} did not</p>")
     if rep.reasons:
-        out.append("<ul id='verify-reasons'>" + "".join(f"<li class='bad'>{esc(x)}</li>" for x in rep.reasons) + "</ul>")
+        out.append("<ul id='verify-reasons'>"
+                   + "".join(f"<li class='bad'>{esc(x)}</li>" for x in rep.reasons) + "</ul>")
     if rep.key_source:
         out.append(f"<p class='muted'>signature: {esc(rep.key_source)}</p>")
     for note in rep.notes:
@@ -630,7 +644,8 @@ def _section_verdict(d: RunData) -> list[str]:
             f"<tr class='{'ok' if c.get('ok') is True else 'bad'}'><td>{'✓' if c.get('ok') is True else '✗'}</td>"
             f"<td>{esc(c.get('area') or '')}</td><td>{esc(c.get('phase') or '')}</td><td>{esc(c.get('id'))}</td>"
             f"<td>{esc(cut(json.dumps(c.get('expected'), default=str), 300)[0])}</td>"
-            f"<td>{esc(cut(json.dumps(c.get('observed'), default=str), 300)[0])}</td><td>{esc(c.get('detail') or '')}</td></tr>"
+            f"<td>{esc(cut(json.dumps(c.get('observed'), default=str), 300)[0])}</td>"
+            f"<td>{esc(c.get('detail') or '')}</td></tr>"
             for c in rows)
         return (f"<table id='{ident}'><tr><th></th><th>area</th><th>group</th><th>check</th><th>expected</th>"
                 f"<th>observed</th><th>detail</th></tr>{body}</table>")
@@ -658,10 +673,11 @@ def _section_steps(d: RunData, payload: dict[str, Any]) -> list[str]:
            f"Values longer than {_size(payload['shown'])} are cut, with a link to the whole value.</p>"]
     for note in d.notes:
         out.append(f"<p class='warn'>{esc(note)}</p>")
-    out.append('<div class="controls"><label>tool <select id="steps-tool"><option value="">all</option></select></label>'
-               '<label><input type="checkbox" id="steps-failed"> failed only</label>'
+    out.append('<div class="controls"><label>tool <select id="steps-tool"><option value="">all</option>'
+               '</select></label><label><input type="checkbox" id="steps-failed"> failed only</label>'
                '<button id="steps-prev" type="button">◀ previous</button><span id="steps-page"></span>'
-               '<button id="steps-next" type="button">next ▶</button><button id="steps-all" type="button">show all</button></div>'
+               '<button id="steps-next" type="button">next ▶</button>'
+               '<button id="steps-all" type="button">show all</button></div>'
                '<noscript><p class="bad">the steps are shown by this page\'s script: enable JavaScript, or read '
                f"{esc(layout.TRAJECTORY)}</p></noscript><div id='steps-list'></div></section>")
     return out
@@ -671,10 +687,12 @@ def _section_deliverables(d: RunData, links: _Links) -> list[str]:
     out = ['<section id="deliverables"><h2>Deliverables</h2>']
     m = d.deliverables
     if m is None:
-        return out + [f"<p class='muted'>no {esc(layout.DELIVERABLES)}: the run ended before its deliverables were copied</p></section>"]
+        return out + [f"<p class='muted'>no {esc(layout.DELIVERABLES)}: the run ended before its deliverables were "
+                      "copied</p></section>"]
     files = [f for f in m.get("files") or [] if isinstance(f, dict)]
     skipped = [s for s in m.get("skipped") or [] if isinstance(s, dict)]
-    out.append(f"<p>{len(files)} file(s), {_size(m.get('total_bytes'))} copied; {len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} "
+    out.append(f"<p>{len(files)} file(s), {_size(m.get('total_bytes'))} copied; "
+               f"{len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} "
                f"skipped{'; stopped: ' + esc(m.get('stopped')) if m.get('stopped') else ''}.</p>")
     if files:
         out.append("<table id='deliverable-files'><tr><th>path</th><th>size</th><th>sha256</th><th>mode</th></tr>")
@@ -688,13 +706,15 @@ def _section_deliverables(d: RunData, links: _Links) -> list[str]:
                        f"<td>{esc(oct(mode) if isinstance(mode, int) else '')}</td></tr>")
         out.append("</table>")
         if len(files) > 5000:
-            out.append(f"<p class='muted'>the first 5000 of {len(files)} files are listed; all are in {esc(layout.DELIVERABLES)}</p>")
+            out.append(f"<p class='muted'>the first 5000 of {len(files)} files are listed; all are in "
+                       f"{esc(layout.DELIVERABLES)}</p>")
     if skipped:
-        out.append("<div class='label'>skipped, and why</div><table id='deliverable-skipped'><tr><th>path</th><th>kind</th>"
-                   "<th>size</th><th>reason</th><th>limit</th></tr>")
+        out.append("<div class='label'>skipped, and why</div><table id='deliverable-skipped'><tr><th>path"
+                   "</th><th>kind</th><th>size</th><th>reason</th><th>limit</th></tr>")
         for s in skipped[:5000]:
-            out.append(f"<tr><td>{esc(s.get('path'))}</td><td>{esc(s.get('kind') or '')}</td><td class='num'>{_size(s.get('size'))}</td>"
-                       f"<td>{esc(s.get('reason'))}</td><td>{esc(s.get('limit') or '')}</td></tr>")
+            out.append(f"<tr><td>{esc(s.get('path'))}</td><td>{esc(s.get('kind') or '')}</td>"
+                       f"<td class='num'>{_size(s.get('size'))}</td><td>{esc(s.get('reason'))}</td>"
+                       f"<td>{esc(s.get('limit') or '')}</td></tr>")
         out.append("</table>")
     limits = m.get("limits")
     if isinstance(limits, dict):
@@ -760,19 +780,22 @@ def render_run(data: RunData, page: Path, *, back: tuple[str, str] | None = None
     out = _head(title)
     out.append(f"<header><h1>{esc(run_id)}</h1><div class='meta'>{_badge(r.get('status'))} "
                f"score {esc(r.get('score') if r.get('score') is not None else '–')} · "
-               f"{esc(r.get('task_id') or data.plan.get('task_dir') or '?')} variant {esc(r.get('variant', data.plan.get('variant')))} · "
-               f"agent {esc(r.get('agent') or '?')}"
+               f"{esc(r.get('task_id') or data.plan.get('task_dir') or '?')} variant "
+               f"{esc(r.get('variant', data.plan.get('variant')))} · agent {esc(r.get('agent') or '?')}"
                + (f" · <a href='{html.escape(back[0], quote=True)}'>{esc(back[1])}</a>" if back else "") + "</div>"
                + (f"<div class='reason' id='header-reason'>{esc(reason)}</div>" if reason else "") + "</header>")
     out.append("<nav>" + "".join(f"<a href='#{k}'>{v}</a>" for k, v in (
         ("task", "task & prompt"), ("timeline", "timeline"), ("scores", "scores"),
         *((("screens", "screen"),) if (data.run_dir / layout.evidence_path(layout.Evidence.SCREENS)).is_file() else ()),
         ("verdict", "evidence"),
-        ("trajectory", "trajectory"), ("deliverables", "deliverables"), ("task-log", layout.TASK_LOG), ("files", "files"))) + "</nav><main>")
+        ("trajectory", "trajectory"), ("deliverables", "deliverables"), ("task-log", layout.TASK_LOG),
+        ("files", "files"))) + "</nav><main>")
     out += _section_task(data) + _section_timeline(data) + _section_scores(data) + _section_screens(data, links)
-    out += _section_verdict(data) + _section_steps(data, payload) + _section_deliverables(data, links) + _section_task_log(data, links)
+    out += _section_verdict(data) + _section_steps(data, payload) + _section_deliverables(data, links) \
+        + _section_task_log(data, links)
     out += _section_files(links)
-    out.append(f"<p class='muted'>written by ale {esc(__version__)} (ale view) at {esc(datetime.now().astimezone().isoformat(timespec='seconds'))}</p></main>")
+    out.append(f"<p class='muted'>written by ale {esc(__version__)} (ale view) at "
+               f"{esc(datetime.now().astimezone().isoformat(timespec='seconds'))}</p></main>")
     out.append(f'<script type="application/json" id="ale-data">{json_for_script(payload)}</script>')
     out.append(f"<script>{_STEPS_JS}</script></body></html>")
     return "\n".join(out)
@@ -838,7 +861,8 @@ def experiment_runs(exp_dir: Path) -> list[RunRow]:
     units = read_units(exp_dir)
     rows: list[RunRow] = []
     root = runs_root(exp_dir)
-    for run_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []:
+    for run_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
+            if root.is_dir() else []:
         raw = _read_json(run_dir / layout.RESULT)
         result = raw if isinstance(raw, dict) else {}
         try:
@@ -857,7 +881,8 @@ def experiment_runs(exp_dir: Path) -> list[RunRow]:
             with open(traj, "rb") as f:
                 steps = sum(1 for line in f if line.strip())
         rows.append(RunRow(
-            run_id=str(result.get("run_id") or run_dir.name), path=run_dir, task=str(task), variant=variant, agent=str(agent),
+            run_id=str(result.get("run_id") or run_dir.name), path=run_dir, task=str(task), variant=variant,
+            agent=str(agent),
             repeat=repeat, attempt=result.get("attempt"), status=str(result.get("status") or "no result"),
             score=result.get("score") if isinstance(result.get("score"), int | float) else None,
             reason=one_line_reason(result), seconds=(b - a).total_seconds() if a and b else None, steps=steps))
@@ -906,13 +931,15 @@ def render_experiment(exp_dir: Path, rows: list[RunRow], pages: dict[str, str], 
         opts = "".join(f"<option value='{esc(v)}'>{esc(v)}</option>" for v in sorted(set(values)))
         return f"<label>{key} <select id='filter-{key}'><option value=''>all</option>{opts}</select></label>"
 
-    out.append("<div class='controls'>" + select("agent", [r.agent for r in rows]) + select("task", [r.task for r in rows])
+    out.append("<div class='controls'>" + select("agent", [r.agent for r in rows])
+               + select("task", [r.task for r in rows])
                + select("status", [r.status for r in rows])
                + "<label>search <input id='filter-text' type='search'></label><span id='shown'></span></div>")
     agents: dict[str, list[RunRow]] = {}
     for r in rows:
         agents.setdefault(r.agent, []).append(r)
-    out.append("<table id='agents'><tr><th>agent</th><th>runs</th><th>scored</th><th>mean score (scored runs)</th></tr>")
+    out.append("<table id='agents'><tr><th>agent</th><th>runs</th><th>scored</th>"
+               "<th>mean score (scored runs)</th></tr>")
     for agent, rs in sorted(agents.items()):
         scores = [r.score for r in rs if r.status == RunStatus.SCORED and r.score is not None]
         mean = f"{sum(scores) / len(scores):.3f}" if scores else "–"
@@ -921,21 +948,25 @@ def render_experiment(exp_dir: Path, rows: list[RunRow], pages: dict[str, str], 
     out.append("</table>")
     reasons = Counter(r.reason for r in rows if r.reason)
     if reasons:
-        out.append("<details open><summary>why runs did not score</summary><table id='reasons'><tr><th>runs</th><th>reason</th></tr>"
+        out.append("<details open><summary>why runs did not score</summary><table id='reasons'><tr><th>runs</th>"
+                   "<th>reason</th></tr>"
                    + "".join(f"<tr><td class='num'>{n}</td><td>{esc(k)}</td></tr>" for k, n in reasons.most_common())
                    + "</table></details>")
     out.append("<table id='runs'><thead><tr><th>run</th><th>task</th><th>variant</th><th>agent</th><th>repeat</th>"
-               "<th>attempt</th><th>status</th><th>score</th><th>steps</th><th>seconds</th><th>why not scored</th></tr></thead><tbody>")
+               "<th>attempt</th><th>status</th><th>score</th><th>steps</th><th>seconds</th><th>why not scored</th>"
+               "</tr></thead><tbody>")
     for r in rows:
         href = pages.get(r.run_id)
         link = f"<a href='{html.escape(href, quote=True)}'>{esc(r.run_id)}</a>" if href else esc(r.run_id)
         cls = "ok" if r.status == RunStatus.SCORED else "bad"
         out.append(
             f"<tr data-agent='{esc(r.agent)}' data-task='{esc(r.task)}' data-status='{esc(r.status)}'><td>{link}</td>"
-            f"<td>{esc(r.task)}</td><td class='num'>{esc(r.variant)}</td><td>{esc(r.agent)}</td><td class='num'>{esc(r.repeat)}</td>"
-            f"<td class='num'>{esc(r.attempt)}</td><td class='{cls}'>{esc(r.status)}</td>"
-            f"<td class='num'>{esc('–' if r.score is None else f'{r.score:.3f}')}</td><td class='num'>{esc(r.steps)}</td>"
-            f"<td class='num'>{esc('–' if r.seconds is None else f'{r.seconds:.1f}')}</td><td>{esc(r.reason or '')}</td></tr>")
+            f"<td>{esc(r.task)}</td><td class='num'>{esc(r.variant)}</td><td>{esc(r.agent)}</td>"
+            f"<td class='num'>{esc(r.repeat)}</td><td class='num'>{esc(r.attempt)}</td>"
+            f"<td class='{cls}'>{esc(r.status)}</td><td class='num'>{esc('–' if r.score is None else f'{r.score:.3f}')}"
+            f"</td><td class='num'>{esc(r.steps)}</td>"
+            f"<td class='num'>{esc('–' if r.seconds is None else f'{r.seconds:.1f}')}</td>"
+            f"<td>{esc(r.reason or '')}</td></tr>")
     out.append("</tbody></table>")
     out.append(f"<p class='muted'>written by ale {esc(__version__)} (ale view) at "
                f"{esc(datetime.now().astimezone().isoformat(timespec='seconds'))}</p></main>")
@@ -971,8 +1002,8 @@ def view(target: Path, out: Path | None = None, *, verify: bool = True, progress
         return write_run_page(target, out, verify=verify)
     if is_experiment_dir(target):
         return write_experiment_pages(target, out, verify=verify, progress=progress)
-    raise ValueError(f"{target} is neither a run folder (no {layout.PLAN} or {layout.RESULT}) nor an experiment's output "
-                     f"folder (no {layout.RUNS_DIR}/ or {layout.EXPERIMENT_RECORD})")
+    raise ValueError(f"{target} is neither a run folder (no {layout.PLAN} or {layout.RESULT}) nor an "
+                     f"experiment's output folder (no {layout.RUNS_DIR}/ or {layout.EXPERIMENT_RECORD})")
 
 
 def timed_view(target: Path, out: Path | None = None, **kw: Any) -> tuple[Path, float]:

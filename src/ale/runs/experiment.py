@@ -545,7 +545,8 @@ def resolve_tasks(exp: Experiment, *, jobs: int = 4, skipped: list[Skipped] | No
     provider = exp.environment.provider
     mapped = tuple(exp.environment.vm_images) if provider == "qemu" else ()
     with ThreadPoolExecutor(max(1, min(jobs, len(dirs) or 1))) as pool:
-        screens = dict(zip(dirs, pool.map(lambda d: screen_task(d, provider, build_env=build_envs, vm_images=mapped), dirs),
+        screens = dict(zip(dirs,
+                           pool.map(lambda d: screen_task(d, provider, build_env=build_envs, vm_images=mapped), dirs),
                            strict=True))
     skipped = skipped if skipped is not None else []
     out = []
@@ -560,7 +561,8 @@ def resolve_tasks(exp: Experiment, *, jobs: int = 4, skipped: list[Skipped] | No
         for v in sorted(set(vs)):
             if v >= len(sc.variants):
                 skipped.append(Skipped(name, str(task_dir), v, NO_VARIANT,
-                                       f"variant {v} does not exist: the task has {len(sc.variants)} (0..{len(sc.variants) - 1})"))
+                                       f"variant {v} does not exist: the task has {len(sc.variants)} "
+                                       f"(0..{len(sc.variants) - 1})"))
             elif sc.variants[v].unsupported:
                 skipped.append(Skipped(name, str(task_dir), v, "unsupported", str(sc.variants[v].unsupported)))
             elif sc.variants[v].needs_data and not data:
@@ -608,7 +610,8 @@ def plan_units(exp: Experiment, *, skipped: list[Skipped] | None = None, build_e
     tasks = resolve_tasks(exp, skipped=skipped, screen=True, build_envs=build_envs)
     cards = {t.task_dir: load_card(t.task_dir) for t in tasks}
     policies = {d: policy_for_card(policy, card)[0] for d, card in cards.items()}
-    vm_images = {d: env.vm_images.get(card.snapshot or "") for d, card in cards.items()} if env.provider == "qemu" else {}
+    vm_images = {d: env.vm_images.get(card.snapshot or "") for d, card in cards.items()} \
+        if env.provider == "qemu" else {}
     for task in tasks:
         for variant in task.variants:
             for agent in exp.agent_specs():

@@ -85,7 +85,8 @@ class ProbeResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "kind": KIND, "note": NOT_A_RUN, "probe_id": self.probe_id, "task_id": self.task_id, "variant": self.variant,
+            "kind": KIND, "note": NOT_A_RUN, "probe_id": self.probe_id, "task_id": self.task_id,
+            "variant": self.variant,
             "label": self.label, "status": self.status.value, "scores": self.scores, "score": self.score,
             "error": self.error, "violations": self.violations, "stages": self.stages,
             "write_failures": self.write_failures, "harness_version": ale.__version__, **self.extra,
@@ -121,12 +122,14 @@ class WarmProcesses:
             pool = self._pools.get(key)
             if pool is None:
                 environment = await lifecycle.task_environment(plan)
-                pool = self._pools[key] = TaskProcessPool(plan.task_dir, environment=environment, card=card, network=network)
+                pool = self._pools[key] = TaskProcessPool(plan.task_dir, environment=environment, card=card,
+                                                          network=network)
         return pool
 
     def counts(self) -> dict[str, int]:
         """How many warm processes were started and how many runs they served."""
-        return {"spawned": sum(p.spawned for p in self._pools.values()), "lent": sum(p.lent for p in self._pools.values())}
+        return {"spawned": sum(p.spawned for p in self._pools.values()),
+                "lent": sum(p.lent for p in self._pools.values())}
 
     async def close(self) -> None:
         pools, self._pools = list(self._pools.values()), {}
@@ -159,14 +162,15 @@ async def grade_probe(
     prepared_in = round(time.monotonic() - t0, 4)  # the task process and load(), the variant, the image
     if prep.shape is not RunShape.STANDARD:
         await prep.process.close()
-        raise GradingOnlyUnsupported(f"{plan.task_dir}: a {prep.shape} task's grader reads the candidate's live desktop")
+        raise GradingOnlyUnsupported(f"{plan.task_dir}: a {prep.shape} task's grader reads the candidate's "
+                                     "live desktop")
     probe_dir = probe_dir_for(plan, probe_id)
     probe_dir.mkdir(parents=True)
     prep.process.log_path = probe_dir / layout.TASK_LOG
     scratch = layout.scratch_dir(plan.runs_dir, probe_id)
     # no evidence: nothing here is fsynced (a probe's 20-odd fsyncs would stall the others' event loop)
-    state = lifecycle.new_state(prep, RunFolder(probe_dir, scratch, prep.variant), probe_dir, kind=RunKind.GRADING_PROBE,
-                                durable=False)
+    state = lifecycle.new_state(prep, RunFolder(probe_dir, scratch, prep.variant), probe_dir,
+                                kind=RunKind.GRADING_PROBE, durable=False)
     record = state.record
     stages: dict[str, float] = {"prepare": prepared_in}
     started = now()

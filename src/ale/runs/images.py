@@ -51,7 +51,8 @@ def image_for(plan: RunPlan) -> str:
     image (``start_image``: the preflight's own choice)."""
     if desktop_mod.start_image(plan.image, plan.provider, desktop=True) == plan.image:
         return plan.image  # a desktop would not change it: nothing to screen
-    screen = screen_task(plan.task_dir, plan.provider, vm_images=(load_card(plan.task_dir).snapshot or "",) if plan.vm_image else ())
+    screen = screen_task(plan.task_dir, plan.provider,
+                         vm_images=(load_card(plan.task_dir).snapshot or "",) if plan.vm_image else ())
     facts = next((v for v in screen.variants if v.index == plan.variant), None)
     return desktop_mod.start_image(plan.image, plan.provider, desktop=facts is not None and facts.desktop)
 

@@ -190,7 +190,8 @@ async def execute_run(
     return result
 
 
-def _run_result(state: RunState, status: RunStatus, error: str | None, extra: dict[str, Any], started: datetime) -> RunResult:
+def _run_result(state: RunState, status: RunStatus, error: str | None, extra: dict[str, Any],
+                started: datetime) -> RunResult:
     """The run kind's finisher: its result, from what its steps recorded and how it ended."""
     plan, prep, record, run_dir = state.plan, state.prep, state.record, state.folder.run_dir
     scores = record.scores
@@ -273,7 +274,8 @@ def _record_static_evidence(state: RunState) -> None:
 
 
 def _finish_record(state: RunState, result: RunResult) -> None:
-    if state.record.workspace_at_creation is not None and not state.record.store.path(Evidence.WORKSPACE_EMPTY).exists():
+    if state.record.workspace_at_creation is not None \
+            and not state.record.store.path(Evidence.WORKSPACE_EMPTY).exists():
         # The run stopped before the agent's start: keep the creation proof alone.
         state.record.store.write_json(Evidence.WORKSPACE_EMPTY, {"at_creation": state.record.workspace_at_creation})
     if state.record.screens:

@@ -139,7 +139,8 @@ def acquire(key: str, build: Callable[[Path], dict[str, Any]], *, root: Path | N
                 # One read of the package: the digests the copy took are reused.
                 public_tree = ev.hash_tree(tmp / PUBLIC, known=kept.pop("hashed", {}))
                 _make_read_only(tmp / PUBLIC)
-                meta = {**kept, "key": key, "public_tree": public_tree, "bytes": sum(f["size"] for f in public_tree["files"].values()),
+                meta = {**kept, "key": key, "public_tree": public_tree,
+                        "bytes": sum(f["size"] for f in public_tree["files"].values()),
                         "public_fingerprint": stat_fingerprint(tmp / PUBLIC), "created_at": ev.utc_now_iso()}
                 (tmp / META).write_text(json.dumps(meta))
                 os.replace(tmp, entry)
@@ -215,7 +216,8 @@ def mount_overlay(lower: Path, scratch: Path, target: Path) -> None:
     upper.mkdir(mode=0o755)
     work.mkdir(mode=0o700)
     opts = f"lowerdir={lower},upperdir={upper},workdir={work}"
-    proc = subprocess.run(["mount", "-t", "overlay", "ale-package", "-o", opts, str(target)], capture_output=True, text=True)
+    proc = subprocess.run(["mount", "-t", "overlay", "ale-package", "-o", opts, str(target)],
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         raise PackageError(f"cannot mount the shared package {lower} on {target}: {proc.stderr.strip()}")
 

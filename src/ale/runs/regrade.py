@@ -184,7 +184,8 @@ def _agent_status(run_dir: Path, result: RunResult) -> RunStatus:
         raise RegradeRefused(f"{run_dir}: the event log records no agent end to grade after ({e})") from e
 
 
-def _check_regradable(run_dir: Path, public_key: Path | None, trusted: dict[str, bytes] | None) -> tuple[RunPlan, RunResult, dict[str, Any]]:
+def _check_regradable(run_dir: Path, public_key: Path | None,
+                      trusted: dict[str, bytes] | None) -> tuple[RunPlan, RunResult, dict[str, Any]]:
     report = verify_run_dir(run_dir, public_key, regrade_keys=trusted)
     if not report.valid:
         raise RegradeRefused(f"{run_dir} does not verify ({report.reasons[0] if report.reasons else 'unusable'}); "
@@ -199,7 +200,8 @@ def _check_regradable(run_dir: Path, public_key: Path | None, trusted: dict[str,
         raise RegradeRefused(f"{run_dir}: no {layout.DELIVERABLES}: the candidate's turn never ended with deliverables")
     shape = _read(run_dir, layout.evidence_path(Evidence.HARNESS)).get("run_shape", RunShape.STANDARD)
     if shape != RunShape.STANDARD:
-        raise RegradeRefused(f"{run_dir}: a {shape} run's grader read the candidate's live desktop; it cannot be graded again")
+        raise RegradeRefused(f"{run_dir}: a {shape} run's grader read the candidate's live desktop; it "
+                             "cannot be graded again")
     return plan, result, previous
 
 
@@ -223,7 +225,8 @@ async def regrade_run(
     staging.mkdir(parents=True)
     scratch_root = Path(tempfile.mkdtemp(prefix="ale-regrade-"))
     try:
-        new, error, extra, task = await _grade_again(run_dir, plan, result, task_dir, staging, scratch_root / "s", provider)
+        new, error, extra, task = await _grade_again(run_dir, plan, result, task_dir, staging,
+                                                     scratch_root / "s", provider)
         record = {
             "regrade": n,
             "run_id": result.run_id,
@@ -234,13 +237,15 @@ async def regrade_run(
                      "code_sha256_new": task.code_hash},
             "deliverables_digest": _read(run_dir, layout.DELIVERABLES).get("digest"),
             "input_digest": _read(run_dir, layout.evidence_path(Evidence.INPUT_AFTER_START)).get("digest"),
-            "reference_sha256": (_read(run_dir, layout.evidence_path(Evidence.REFERENCE_COMMIT)).get("source") or {}).get("sha256"),
+            "reference_sha256": (_read(run_dir, layout.evidence_path(Evidence.REFERENCE_COMMIT)).get("source")
+                                 or {}).get("sha256"),
             "old": previous,
             "new": {**new, "error": error, **extra},
         }
         ev.write_json_new(staging / rg.REGRADE_RECORD, record)
         key = load_or_create_signing_key(signing_key if signing_key is not None else
-                                         (Path(plan.signing_key) if plan.signing_key and Path(plan.signing_key).is_file() else None))
+                                         (Path(plan.signing_key) if plan.signing_key
+                                          and Path(plan.signing_key).is_file() else None))
         rg.seal_regrade(run_dir, n, key, {
             "run_id": result.run_id, "old": previous, "new": rg.grading_summary(new),
             "task_code_sha256": task.code_hash, "deliverables_digest": record["deliverables_digest"],
@@ -269,7 +274,8 @@ async def _grade_again(
     """Stage, check, grade: the regrade's kind of the one driver (``RunKind.REGRADE``),
     with its own steps (start()'s kept writes, the two comparisons) and its finisher.
     Returns the new grading, the grader's error, extra record fields and the task's info."""
-    regrade_plan = plan.model_copy(update={"task_dir": str(task_dir), "agent": AgentSpec(name="nop")})  # its turn is over
+    # its turn is over
+    regrade_plan = plan.model_copy(update={"task_dir": str(task_dir), "agent": AgentSpec(name="nop")})
     try:
         prep = await lifecycle.prepare(regrade_plan, provider)
     except lifecycle.PreflightError as e:
@@ -280,10 +286,13 @@ async def _grade_again(
     record = state.record
     try:
         if variant.task_id != result.task_id:
-            raise RegradeRefused(f"{task_dir}: variant {plan.variant} is now {variant.task_id!r}, the run graded {result.task_id!r}")
+            raise RegradeRefused(f"{task_dir}: variant {plan.variant} is now {variant.task_id!r}, the run graded "
+                                 f"{result.task_id!r}")
         if prep.shape is not RunShape.STANDARD:
-            raise RegradeRefused(f"{task_dir}: the task now asks for a {prep.shape} run; its run was graded as a standard one")
-        record.events.append("regrade.start", run_id=plan.run_id, task_dir=str(task_dir), task_code_sha256=task.code_hash)
+            raise RegradeRefused(f"{task_dir}: the task now asks for a {prep.shape} run; its run was graded "
+                                 "as a standard one")
+        record.events.append("regrade.start", run_id=plan.run_id, task_dir=str(task_dir),
+                             task_code_sha256=task.code_hash)
         lifecycle.make_dirs(state)
         new, error, extra = await _drive_and_finish(state, run_dir, result)
         return new, error, extra, task
@@ -319,7 +328,8 @@ def _own_steps(run_dir: Path) -> dict[str, lifecycle.Step]:
             "compare_reference": compare_reference}
 
 
-async def _drive_and_finish(state: RunState, run_dir: Path, result: RunResult) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
+async def _drive_and_finish(state: RunState, run_dir: Path,
+                            result: RunResult) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
     """The regrade's finisher: a failure before grading refuses it; the grader's own
     failure, repeated on the deliverables, is recorded as the run's would be."""
     extra: dict[str, Any] = {}
@@ -334,7 +344,8 @@ async def _drive_and_finish(state: RunState, run_dir: Path, result: RunResult) -
         raise
     except Exception as e:
         if state.live.at != "grade_with_retries":
-            raise RegradeRefused(f"{run_dir}: the input or reference could not be staged again: {type(e).__name__}: {e}") from e
+            raise RegradeRefused(f"{run_dir}: the input or reference could not be staged again: "
+                                 f"{type(e).__name__}: {e}") from e
         if not isinstance(e, GradingError):
             raise RegradeRefused(f"{run_dir}: grading could not run: {type(e).__name__}: {e}") from e
         if not e.charged:  # the grading sandbox, the engine, a task process that did not start

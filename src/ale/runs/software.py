@@ -111,7 +111,8 @@ _FOUND: dict[str, tuple[str, dict[str, Any]]] = {}
 
 
 async def provide(task_dir: str | Path, *, input_dir: Path | None, overlay_path: str | None, base_image: str,
-                  say: Say | None = None, image_id: Callable[[str], str | None] | None = None) -> tuple[str, dict[str, Any]]:
+                  say: Say | None = None,
+                  image_id: Callable[[str], str | None] | None = None) -> tuple[str, dict[str, Any]]:
     """Resolve and build off the event loop (a first build takes minutes). ``image_id``
     (the engine's id of a tag, None if absent) lets a run re-use an image this
     process already found: one engine call instead of a lookup."""

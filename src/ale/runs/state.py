@@ -158,7 +158,8 @@ class RunRecord:
     vm_before: dict | None = None  # a VM run: QEMU's capture before the agent, diffed with the one after its turn
     input_after_start: dict | None = None  # the input's tree hash once start() has run
     public_before_start: dict | None = None  # the public package's stat listing before start() (start_writes)
-    screens: dict[str, dict[str, Any]] = field(default_factory=dict)  # a desktop run's screenshots by moment (screens.json)
+    # a desktop run's screenshots by moment (screens.json)
+    screens: dict[str, dict[str, Any]] = field(default_factory=dict)
     commitment: ReferenceCommitment | None = None  # the data source's reference, committed before the agent
     reference_commit: dict | None = None  # what was committed before the agent started
     invalid_attribution: InvalidAttribution | None = None  # set by a phase that knows better than agent_started
@@ -183,7 +184,8 @@ class RunRecord:
             yield
         finally:
             ended = now()
-            self.phases.append(PhaseTiming(name=name, started_at=started, ended_at=ended, seconds=round(time.monotonic() - t0, 4)))
+            self.phases.append(PhaseTiming(name=name, started_at=started, ended_at=ended,
+                                           seconds=round(time.monotonic() - t0, 4)))
             self.events.append("phase.end", phase=name)
 
     def add_checks(self, group: CheckGroup, checks: list[Check]) -> None:
@@ -211,7 +213,8 @@ class LiveHandles:
     gateway: dict[str, Any] | None = None  # the gateway record's summary (record.derive), once the turn ended
     agent_started: bool = False  # from here on, a failure may be the candidate's doing
     provisioning: bool = False  # a sandbox may exist from here on (cleanup sweeps by label if in doubt)
-    start_sandbox: str | None = None  # the grading sandbox start() runs in when there is no candidate's (swept if in doubt)
+    # the grading sandbox start() runs in when there is no candidate's (swept if in doubt)
+    start_sandbox: str | None = None
     start_kept: bool = False  # start()'s writes were laid from a run's record: start() is not run again
     at: str | None = None  # the step the driver is in (a kind's finisher reads where a failure happened)
 

@@ -174,7 +174,8 @@ class RunIndex:
             )
 
     def query(self, where: str = "", params: tuple = ()) -> list[IndexedRun]:
-        sql = "SELECT run_id, unit_id, task, variant, agent, repeat, attempt, status, score, started, ended, path FROM runs"
+        sql = ("SELECT run_id, unit_id, task, variant, agent, repeat, attempt, status, score, started, ended, path "
+               "FROM runs")
         if where:
             sql += " WHERE " + where
         sql += " ORDER BY run_id"

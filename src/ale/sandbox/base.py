@@ -94,7 +94,8 @@ class Mount:
         # volume, refused for a bind): say which mount at the place it was made.
         for what, path in (("source", self.source), ("target", self.target)):
             if not path.startswith("/"):
-                raise ValueError(f"mount {what} must be an absolute path, got {path!r} ({self.source} -> {self.target})")
+                raise ValueError(f"mount {what} must be an absolute path, got {path!r} "
+                                 f"({self.source} -> {self.target})")
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,8 @@ def image_hint(ref: str) -> str:
     repo = name.rpartition(":")[0] if ":" in name.rsplit("/", 1)[-1] else name
     if ref == DEFAULT_DESKTOP_IMAGE or repo == DESKTOP_REPO:
         tag = "" if ref == DEFAULT_DESKTOP_IMAGE else f" --tag {ref}"
-        return f"build it with `ale image build --desktop{tag}` (ale run, ale exp run and ale task check build it when missing)"
+        return (f"build it with `ale image build --desktop{tag}` (ale run, ale exp run and ale task check build it "
+                "when missing)")
     if ref == DEFAULT_TOOLS_IMAGE or repo == TOOLS_REPO:
         tag = "" if ref == DEFAULT_TOOLS_IMAGE else f" --tag {ref}"
         return f"build it with `ale image build{tag}` (ale run, ale exp run and ale task check build it when missing)"
@@ -211,7 +212,8 @@ class DockerSandbox:
 
     # -- lifecycle -----------------------------------------------------------
     @classmethod
-    def create(cls, client: docker.DockerClient, spec: SandboxSpec, *, entrypoint: list[str] | None = None) -> DockerSandbox:
+    def create(cls, client: docker.DockerClient, spec: SandboxSpec, *,
+               entrypoint: list[str] | None = None) -> DockerSandbox:
         kwargs = container_create_kwargs(
             name=spec.name,
             image=spec.image,
@@ -518,7 +520,8 @@ class DockerSandbox:
             remaining = await asyncio.wait_for(self.kill_user_processes(), bound_s)
             return StopOutcome("exec", started, duration_s=round(time.monotonic() - t0, 4), bound_s=bound_s,
                                within_bound=time.monotonic() - t0 <= bound_s,
-                               survivors=[] if remaining == 0 else [f"{remaining} (count {'unread' if remaining < 0 else 'read'})"],
+                               survivors=[] if remaining == 0
+                                         else [f"{remaining} (count {'unread' if remaining < 0 else 'read'})"],
                                detail=f"in-sandbox kill: {e}")
         left = max(bound_s - (time.monotonic() - t0), 1.0)
         out = await asyncio.to_thread(stop_cgroup, cg, init, keep_uids=keep_uids, bound_s=left)
@@ -551,7 +554,8 @@ class DockerSandbox:
         if doc is None:
             await self.stop()
             return outcome(sandbox_stopped=True, detail="the in-sentry kill did not report "
-                           f"(exit {r.exit_code}: {r.stderr[-300:].decode(errors='replace')}); the container was killed whole")
+                           f"(exit {r.exit_code}: {r.stderr[-300:].decode(errors='replace')}); the container "
+                           "was killed whole")
         return outcome(killed=int(doc["killed"]), dying=int(doc["dying"]), kept=int(doc["kept"]),
                        survivors=[str(x) for x in doc["survivors"]], frozen=False,
                        detail="uid 0 with CAP_KILL in gVisor's sentry, through the engine's exec")
@@ -646,7 +650,7 @@ while True:
         break
     time.sleep(0.01)
 print(json.dumps({"killed": killed, "dying": dying, "kept": kept, "survivors": alive}))
-"""
+"""  # noqa: E501
 
 
 def _json_object(raw: bytes) -> dict[str, Any] | None:

@@ -99,7 +99,8 @@ class DockerImageStore:
                 user="0:0",
             )
         except Exception as exc:
-            raise DataError(f"cannot create a helper container of image {image_id}: {type(exc).__name__}: {exc}") from exc
+            raise DataError(f"cannot create a helper container of image {image_id}: "
+                            f"{type(exc).__name__}: {exc}") from exc
         try:
             yield DockerImageReader(container, image_id)
         finally:

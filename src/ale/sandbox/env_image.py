@@ -243,7 +243,8 @@ def _project_pins(lock: LockFile, pyproject: LockFile | None, target: dict[str, 
         Path(tmp, "uv.lock").write_text(lock.text)
         proc = subprocess.run([str(uv / "uv"), "export", "--frozen", "--no-hashes", "--no-emit-project", "--no-header",
                                "--no-annotate", "--project", tmp, "--offline", "--no-config"],
-                              capture_output=True, text=True, timeout=120, env={**os.environ, "UV_CACHE_DIR": tmp + "/cache"})
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "UV_CACHE_DIR": tmp + "/cache"})
     if proc.returncode != 0:
         raise SandboxError(f"uv export of {lock.origin or lock.name} failed: {proc.stderr.strip()[-400:]}")
     env = _marker_env(target)
@@ -298,7 +299,8 @@ def uv_project(spec: SoftwareSpec, target: dict[str, Any], wheels: Path, say: Sa
     if pyproject is not None:
         with suppress(tomllib.TOMLDecodeError):
             data = tomllib.loads(pyproject.text)
-            if data.get("build-system") is not None and ((data.get("tool") or {}).get("uv") or {}).get("package") is not False:
+            if data.get("build-system") is not None \
+                    and ((data.get("tool") or {}).get("uv") or {}).get("package") is not False:
                 doc["note"] = ("a packaged project: `uv sync` would also install the project itself into the read-only "
                                "environment; `uv sync --no-install-project`, or a copy of the project, works")
     return doc
@@ -584,7 +586,8 @@ def _system_stage(client: docker.DockerClient, spec: SoftwareSpec, base_ref: str
     """Stage 1 (keyed by the Debian set): its content tag, built unless cached."""
     folder = env_folder()
     mirror = os.environ.get("ALE_DEBIAN_MIRROR", "")
-    recipe = _sha(RECIPE_VERSION, *(folder.joinpath(n).read_bytes() for n in ("Dockerfile.system", "pip.conf", "uv.toml")))
+    recipe = _sha(RECIPE_VERSION,
+                  *(folder.joinpath(n).read_bytes() for n in ("Dockerfile.system", "pip.conf", "uv.toml")))
     key = _sha(base_id, json.dumps(list(spec.debian)), mirror, recipe, UV_VERSION)[:12]
     tag = f"{SYSTEM_REPO}:{key}"
     if _has_image(client, tag):
@@ -608,7 +611,8 @@ def _system_stage(client: docker.DockerClient, spec: SoftwareSpec, base_ref: str
 
 
 # pip's own lines around a failed build (the package's output is what says why)
-_PIP_NOISE = re.compile(r"^\s*(note:|hint:|error:|×|╰─>|│|\[end of output\]|ERROR: Failed|Building wheel|Processing |Running setup|Failed to build)")
+_PIP_NOISE = re.compile(r"^\s*(note:|hint:|error:|×|╰─>|│|\[end of output\]|ERROR: Failed|Building wheel"
+                        r"|Processing |Running setup|Failed to build)")
 
 
 def builder_image(client: docker.DockerClient, system: str, dockerfile: Path, say: Say) -> str:
@@ -628,7 +632,8 @@ def builder_image(client: docker.DockerClient, system: str, dockerfile: Path, sa
 
 
 def _built_from_sdists(client: docker.DockerClient, spec: SoftwareSpec, system: str, missing: list[dict[str, str]],
-                       wheels: Path, target: dict[str, Any], say: Say) -> tuple[list[dict[str, str]], list[dict[str, Any]]]:
+                       wheels: Path, target: dict[str, Any],
+                       say: Say) -> tuple[list[dict[str, str]], list[dict[str, Any]]]:
     """The spec's requirements that had no wheel, built from their sdists in a build
     container (``wheel_builds``) and put into the store with their dependencies;
     (what is still missing, the record of each build). A build that fails stays
@@ -669,7 +674,8 @@ def _built_from_sdists(client: docker.DockerClient, spec: SoftwareSpec, system: 
                     pip_download([req], wheels, target, say, find_links=links)
                     break
                 except SandboxError as e:
-                    dep = next((d for d in _unmet_names(str(e)) if canonicalize_name(Requirement(d).name) not in tried), None)
+                    dep = next((d for d in _unmet_names(str(e))
+                                if canonicalize_name(Requirement(d).name) not in tried), None)
                     if dep is None or len(tried) > MAX_SDIST_DEPENDENCIES:
                         done.error = f"built, but its dependencies have no wheels for the image: {_last_line(e)}"
                         break
@@ -678,7 +684,8 @@ def _built_from_sdists(client: docker.DockerClient, spec: SoftwareSpec, system: 
                     dep_done, dep_folder = build(dep)
                     deps_built.append(dep_done)
                     if dep_folder is None:
-                        done.error = f"built, but its dependency {dep} has no wheel and its sdist did not build: {dep_done.error}"
+                        done.error = (f"built, but its dependency {dep} has no wheel and its sdist did not build: "
+                                      f"{dep_done.error}")
                         done.log = dep_done.log
                         break
                     links.append(dep_folder)
@@ -689,8 +696,10 @@ def _built_from_sdists(client: docker.DockerClient, spec: SoftwareSpec, system: 
                         shutil.copy(w, wheels / w.name)
         records += [done.record(), *(d.record() for d in deps_built)]
         if done.error:
-            log = " | ".join([ln.strip() for ln in done.log.splitlines() if ln.strip() and not _PIP_NOISE.match(ln)][-6:])
-            still.append({"name": req, "why": f"{m['why']}; building it from its sdist {done.sdist or '(none)'} failed: "
+            log = " | ".join([ln.strip() for ln in done.log.splitlines() if ln.strip()
+                              and not _PIP_NOISE.match(ln)][-6:])
+            still.append({"name": req,
+                          "why": f"{m['why']}; building it from its sdist {done.sdist or '(none)'} failed: "
                                               f"{done.error}" + (f" (log: {log})" if log else "")})
     return still, records
 
@@ -771,7 +780,8 @@ def build_env_image(
         raise SandboxError(f"base image {base_ref} is not in the Docker engine")
     base = _refuse_volumes(client, base_ref)
     if spec.empty:
-        return EnvImage(tag=base_ref, image_id=base_id, key=_sha(spec.key(), base_id), size=int(base.attrs.get("Size") or 0),
+        return EnvImage(tag=base_ref, image_id=base_id, key=_sha(spec.key(), base_id),
+                        size=int(base.attrs.get("Size") or 0),
                         base=base_ref, base_id=base_id, cached=True, build_s=time.monotonic() - t0,
                         record=_record_of(client, base_id, run=True))
     key = env_key(spec, base_id)
@@ -790,7 +800,8 @@ def build_env_image(
     missing: list[dict[str, str]] = []
     if spec.python_version and spec.python_version != target["python"]:
         missing.append({"name": f"Python {spec.python_version}",
-                        "why": f"the image's python3 is {target['python']}; no package here provides {spec.python_version}"})
+                        "why": f"the image's python3 is {target['python']}; no package here provides "
+                               f"{spec.python_version}"})
     system = _system_stage(client, spec, base_ref, base_id, target, say)
 
     with tempfile.TemporaryDirectory(prefix="ale-env-") as tmp:

@@ -85,7 +85,8 @@ class HarnessPackage:
 HARNESSES: dict[str, HarnessPackage] = {
     "claude-code": HarnessPackage("claude-code", "@anthropic-ai/claude-code", "2.1.197",
                                   "node_modules/@anthropic-ai/claude-code/bin/claude.exe", needs_node=False),
-    "codex": HarnessPackage("codex", "@openai/codex", "0.171.0", "node_modules/@openai/codex/bin/codex.js", needs_node=True),
+    "codex": HarnessPackage("codex", "@openai/codex", "0.171.0", "node_modules/@openai/codex/bin/codex.js",
+                            needs_node=True),
     # Gemini CLI 0.61 needs node >= 20; Debian bookworm's nodejs is 18.
     "gemini-cli": HarnessPackage("gemini-cli", "@google/gemini-cli", "0.61.0",
                                  "node_modules/@google/gemini-cli/bundle/gemini.js", needs_node=False,
@@ -132,7 +133,8 @@ def stage_package(h: HarnessPackage, say: Say = print) -> Path:
     try:
         deps = {h.package: h.version, **dict(e.rsplit("@", 1) for e in h.extra)}
         (tmp / "package.json").write_text(json.dumps({"private": True, "dependencies": deps}))
-        r = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--omit=dev", "--prefix", str(tmp), h.spec, *h.extra],
+        r = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--omit=dev", "--prefix", str(tmp),
+                            h.spec, *h.extra],
                            capture_output=True, text=True, timeout=900)
         if r.returncode != 0 or not (tmp / h.bin).exists():
             raise SandboxError(f"npm install {h.spec} failed (exit {r.returncode}): {r.stderr.strip()[-1500:]}")
@@ -157,7 +159,8 @@ def harness_key(h: HarnessPackage, base_id: str, lock_sha256: str) -> str:
     return _sha(base_id, h.name, h.version, *h.extra, lock_sha256, recipe_digest())
 
 
-def build_harness_image(client: docker.DockerClient, base_ref: str, name: str, say: Say = print) -> tuple[str, dict[str, Any]]:
+def build_harness_image(client: docker.DockerClient, base_ref: str, name: str,
+                        say: Say = print) -> tuple[str, dict[str, Any]]:
     """The layered image's tag (built unless cached) and its record for the evidence."""
     h = HARNESSES[name]
     base_id = _has_image(client, base_ref)
@@ -180,8 +183,8 @@ def build_harness_image(client: docker.DockerClient, base_ref: str, name: str, s
         tag = f"{HARNESS_REPO}:{key[:12]}"
     record: dict[str, Any] = {
         "harness": h.name, "package": h.package, "version": h.version, "install_dir": h.install_dir,
-        "executable": h.executable, "needs_node": h.needs_node, "extra": list(h.extra), "node": h.node, "relay": RELAY_PATH,
-        "base": base_ref, "base_id": base_id, "package_lock_sha256": lock, "key": key, "tag": tag,
+        "executable": h.executable, "needs_node": h.needs_node, "extra": list(h.extra), "node": h.node,
+        "relay": RELAY_PATH, "base": base_ref, "base_id": base_id, "package_lock_sha256": lock, "key": key, "tag": tag,
     }
     image_id = _has_image(client, tag)
     record["cached"] = image_id is not None
@@ -202,9 +205,11 @@ def build_harness_image(client: docker.DockerClient, base_ref: str, name: str, s
                     mode = p.stat().st_mode
                     p.chmod((mode | 0o444 | (0o111 if p.is_dir() or mode & 0o100 else 0)) & ~0o022)
             image_id = _build(client, ctx, "Dockerfile", tag=tag,
-                              buildargs={"BASE": base_ref, "NEEDS_NODE": "1" if h.needs_node else "0", "BASE_USER": base_user,
+                              buildargs={"BASE": base_ref, "NEEDS_NODE": "1" if h.needs_node else "0",
+                                         "BASE_USER": base_user,
                                          "DEBIAN_MIRROR": os.environ.get("ALE_DEBIAN_MIRROR", "")},
-                              labels={"org.ale.harness.key": key, "org.ale.harness.package": h.spec, "org.ale.harness.pin": pin,
+                              labels={"org.ale.harness.key": key, "org.ale.harness.package": h.spec,
+                                      "org.ale.harness.pin": pin,
                                       "org.ale.harness.lock-sha256": lock, LABEL_MANAGED: "1"},
                               say=say, what=tag)
     attrs = client.images.get(tag).attrs

@@ -33,7 +33,7 @@ def core_pattern_warning(engine: dict[str, Any]) -> str | None:
     """The run's warning for a pipe ``core_pattern`` in the engine evidence, or None."""
     if not engine.get("core_pattern_pipe"):
         return None
-    return (f"the host's kernel.core_pattern is a pipe ({printable(str(engine.get('core_pattern')))[:200]}): the kernel "
-            "runs that handler as root on the host for a crash in the sandbox, whatever its core limit "
-            "(ulimit core=0 keeps no core file, not the handler from running); set a file pattern "
-            "(sysctl kernel.core_pattern=core) on hosts that run candidates")
+    return ("the host's kernel.core_pattern is a pipe "
+            f"({printable(str(engine.get('core_pattern')))[:200]}): the kernel runs that handler as root on the host "
+            "for a crash in the sandbox, whatever its core limit (ulimit core=0 keeps no core file, not the handler "
+            "from running); set a file pattern (sysctl kernel.core_pattern=core) on hosts that run candidates")

@@ -171,10 +171,12 @@ def _tailwind(say: Say) -> tuple[bytes, bytes]:
                     data = {m.name: tar.extractfile(m).read() for m in tar.getmembers()  # type: ignore[union-attr]
                             if m.name in ("package/dist/index.global.js", "package/LICENSE")}
             except (OSError, subprocess.SubprocessError, StopIteration, tarfile.TarError) as e:
-                raise SandboxError(f"cannot fetch {TAILWIND_PACKAGE} with npm (the desktop image serves it): {e}") from e
+                raise SandboxError(f"cannot fetch {TAILWIND_PACKAGE} with npm "
+                                   f"(the desktop image serves it): {e}") from e
         build = data.get("package/dist/index.global.js", b"")
         if hashlib.sha256(build).hexdigest() != TAILWIND_SHA256:
-            raise SandboxError(f"{TAILWIND_PACKAGE}: dist/index.global.js is not the pinned build (sha256 {TAILWIND_SHA256})")
+            raise SandboxError(f"{TAILWIND_PACKAGE}: dist/index.global.js is not the pinned build (sha256 "
+                               f"{TAILWIND_SHA256})")
         cache.mkdir(parents=True, exist_ok=True)
         js.write_bytes(build)
         lic.write_bytes(data.get("package/LICENSE", b""))

@@ -112,7 +112,8 @@ class IsolationPolicy(BaseModel):
     # /dev/shm stays writable under --read-only.
     runtime_writable_mounts: tuple[str, ...] = ("/dev/shm",)
     # UV_PROJECT_ENVIRONMENT: a task environment image's synced uv project (ale.sandbox.env_image.uv_project).
-    env_allowlist: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONDONTWRITEBYTECODE", "UV_PROJECT_ENVIRONMENT")
+    env_allowlist: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONDONTWRITEBYTECODE",
+                                      "UV_PROJECT_ENVIRONMENT")
     # SysV shared memory bounded and never orphaned: the IPC namespace's sysctls
     # (``sysctls``: kernel.shm_rmid_forced=1, kernel.shmmax and kernel.shmall at
     # SYSV_SHM_BYTES, counted in the memory budget). False only in records of runs made
@@ -222,7 +223,8 @@ class IsolationPolicy(BaseModel):
                 f"({reserve // MIB} MiB) "
                 f"may take more than {TMPFS_MEMORY_SHARE:.0%} of memory_bytes ({self.memory_bytes // MIB} MiB): a "
                 "candidate that fills them takes the memory the sandbox's init needs and the kernel kills it. "
-                f"Give each tmpfs a size= that fits in {max(0, budget - reserve) // MIB} MiB in all, or raise memory_bytes.")
+                f"Give each tmpfs a size= that fits in {max(0, budget - reserve) // MIB} MiB in all, or "
+                "raise memory_bytes.")
 
     def fit_tmpfs(self) -> IsolationPolicy:
         """This policy with its tmpfs sizes scaled down (never up) so that, with
@@ -234,7 +236,8 @@ class IsolationPolicy(BaseModel):
         if sum(sizes) <= budget:
             return self
         scale = budget / sum(sizes)
-        fitted = tuple(t.with_size(max(MIN_TMPFS_BYTES, int(s * scale) // MIB * MIB)) for t, s in zip(self.tmpfs, sizes, strict=True))
+        fitted = tuple(t.with_size(max(MIN_TMPFS_BYTES, int(s * scale) // MIB * MIB))
+                       for t, s in zip(self.tmpfs, sizes, strict=True))
         return self.model_copy(update={"tmpfs": fitted})
 
     @field_validator("user")
@@ -368,7 +371,8 @@ def raise_to_needs(policy: IsolationPolicy, needs: LimitNeeds, *, who: str,
     if "tmpfs" not in stated:  # the default /tmp, fitted to the memory the sandbox has now
         raised = raised.model_copy(update={"tmpfs": (TmpfsMount(),)}).fit_tmpfs()
         if tmp_need is not None and (_tmp_size(raised) or 0) < tmp_need:
-            raised = raised.model_copy(update={"tmpfs": tuple(t.with_size(tmp_need) if t.path == "/tmp" else t for t in raised.tmpfs)})
+            raised = raised.model_copy(update={"tmpfs": tuple(t.with_size(tmp_need) if t.path == "/tmp" else t
+                                                              for t in raised.tmpfs)})
     for field in ("pids_limit", "memory_bytes"):
         if getattr(raised, field) != getattr(policy, field):
             changes[field] = {"from": getattr(policy, field), "to": getattr(raised, field)}

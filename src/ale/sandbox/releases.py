@@ -109,12 +109,15 @@ def ubuntu_keyring(say: Say = print) -> Path:
         opts = [f"-o=Dir::Etc::SourceList={t / 'sources.list'}", "-o=Dir::Etc::SourceParts=/dev/null",
                 f"-o=Dir::State::Lists={t / 'lists'}", f"-o=Dir::Cache={t / 'cache'}",
                 "-o=Dir::State::Status=/dev/null", "-o=APT::Sandbox::User=root", "-o=Acquire::Check-Valid-Until=false"]
-        for argv, cwd in ((["apt-get", *opts, "-q", "update"], t), (["apt-get", *opts, "-q", "download", "ubuntu-keyring"], t / "dl")):
+        steps = ((["apt-get", *opts, "-q", "update"], t),
+                 (["apt-get", *opts, "-q", "download", "ubuntu-keyring"], t / "dl"))
+        for argv, cwd in steps:
             proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
             if proc.returncode != 0:
-                raise SandboxError(f"fetching Debian {KEYRING_SUITE}'s ubuntu-keyring failed ({' '.join(argv[:1] + argv[-2:])}, "
-                                   f"exit {proc.returncode}): {proc.stderr.strip()[-600:]}; set ALE_UBUNTU_KEYRING to a "
-                                   "copy of Ubuntu's archive keyring instead")
+                what = " ".join(argv[len(opts) + 2:])
+                raise SandboxError(f"fetching Debian {KEYRING_SUITE}'s ubuntu-keyring failed "
+                                   f"(apt-get {what}, exit {proc.returncode}): {proc.stderr.strip()[-600:]}; "
+                                   "set ALE_UBUNTU_KEYRING to a copy of Ubuntu's archive keyring instead")
         debs = sorted((t / "dl").glob("ubuntu-keyring_*.deb"))
         if not debs:
             raise SandboxError(f"apt downloaded no ubuntu-keyring package from Debian {KEYRING_SUITE}")

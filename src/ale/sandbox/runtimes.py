@@ -54,7 +54,8 @@ class Runtime:
 
 RUNTIMES: dict[str, Runtime] = {
     "runc": Runtime("runc", "runc: namespaces, capabilities and seccomp on the host's kernel", "host"),
-    "runsc": Runtime("runsc", "gVisor: a user-space kernel (the Sentry) between the candidate and the host's", "gvisor"),
+    "runsc": Runtime("runsc",
+                     "gVisor: a user-space kernel (the Sentry) between the candidate and the host's", "gvisor"),
 }
 
 

@@ -19,7 +19,8 @@ def mount_workspace_tmpfs(path: Path, *, max_bytes: int, uid: int, gid: int) -> 
     with ENOSPC inside the sandbox; the pages are charged to the writer's memory
     cgroup, so the container's memory limit bounds them too."""
     opts = f"size={max_bytes},mode=0755,uid={uid},gid={gid},nosuid,nodev"
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "ale-workspace", str(path)], capture_output=True, text=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "ale-workspace", str(path)],
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         raise SandboxError(f"cannot mount a {max_bytes}-byte tmpfs workspace on {path}: {proc.stderr.strip()}")
 

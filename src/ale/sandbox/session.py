@@ -99,14 +99,15 @@ class GuiMethods:
         (ALE's) opens a browser window instead."""
         if folder is not None and not files:
             raise ValueError("launch_window(folder=...): the folder's files did not reach the harness")
-        args = {"url": url, "html": html, "files": files, "title": title, "x": x, "y": y, "width": width, "height": height,
-                "engine": engine}
+        args = {"url": url, "html": html, "files": files, "title": title, "x": x, "y": y, "width": width,
+                "height": height, "engine": engine}
         return int(await self._gui_task("launch_window", {k: v for k, v in args.items() if v is not None}))
 
     async def execute_javascript(self, pid: int | str, javascript: str) -> Any:
         return await self._gui_task("execute_javascript", {"pid": pid, "javascript": javascript})
 
-    async def get_element_rect(self, pid: int | str, selector: str, *, space: str = "window", timeout: float = 0.5) -> Any:
+    async def get_element_rect(self, pid: int | str, selector: str, *, space: str = "window",
+                               timeout: float = 0.5) -> Any:
         import asyncio
         import time
 
@@ -138,7 +139,8 @@ class GuiMethods:
         last = None
         while True:
             rect = await self._gui_task("get_element_rect", {"pid": pid, "selector": selector, "space": "screen"})
-            visible = isinstance(rect, dict) and float(rect.get("width") or 0) > 0 and float(rect.get("height") or 0) > 0
+            visible = isinstance(rect, dict) and float(rect.get("width") or 0) > 0 \
+                and float(rect.get("height") or 0) > 0
             if visible and rect == last:
                 return rect
             last = rect if visible else None
@@ -150,7 +152,8 @@ class GuiMethods:
         # Playwright's click, as cua-bench's "Playwright-like" API says: an element
         # outside the window's viewport is scrolled into view first, and the click
         # waits until the element is visible and stable.
-        await self._gui_task("execute_javascript", {"pid": pid, "javascript": SCROLL_INTO_VIEW_JS % json.dumps(selector)})
+        await self._gui_task("execute_javascript",
+                             {"pid": pid, "javascript": SCROLL_INTO_VIEW_JS % json.dumps(selector)})
         rect = await self._actionable_rect(pid, selector)
         if not rect:
             raise RuntimeError(f"Element not found for selector: {selector}")
@@ -280,7 +283,8 @@ class ContainerSession(GuiMethods):
                 return False
         return self._bash
 
-    async def run_command(self, command: str, *, check: bool | None = None, timeout: float | None = None, **_: Any) -> CommandResult:
+    async def run_command(self, command: str, *, check: bool | None = None, timeout: float | None = None,
+                          **_: Any) -> CommandResult:
         # ALE's driver runs a task's command with bash (`bash cmd.sh`): `[[ ]]`, brace
         # expansion and `echo` behave as there; plain `sh` where an image has no bash.
         run = f"exec bash -c {shlex.quote(command)}" if await self._has_bash() else command
@@ -375,7 +379,8 @@ class RoutedSession(GuiMethods):
     GUI calls go to ``gui`` (the candidate's still-sealed desktop, in grading), if any."""
 
     def __init__(
-        self, routes: list[Route], container: Callable[[], Awaitable[ContainerSession]], *, gui: GuiMethods | None = None
+        self, routes: list[Route], container: Callable[[], Awaitable[ContainerSession]], *,
+        gui: GuiMethods | None = None
     ):
         self.gui = gui
         # Longest prefix first, so /input/sub routes win over /input.
@@ -405,7 +410,8 @@ class RoutedSession(GuiMethods):
                 return r, host
         return None
 
-    async def run_command(self, command: str, *, check: bool | None = None, timeout: float | None = None, **kw: Any) -> CommandResult:
+    async def run_command(self, command: str, *, check: bool | None = None, timeout: float | None = None,
+                          **kw: Any) -> CommandResult:
         return await (await self._c()).run_command(command, timeout=timeout, check=check, **kw)
 
     async def read_bytes(self, path: str) -> bytes:

@@ -5,9 +5,10 @@ Tools (names are what an allowlist names): ``shell``, ``read_file``,
 one: see ``sandbox/computer.py``). The file and shell tools run inside the
 container as the candidate user; ``computer`` is executed by the harness itself,
 as the desktop user. Every call is checked against the allowlist and is
-recorded as a trajectory step (a screenshot as a PNG file beside it). Limits: stdout and stderr of ``shell`` are each capped at
-``output_limit`` bytes (cut with a marker); ``read_file`` refuses files past
-``read_limit``; ``shell`` kills the command's process group on timeout.
+recorded as a trajectory step (a screenshot as a PNG file beside it). Limits:
+stdout and stderr of ``shell`` are each capped at ``output_limit`` bytes (cut with
+a marker); ``read_file`` refuses files past ``read_limit``; ``shell`` kills the
+command's process group on timeout.
 
 Bytes: outputs are handed to agents as text (invalid UTF-8 replaced), and the
 exact bytes the container produced travel with the outcome (``stdout_bytes``,
@@ -148,7 +149,8 @@ class ToolBox:
         started = _now()
         t0 = time.monotonic()
         if tool not in self.allowlist:
-            outcome = ToolOutcome(ok=False, error=f"tool {tool!r} is not allowed (allowed: {', '.join(self.allowlist)})")
+            outcome = ToolOutcome(ok=False,
+                                  error=f"tool {tool!r} is not allowed (allowed: {', '.join(self.allowlist)})")
             self._record(tool, args, outcome, started, t0, refused=True)
             return outcome
         try:
@@ -203,11 +205,13 @@ class ToolBox:
             raise ToolRefused(f"{tool}: missing argument {e.args[0]!r}") from e
         raise ToolRefused(f"unknown tool {tool!r}")
 
-    def _record(self, tool: str, args: dict, outcome: ToolOutcome, started: str, t0: float, refused: bool = False) -> None:
+    def _record(self, tool: str, args: dict, outcome: ToolOutcome, started: str, t0: float,
+                refused: bool = False) -> None:
         self.steps += 1
         if self.recorder is None:
             return
-        raw: dict[str, Any] = {f"{k}_bytes": v for k, v in (("stdout", outcome.stdout_bytes), ("stderr", outcome.stderr_bytes),
+        raw: dict[str, Any] = {f"{k}_bytes": v
+                               for k, v in (("stdout", outcome.stdout_bytes), ("stderr", outcome.stderr_bytes),
                                             ("output", outcome.output_bytes)) if v is not None}
         if outcome.image is not None:
             raw["image_png"] = outcome.image  # the trajectory stores it as a .png file
@@ -254,7 +258,8 @@ class ToolBox:
         """``argv`` as the candidate user: through computer-server where the sandbox has one."""
         cua = await self.protocol()
         if cua is None:
-            return await self.sandbox.exec(argv, workdir=workdir, timeout=timeout, stdin=stdin, output_limit=output_limit)
+            return await self.sandbox.exec(argv, workdir=workdir, timeout=timeout, stdin=stdin,
+                                           output_limit=output_limit)
         return await cua.run_command(argv, cwd=workdir, timeout=timeout, stdin=stdin, output_limit=output_limit)
 
     def _abs(self, path: str) -> str:
@@ -336,14 +341,16 @@ class ToolBox:
                 raise ToolRefused(f"not a directory: {path}") from e
             listing = "".join(n + "\n" for n in names).encode()
             cut = len(listing) > self.output_limit
-            return ToolOutcome(ok=True, output=_decode(listing[: self.output_limit], cut, self.output_limit), output_bytes=listing)
+            return ToolOutcome(ok=True, output=_decode(listing[: self.output_limit], cut, self.output_limit),
+                               output_bytes=listing)
         r = await self.sandbox.exec(
             ["sh", "-c", 'test -d "$1" || { echo "not a directory: $1" >&2; exit 2; }; ls -1A -- "$1"', "ls", path],
             workdir=self.workdir, timeout=self._time_left(60), output_limit=self.output_limit,
         )
         if r.exit_code != 0:
             raise ToolRefused(r.stderr.decode(errors="replace").strip() or f"cannot list {path}")
-        return ToolOutcome(ok=True, output=_decode(r.stdout, r.stdout_truncated, self.output_limit), output_bytes=r.stdout)
+        return ToolOutcome(ok=True, output=_decode(r.stdout, r.stdout_truncated, self.output_limit),
+                           output_bytes=r.stdout)
 
     async def use_computer(self, args: dict[str, Any]) -> ToolOutcome:
         if self.computer is None:

@@ -180,12 +180,12 @@ def limit_reached(record: dict[str, Any]) -> list[str]:
     out = []
     pids, mem = record["pids"], record["memory"]
     if pids.get("refused_forks"):
-        out.append(f"the sandbox's pids limit ({pids['limit']}) was reached: {pids['refused_forks']} fork(s) or thread(s) "
-                   "refused (EAGAIN); raise the policy's pids_limit")
+        out.append(f"the sandbox's pids limit ({pids['limit']}) was reached: {pids['refused_forks']} "
+                   "fork(s) or thread(s) refused (EAGAIN); raise the policy's pids_limit")
     if mem.get("oom_kills"):
         limit = mem.get("limit_bytes")
-        out.append(f"the sandbox's memory limit ({(limit or 0) // 2**20} MiB) was reached: {mem['oom_kills']} process(es) "
-                   "killed by the kernel (OOM); raise the policy's memory_bytes")
+        out.append(f"the sandbox's memory limit ({(limit or 0) // 2**20} MiB) was reached: "
+                   f"{mem['oom_kills']} process(es) killed by the kernel (OOM); raise the policy's memory_bytes")
     for path, t in record.get("tmpfs", {}).items():
         if t.get("full"):
             out.append(f"{path} (a tmpfs of {t['size_bytes'] // 2**20} MiB) was full: writes there failed with ENOSPC; "

@@ -72,7 +72,8 @@ class Built:
     log: str = ""
 
     def record(self) -> dict[str, Any]:
-        out = {"requirement": self.requirement, "builder": self.builder, "sdist": self.sdist, "sdist_sha256": self.sdist_sha256,
+        out = {"requirement": self.requirement, "builder": self.builder, "sdist": self.sdist,
+               "sdist_sha256": self.sdist_sha256,
                "build_requires": self.build_requires, "wheel": self.wheel, "wheel_sha256": self.wheel_sha256,
                "cached": self.cached, "how": "built from sdist in a build container (no network)"}
         if self.error:

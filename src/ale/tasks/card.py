@@ -28,7 +28,8 @@ LINUX_SNAPSHOTS = frozenset({"cpu-free-ubuntu", "ubuntu", "linux"})
 SERVER_SCREEN = "computer-server"
 # GCE machine families: memory per vCPU in GB (ALE's own table).
 _GB_PER_VCPU = {"standard": 3.75, "highmem": 7.75, "highcpu": 2.0}
-_GB_PER_VCPU_FAMILY = {("g2", "standard"): 4.0, ("n2", "standard"): 4.0, ("e2", "standard"): 4.0, ("n2", "highmem"): 8.0}
+_GB_PER_VCPU_FAMILY = {("g2", "standard"): 4.0, ("n2", "standard"): 4.0, ("e2", "standard"): 4.0,
+                       ("n2", "highmem"): 8.0}
 _MACHINE_RE = re.compile(r"^([a-z][a-z0-9]*)-(standard|highmem|highcpu)-([0-9]+)$")
 
 _MEMORY_UNITS = {

@@ -8,11 +8,11 @@ signing key, the runs folder and every task's data. In the jail the task process
 sees only what it needs: ``/usr`` and a few files of ``/etc`` (read-only), its
 interpreter (the tree's venv and the base installation it points at), the harness's
 task runtime and the task tree (read-only), its own home (read-write) and a fresh
-``/tmp`` (a folder of that home: on disk, not in memory), ``/proc`` and ``/dev``. Its own PID, IPC and UTS namespaces, no
-capabilities (also when the harness runs as root); it dies with its parent. Its own
-network namespace too (loopback only), unless the run gives ``evaluate()`` judge
-credentials or ``ALE_TASK_NETWORK=on`` (``task_network``): an LLM judge needs the
-network, and nothing else in a task process does.
+``/tmp`` (a folder of that home: on disk, not in memory), ``/proc`` and ``/dev``. Its
+own PID, IPC and UTS namespaces, no capabilities (also when the harness runs as root);
+it dies with its parent. Its own network namespace too (loopback only), unless the run
+gives ``evaluate()`` judge credentials or ``ALE_TASK_NETWORK=on`` (``task_network``):
+an LLM judge needs the network, and nothing else in a task process does.
 
 ``ALE_TASK_SANDBOX=off`` runs the task process unjailed (also when bubblewrap is
 missing, with a warning in the task log).
@@ -214,7 +214,8 @@ def _open_parents(binds: list[str], skip: list[str]) -> list[str]:
     for dest in binds[2::3]:
         for parent in reversed(Path(dest).parents):
             p = str(parent)
-            if p in ("/", "/tmp") or p in made or any(p == b or p.startswith(b.rstrip("/") + "/") for b in [*skip, *bound]):
+            if p in ("/", "/tmp") or p in made \
+                    or any(p == b or p.startswith(b.rstrip("/") + "/") for b in [*skip, *bound]):
                 continue
             made.add(p)
             out += ["--perms", "0755", "--dir", p]
@@ -307,7 +308,8 @@ class TaskBounds:
     cpu_s: int | None = 7200  # CPU seconds of each process (RLIMIT_CPU); the grading timeout bounds the wall clock
     uid: int | None = 65534  # the uid the task code runs as when the harness is root (None: the harness's): nobody
     cgroup: bool = True  # False: rlimits only
-    cgroup_parent: str | None = None  # the cgroup under which each task process's own is made (default: see make_cgroup)
+    # the cgroup under which each task process's own is made (default: see make_cgroup)
+    cgroup_parent: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TaskBounds | None:

@@ -206,14 +206,16 @@ def describe_variant(
     software_dir = _container_dir(meta["software_dir"], "software_dir", where) if meta.get("software_dir") else None
     if task_dir is not None and not _inside(input_dir, task_dir):
         task_dir = None  # the input lives elsewhere: the public package is the input alone
-    if task_dir is not None and (reference_dir == task_dir or not _inside(reference_dir, task_dir)) and _inside(task_dir, reference_dir):
+    if task_dir is not None and (reference_dir == task_dir or not _inside(reference_dir, task_dir)) \
+            and _inside(task_dir, reference_dir):
         raise TaskError(f"{where}: variant {index}: task_dir {task_dir!r} lies inside reference_dir {reference_dir!r}")
     variant_name = next(
         (meta[k] for k in ("data_variant", "variant", "task_tag", "variant_name") if meta.get(k) not in (None, "")),
         str(index),
     )
     key = VariantKey(
-        domain=_segment(meta.get("data_domain") or meta.get("domain_name") or task_path.parent.name, "data domain", where),
+        domain=_segment(meta.get("data_domain") or meta.get("domain_name") or task_path.parent.name,
+                        "data domain", where),
         task=_segment(meta.get("data_task") or meta.get("task_name") or task_path.name, "data task", where),
         variant=_segment(variant_name, "data variant", where),
     )

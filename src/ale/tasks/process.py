@@ -132,7 +132,8 @@ def judge_env(environ: Mapping[str, str] | None = None, names: Iterable[str] | N
     for ``evaluate()`` (e.g. ``ALE_JUDGE_OPENAI_API_KEY`` -> ``OPENAI_API_KEY``);
     ``names`` (an experiment's ``environment.judge_env``) keeps only those."""
     env = os.environ if environ is None else environ
-    found = {k[len(JUDGE_ENV_PREFIX):]: v for k, v in env.items() if k.startswith(JUDGE_ENV_PREFIX) and len(k) > len(JUDGE_ENV_PREFIX)}
+    found = {k[len(JUDGE_ENV_PREFIX):]: v
+             for k, v in env.items() if k.startswith(JUDGE_ENV_PREFIX) and len(k) > len(JUDGE_ENV_PREFIX)}
     if names is None:
         return found
     wanted = set(names)
@@ -228,8 +229,8 @@ class TaskProcess:
         bounds = TaskBounds.from_env() if self.bounds == "env" else self.bounds
         assert bounds is None or isinstance(bounds, TaskBounds)
         record: dict[str, Any] = {}
-        jailed = jail_argv(argv, python=python, read_only=[RUNTIME_DIR, *tree, self.path], home=self._home, cwd=self.path,
-                           network=self.network, bounds=bounds, record=record)
+        jailed = jail_argv(argv, python=python, read_only=[RUNTIME_DIR, *tree, self.path], home=self._home,
+                           cwd=self.path, network=self.network, bounds=bounds, record=record)
         self._jailed = jailed is not None
         command = jailed or argv
         if bounds is not None:
@@ -248,7 +249,8 @@ class TaskProcess:
         reply = await self._request({"op": "load"}, session=None)
         where = f"{main} load()"
         variants = [
-            describe_variant(self.path, main, (v["description"], v["task_id"], v["metadata"] or {}, v.get("computer")), i)
+            describe_variant(self.path, main,
+                             (v["description"], v["task_id"], v["metadata"] or {}, v.get("computer")), i)
             for i, v in enumerate(reply["variants"])
         ]
         if not variants:
@@ -399,8 +401,8 @@ class TaskProcess:
         what = repr(_clip(str(args[0]), 300)) if args else ""
         if not answer.get("ok"):
             err = answer.get("error") or {}
-            self._log_line(f"[ale] session {method}({what}) raised {err.get('type')}: {_clip(str(err.get('message')), 300)}"
-                           f" ({took:.2f} s)")
+            self._log_line(f"[ale] session {method}({what}) raised {err.get('type')}: "
+                           f"{_clip(str(err.get('message')), 300)} ({took:.2f} s)")
             return
         raw = answer.get("value")
         value: dict[str, Any] = raw if isinstance(raw, dict) else {}
@@ -442,13 +444,15 @@ class TaskProcess:
         methods = [m for m in SESSION_METHODS if callable(getattr(session, m, None))]
         iface = getattr(session, "interface", None)
         interface = [m for m in INTERFACE_METHODS if callable(getattr(iface, m, None))] if iface is not None else []
-        message = {"op": "call", "role": role, "variant": variant, "env": env or {}, "methods": methods, "interface": interface}
+        message = {"op": "call", "role": role, "variant": variant, "env": env or {}, "methods": methods,
+                   "interface": interface}
         try:
             return await asyncio.wait_for(self._request(message, session=session), timeout)
         except TimeoutError:
             if self._proc is not None:
                 self._kill(self._proc)
-            raise TaskProcessError(f"{role}() did not finish within {timeout:.0f}s: the task process was killed", self.log_tail()) from None
+            raise TaskProcessError(f"{role}() did not finish within {timeout:.0f}s: the task process was killed",
+                                   self.log_tail()) from None
 
     async def _request(self, message: dict[str, Any], *, session: Any) -> Any:
         proc = self._proc
@@ -463,7 +467,8 @@ class TaskProcess:
                 line = await proc.stdout.readline()
             except (ValueError, asyncio.LimitOverrunError) as e:
                 self._kill(proc)
-                raise TaskProcessError(f"the task process sent a message over {protocol.MAX_LINE} bytes", self.log_tail()) from e
+                raise TaskProcessError(f"the task process sent a message over {protocol.MAX_LINE} bytes",
+                                       self.log_tail()) from e
             if not line:
                 raise await self._died("the task process exited")
             try:
@@ -482,7 +487,8 @@ class TaskProcess:
                 if reply.get("task_error"):
                     raise TaskError(str(reply.get("message")))
                 raise TaskCallFailed(
-                    f"{reply.get('type')}: {reply.get('message')}", str(reply.get("type")), str(reply.get("traceback") or "")
+                    f"{reply.get('type')}: {reply.get('message')}", str(reply.get("type")),
+                    str(reply.get("traceback") or "")
                 )
             if op == "session":
                 t0 = time.monotonic()
@@ -562,7 +568,8 @@ class LentTaskProcess(TaskProcess):
     async def start(self) -> TaskInfo:
         warm = await self._pool.take()
         self._warm, self._proc, self._jailed = warm, warm._proc, warm._jailed
-        self._bounds_record = None if warm._bounds_record is None else {**warm._bounds_record, "shared_with": "a warm process"}
+        self._bounds_record = None if warm._bounds_record is None \
+            else {**warm._bounds_record, "shared_with": "a warm process"}
         self._hit_at_start = warm.bounds_hit()
         token = f"[ale] lease {secrets.token_hex(16)} ended"
         warm._sink, warm._mark, warm._held = self, ("\n" + token + "\n").encode(), b""
@@ -599,7 +606,8 @@ class LentTaskProcess(TaskProcess):
         if self._warm is not None:
             await self._settle(self._warm)
         code = reply.get("code")
-        how = "" if not isinstance(code, int) else (f" (killed by signal {-code})" if code < 0 else f" (exit code {code})")
+        how = "" if not isinstance(code, int) \
+            else (f" (killed by signal {-code})" if code < 0 else f" (exit code {code})")
         if hit := self.bounds_hit():
             how += f" after hitting its bounds: {_describe_hit(hit)}"
         tail = self.log_tail()
@@ -673,8 +681,8 @@ class TaskProcessPool:
     the runs it lent leave it as after ``load()``, ended otherwise. ``close()`` ends
     them all. ``spawned`` and ``lent`` count what it did."""
 
-    def __init__(self, task_dir: str | Path, *, environment: TaskEnvironment | None = None, card: TaskCard | None = None,
-                 network: bool = False, bounds: TaskBounds | None | str = "env"):
+    def __init__(self, task_dir: str | Path, *, environment: TaskEnvironment | None = None,
+                 card: TaskCard | None = None, network: bool = False, bounds: TaskBounds | None | str = "env"):
         self.path = Path(task_dir).expanduser().resolve()
         self.environment = environment or TaskEnvironment()
         self.card = card
@@ -699,7 +707,8 @@ class TaskProcessPool:
                 return warm
             self._live.discard(warm)
             await warm.close()
-        warm = TaskProcess(self.path, environment=self.environment, card=self.card, network=self.network, bounds=self.bounds)
+        warm = TaskProcess(self.path, environment=self.environment, card=self.card, network=self.network,
+                           bounds=self.bounds)
         await warm.start()  # raises as a run's own process would (TaskError, TaskProcessError)
         self._live.add(warm)
         self.spawned += 1

@@ -16,7 +16,7 @@ HTML = """<!doctype html><html><head><meta charset="utf-8"><title>Launch control
 <button id="decoy" onclick="window.__pressed = (window.__pressed || []).concat(['abort'])">Abort</button>
 <button id="launch" style="margin-left:160px" onclick="window.__pressed = (window.__pressed || []).concat(['launch']); document.getElementById('status').textContent = 'Launched.'">Launch</button>
 <div id="status">Waiting.</div>
-</body></html>"""
+</body></html>"""  # noqa: E501
 
 pid = None  # the window, from start() to evaluate() (this task's own process)
 

@@ -29,7 +29,7 @@ menu.querySelectorAll('div').forEach(d => d.addEventListener('click', () => {
   if (d.dataset.action === 'archive') document.querySelector('[data-name="' + target + '"]').style.opacity = 0.4; }));
 window.addEventListener('click', e => { if (!menu.contains(e.target)) menu.style.display = 'none'; });
 document.addEventListener('contextmenu', e => e.preventDefault());
-</script></body></html>"""
+</script></body></html>"""  # noqa: E501
 
 pid = None
 

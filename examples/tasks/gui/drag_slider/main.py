@@ -25,7 +25,7 @@ thumb.addEventListener('mousedown', e => { dragging = true; e.preventDefault(); 
 window.addEventListener('mousemove', e => { if (dragging) { value = at(e.clientX); show(); } });
 window.addEventListener('mouseup', e => { if (dragging) { dragging = false; value = at(e.clientX); show(); window.__committed = value; } });
 show();
-</script></body></html>"""
+</script></body></html>"""  # noqa: E501
 
 pid = None
 

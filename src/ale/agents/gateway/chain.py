@@ -65,7 +65,8 @@ def read_records(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
             problems.append(f"records.jsonl:{n}: not an object")
             continue
         if rec.get("seq") != seq + 1 or rec.get("prev") != prev:
-            problems.append(f"records.jsonl:{n}: does not follow record {seq} (a record was removed, reordered or inserted)")
+            problems.append(f"records.jsonl:{n}: does not follow record {seq} (a record was removed, "
+                            "reordered or inserted)")
         if rec.get("hash") != record_hash(rec):
             problems.append(f"records.jsonl:{n}: does not match its hash (the record was edited)")
         records.append(rec)

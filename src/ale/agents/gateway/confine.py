@@ -43,7 +43,8 @@ SANDBOX_RUN = "/run/ale"
 def bwrap_path() -> str:
     path = shutil.which("bwrap")
     if path is None:
-        raise AgentConfigError("command agent: confine needs bubblewrap (`apt-get install bubblewrap`; scripts/setup.sh installs it)")
+        raise AgentConfigError("command agent: confine needs bubblewrap (`apt-get install bubblewrap`; "
+                               "scripts/setup.sh installs it)")
     return path
 
 
@@ -144,8 +145,9 @@ def check_install(folders: list[str], *, private: list[Path]) -> None:
                          for p in private)
         if bad:
             raise AgentConfigError(
-                f"command agent: the harness's installation folder {f!r} would show the confined harness the operator's "
-                "home or the run folder; name the installation in confine.install (or set confine: false)")
+                f"command agent: the harness's installation folder {f!r} would show the confined "
+                "harness the operator's home or the run folder; name the installation in confine.install (or "
+                "set confine: false)")
 
 
 def bwrap_version(bwrap: str) -> str:
@@ -187,14 +189,16 @@ def bwrap_argv(
         inside = f"{SANDBOX_RUN}/{port}.sock"
         a += ["--bind", str(sock), inside]
         maps += ["--map", f"{port}={inside}"]
-    a += ["--setenv", "HOME", str(home), "--chdir", str(cwd), "--", python, f"{SANDBOX_RUN}/relay.py", *maps, "--", *argv]
+    a += ["--setenv", "HOME", str(home), "--chdir", str(cwd), "--", python, f"{SANDBOX_RUN}/relay.py",
+          *maps, "--", *argv]
     record = {
         "kind": "bubblewrap",
         "bwrap": bwrap,
         "version": bwrap_version(bwrap),
         "namespaces": ["net", *NAMESPACES],
         "capabilities": [],
-        "network": {"interfaces": ["lo"], "reachable": {f"127.0.0.1:{p}": "relayed to a unix socket of the trusted side" for p in sockets}},
+        "network": {"interfaces": ["lo"],
+                    "reachable": {f"127.0.0.1:{p}": "relayed to a unix socket of the trusted side" for p in sockets}},
         "read_only": ["/usr", *etc, *ro, *map(str, files)],
         "read_write": rw,
         "fresh": ["/proc", "/dev", "/tmp", "/run"],

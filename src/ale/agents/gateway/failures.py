@@ -39,7 +39,8 @@ from ale.status import ModelFailure
 GEMINI_BLOCKED = frozenset({"SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "IMAGE_SAFETY"})
 _CONTEXT_WORDS = ("prompt is too long", "context_length_exceeded", "maximum context length", "context window",
                   "exceeds the maximum number of tokens", "input is too long")
-_QUOTA_WORDS = ("insufficient_quota", "credit balance", "spend limit", "enforced_spend_limit_reached", "billing", "perday")
+_QUOTA_WORDS = ("insufficient_quota", "credit balance", "spend limit", "enforced_spend_limit_reached",
+                "billing", "perday")
 
 
 def _docs(body: bytes, streamed: bool) -> list[Any]:
@@ -104,7 +105,8 @@ def _refused(api: str, doc: Any) -> bool:
         for c in r.get("choices") or []:
             if not isinstance(c, dict):
                 continue
-            m: dict[str, Any] = c["message"] if isinstance(c.get("message"), dict) else c["delta"] if isinstance(c.get("delta"), dict) else {}
+            m: dict[str, Any] = c["message"] if isinstance(c.get("message"), dict) \
+                else c["delta"] if isinstance(c.get("delta"), dict) else {}
             if c.get("finish_reason") == "content_filter" or m.get("refusal"):
                 return True
         inc = r.get("incomplete_details")
@@ -114,7 +116,8 @@ def _refused(api: str, doc: Any) -> bool:
         if isinstance(doc.get("item"), dict):
             items.append(doc["item"])
         for item in items:
-            if isinstance(item, dict) and any(isinstance(p, dict) and p.get("type") == "refusal" for p in item.get("content") or []):
+            if isinstance(item, dict) and any(isinstance(p, dict) and p.get("type") == "refusal"
+                                              for p in item.get("content") or []):
                 return True
         return False
     if api == GEMINI:

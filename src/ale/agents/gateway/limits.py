@@ -81,11 +81,14 @@ class GatewayLimits:
         b = dict(budgets or {})
         unknown = set(b) - {*BUDGET_KEYS, *RETRY_KEYS, "max_body_bytes"}
         if unknown:
-            raise AgentConfigError(f"budgets: unknown keys {sorted(unknown)}; known: {', '.join((*BUDGET_KEYS, *RETRY_KEYS, 'max_body_bytes'))}")
+            raise AgentConfigError(f"budgets: unknown keys {sorted(unknown)}; known: "
+                                   f"{', '.join((*BUDGET_KEYS, *RETRY_KEYS, 'max_body_bytes'))}")
         for k, v in b.items():
             zero_ok = k in ("retries", "retry_budget_s")  # no retries at all: 0
-            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or v < 0 or (v == 0 and not zero_ok)):
-                raise AgentConfigError(f"budgets: {k} must be a {'non-negative' if zero_ok else 'positive'} number, not {v!r}")
+            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or v < 0
+                                  or (v == 0 and not zero_ok)):
+                raise AgentConfigError(f"budgets: {k} must be a {'non-negative' if zero_ok else 'positive'} "
+                                       f"number, not {v!r}")
         retry = {k: b[k] for k in RETRY_KEYS if k in b}
         return cls(model_calls_only=model_calls_only, models=models, local_only=model_calls_only,
                    max_body_bytes=b.get("max_body_bytes", max_body_bytes),
@@ -112,14 +115,17 @@ def budget_left(limits: GatewayLimits, usage: dict[str, Any], requests: int | No
     return None if s is None else s[1]
 
 
-def refusal(limits: GatewayLimits, *, model_call: bool, model: str | None, body_bytes: int, body: Any = None) -> tuple[str, str] | None:
+def refusal(limits: GatewayLimits, *, model_call: bool, model: str | None, body_bytes: int,
+            body: Any = None) -> tuple[str, str] | None:
     """(kind, message) when the endpoint, the model, the body size or what the body
     asks for refuses the request; None when they let it through (budgets are judged
     by the gateway)."""
     if limits.model_calls_only and not model_call:
-        return "endpoint", "ale gateway: only model calls are forwarded (messages, responses, chat completions, generateContent, token counting)"
+        return "endpoint", ("ale gateway: only model calls are forwarded (messages, responses, chat completions, "
+                            "generateContent, token counting)")
     if limits.max_body_bytes is not None and body_bytes > limits.max_body_bytes:
-        return "body_size", f"ale gateway: the request body ({body_bytes} bytes) is over the run's limit of {limits.max_body_bytes}"
+        return "body_size", (f"ale gateway: the request body ({body_bytes} bytes) is over the run's limit of "
+                             f"{limits.max_body_bytes}")
     if model_call and limits.models and model not in limits.models:
         return "model", f"ale gateway: model {model!r} is not the run's model ({', '.join(limits.models)})"
     if model_call and limits.local_only and isinstance(body, dict):
@@ -128,7 +134,8 @@ def refusal(limits: GatewayLimits, *, model_call: bool, model: str | None, body_
             return "provider_state", f"ale gateway: provider-side state is not allowed in this run ({', '.join(state)})"
         remote = remote_media(body)
         if remote:
-            return "remote_media", f"ale gateway: only inline data is allowed; remote media or file references at {', '.join(remote[:5])}"
+            return "remote_media", ("ale gateway: only inline data is allowed; remote media or file references at "
+                                    f"{', '.join(remote[:5])}")
     return None
 
 

@@ -113,7 +113,8 @@ def parse_response(api: str, data: bytes, streamed: bool) -> dict[str, Any]:
                 for tc in _l(m.get("tool_calls")):
                     tc = _d(tc)
                     f = _d(tc.get("function"))
-                    slot = partial.setdefault(_index(tc.get("index"), len(partial)), {"name": "", "arguments": "", "id": None})
+                    slot = partial.setdefault(_index(tc.get("index"), len(partial)),
+                                              {"name": "", "arguments": "", "id": None})
                     slot["name"] = _s(f.get("name")) or slot["name"]
                     slot["arguments"] += _s(f.get("arguments"))
                     slot["id"] = tc.get("id") if isinstance(tc.get("id"), str) else slot["id"]
@@ -249,7 +250,8 @@ def request_results(api: str, path: str, body: Any, bad: Malformed, where: str) 
                 if isinstance(blk, dict) and blk.get("type") == "tool_result":
                     tid, text = blk.get("tool_use_id"), _text(blk.get("content", ""))
                     if not isinstance(tid, str) or text is None:
-                        bad.add(f"{where}.messages[{m}].content[{b}]: a tool_result without a tool_use_id or readable content")
+                        bad.add(f"{where}.messages[{m}].content[{b}]: a tool_result without a tool_use_id or "
+                                "readable content")
                         continue
                     out.append((f"id:{tid}", text, blk.get("is_error") is True))
     elif api == OPENAI and path.endswith("/responses"):

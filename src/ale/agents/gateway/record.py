@@ -147,7 +147,8 @@ def derive(run_dir: Path, records: list[dict[str, Any]]) -> tuple[dict[str, Any]
                 answered = True
             _add_usage(usage, rec.get("usage") or {})
             if rec.get("model_call") and rec.get("by") == "upstream" and "price_table" in start:
-                problems += _rederive_response(run_dir, rec, apis.get(rec.get("request"), ""), prices, billing, failures)
+                problems += _rederive_response(run_dir, rec, apis.get(rec.get("request"), ""), prices,
+                                               billing, failures)
             continue
         if rec.get("type") != "request":
             continue
@@ -160,27 +161,31 @@ def derive(run_dir: Path, records: list[dict[str, Any]]) -> tuple[dict[str, Any]
         forbidden = policy.forbidden(tools)
         if tools != rec.get("tools") or forbidden != rec.get("forbidden"):
             problems.append(
-                f"request {rec.get('seq')}: its record names tools {rec.get('tools')} (forbidden {rec.get('forbidden')}), "
-                f"but its body offers {tools} (forbidden {forbidden})"
+                f"request {rec.get('seq')}: its record names tools {rec.get('tools')} (forbidden "
+                f"{rec.get('forbidden')}), but its body offers {tools} (forbidden {forbidden})"
             )
         if forbidden and rec.get("decision") != "refused":
-            problems.append(f"request {rec.get('seq')} offered {forbidden}, outside the policy, yet was {rec.get('decision')}")
+            problems.append(f"request {rec.get('seq')} offered {forbidden}, outside the policy, yet was "
+                            f"{rec.get('decision')}")
         model = body.get("model") if isinstance(body, dict) else None
         if api == GEMINI and "/models/" in path:
             model = path.split("/models/", 1)[1].split(":", 1)[0]
         model = model if isinstance(model, str) else None
-        limited = refusal(limits, model_call=model_call, model=model, body_bytes=int((rec.get("body") or {}).get("bytes") or 0),
+        limited = refusal(limits, model_call=model_call, model=model,
+                          body_bytes=int((rec.get("body") or {}).get("bytes") or 0),
                           body=body)
         if limited is not None and rec.get("decision") != "refused":
-            problems.append(f"request {rec.get('seq')} ({method_path(rec)}) should have been refused ({limited[0]}), yet was "
-                            f"{rec.get('decision')}")
+            problems.append(f"request {rec.get('seq')} ({method_path(rec)}) should have been refused "
+                            f"({limited[0]}), yet was {rec.get('decision')}")
         if rec.get("refused_for"):
             blocked.append({"seq": rec.get("seq"), "kind": rec.get("refused_for"), "path": path, "model": model})
-        entry = {"seq": rec.get("seq"), "api": api, "path": path, "model": rec.get("model"), "tools": tools, "decision": rec.get("decision")}
+        entry = {"seq": rec.get("seq"), "api": api, "path": path, "model": rec.get("model"), "tools": tools,
+                 "decision": rec.get("decision")}
         requests.append(entry)
         if forbidden and policy.client_tools:  # a native harness: withheld, recorded, the run goes on
             if rec.get("refused_for") != "server_tool":
-                problems.append(f"request {rec.get('seq')} offered {forbidden} but is not recorded as withheld (server_tool)")
+                problems.append(f"request {rec.get('seq')} offered {forbidden} but is not recorded as "
+                                "withheld (server_tool)")
         elif forbidden:
             refusals.append({"seq": rec.get("seq"), "forbidden": forbidden, "before_any_answer": not answered})
     summary = {
@@ -200,7 +205,8 @@ def derive(run_dir: Path, records: list[dict[str, Any]]) -> tuple[dict[str, Any]
         summary["billing"] = billing_doc(billing, version, start.get("price_table"))
         summary["failures"] = failures
         summary["retries"] = retries
-        final = next((f for f in failures if not_the_agents(f["failure"]) and not 200 <= int(f.get("status") or 0) < 300), None)
+        final = next((f for f in failures if not_the_agents(f["failure"])
+                      and not 200 <= int(f.get("status") or 0) < 300), None)
         summary["provider_failure"] = final
         summary["last_failure"] = _last_failure(records, failures)
     if isinstance(start.get("resume"), dict):  # a resumed run: its replayed turns against the source's record
@@ -219,7 +225,8 @@ def billing_doc(by_model: dict[str, dict[str, Any]], version: str | None, table:
         for k, v in row.items():
             total[k] = round(total.get(k, 0) + v, 8) if isinstance(v, float) else total.get(k, 0) + v
     return {"by_model": {k: by_model[k] for k in sorted(by_model)}, "total": total,
-            "price_table": {"version": version, "sha256": (table or {}).get("sha256") if isinstance(table, dict) else None}}
+            "price_table": {"version": version,
+                            "sha256": (table or {}).get("sha256") if isinstance(table, dict) else None}}
 
 
 def _rederive_response(run_dir: Path, rec: dict[str, Any], api: str, prices: dict[str, Any],
@@ -239,10 +246,11 @@ def _rederive_response(run_dir: Path, rec: dict[str, Any], api: str, prices: dic
         if {k: v for k, v in u.items() if k != "model"} != recorded:
             problems.append(f"response {rec.get('seq')}: its record names usage {recorded}, its body reports {u}")
         add_billing(billing, u)
-    failure = transport_class(str(rec["transport_error"])) if rec.get("transport_error") else classify(api, status, data, streamed)
+    failure = transport_class(str(rec["transport_error"])) if rec.get("transport_error") \
+        else classify(api, status, data, streamed)
     if (failure.value if failure else None) != rec.get("failure"):
-        problems.append(f"response {rec.get('seq')}: recorded as failure {rec.get('failure')!r}, its status and body say "
-                        f"{failure.value if failure else None!r}")
+        problems.append(f"response {rec.get('seq')}: recorded as failure {rec.get('failure')!r}, its "
+                        f"status and body say {failure.value if failure else None!r}")
     if failure is not None:
         failures.append({"request": rec.get("request"), "failure": failure.value, "owner": FAILURE_OWNER[failure].value,
                          "status": status, "retries": rec.get("retries", 0)})
@@ -251,7 +259,8 @@ def _rederive_response(run_dir: Path, rec: dict[str, Any], api: str, prices: dic
 
 def _last_failure(records: list[dict[str, Any]], failures: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The named failure of the last model call answered by the upstream (None: it succeeded)."""
-    last = next((r for r in reversed(records) if r.get("type") == "response" and r.get("model_call") and r.get("by") == "upstream"), None)
+    last = next((r for r in reversed(records) if r.get("type") == "response" and r.get("model_call")
+                 and r.get("by") == "upstream"), None)
     if last is None:
         return None
     return next((f for f in failures if f["request"] == last.get("request")), None)
@@ -313,7 +322,8 @@ def channel_checks(confinement: Any) -> list[Any]:
     errors = int(ch.get("protocol_errors") or 0)
     return [
         Check("channel.process", ok_proc, {**want, "argv": ["python3", ".../relay.py", "PORT"]}, {**got, "argv": argv},
-              "" if ok_proc else "the channel's relay did not run as the unprivileged candidate user, or is not the relay"),
+              "" if ok_proc
+              else "the channel's relay did not run as the unprivileged candidate user, or is not the relay"),
         Check("channel.frames", errors == 0, 0, errors,
               "" if errors == 0 else f"the channel closed on {errors} malformed frame(s) from the sandbox"),
     ]

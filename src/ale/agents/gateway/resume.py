@@ -108,7 +108,8 @@ def source_turns(source: Path) -> tuple[list[RecordedTurn], list[dict[str, Any]]
         ref = resp.get("body") or {}
         turns.append(RecordedTurn(
             turn=len(turns) + 1, request=int(req["seq"]), response=int(resp["seq"]),
-            digest=request_digest(str(req.get("api")), str(req.get("method")), str(req.get("path")), raw if raw is not None else body),
+            digest=request_digest(str(req.get("api")), str(req.get("method")), str(req.get("path")),
+                                  raw if raw is not None else body),
             body=body, status=status, headers=[(str(k), str(v)) for k, v in resp.get("headers") or []],
             data=response_bytes(source, ref), streamed=bool(resp.get("streamed")), digest_response=response_digest(ref),
             model=resp.get("model"), usage=dict(resp.get("usage") or {})))
@@ -161,8 +162,10 @@ def prepare_resume(run_dir: Path, source_run: Path) -> dict[str, Any]:
         raise ValueError(f"{src}: its gateway record cannot be replayed: {'; '.join(problems[:3])}")
     if not turns:
         raise ValueError(f"{src}: its gateway record holds no answered model turn to replay")
-    info = {"from_run": str(src.resolve()), "run_id": src.name, "source_head": records[-1].get("hash") if records else None,
-            "source_records": len(records), "source_turns": len(turns), "source_usage": chain_usage(Path(run_dir) / SOURCE_DIR),
+    info = {"from_run": str(src.resolve()), "run_id": src.name,
+            "source_head": records[-1].get("hash") if records else None,
+            "source_records": len(records), "source_turns": len(turns),
+            "source_usage": chain_usage(Path(run_dir) / SOURCE_DIR),
             **({"torn_tail_bytes": len(data) - copy.stat().st_size} if torn else {})}
     (Path(run_dir) / RESUME_FILE).write_text(json.dumps(info, indent=1))
     return info
@@ -227,13 +230,14 @@ class Replayer:
         self.live = True
         if want is None:
             return None, {"why": "after_last", "turn": n, "replayed": len(self.used),
-                          "detail": f"turn {n} comes after the last recorded turn ({len(self.turns)}): the live model answers from here"}
+                          "detail": f"turn {n} comes after the last recorded turn ({len(self.turns)}): the live model "
+                                    "answers from here"}
         parsed: Any = None
         with contextlib.suppress(ValueError, RecursionError):
             parsed = json.loads(body) if body else None
         diff = describe_difference(want.body, parsed)
-        return None, {"why": "diverged", "turn": n, "replayed": len(self.used), "digest": digest, "recorded_digest": want.digest,
-                      "recorded_request": want.request, **diff}
+        return None, {"why": "diverged", "turn": n, "replayed": len(self.used), "digest": digest,
+                      "recorded_digest": want.digest, "recorded_request": want.request, **diff}
 
 
 # -- what differed ---------------------------------------------------------------
@@ -281,12 +285,15 @@ def describe_difference(recorded: Any, now: Any) -> dict[str, Any]:
     old, new = tool_results(recorded), tool_results(now)
     for i, (a, b) in enumerate(zip(old, new, strict=False)):
         if a != b:
-            lines = list(difflib.unified_diff(a[1].splitlines(), b[1].splitlines(), "recorded", "now", n=0, lineterm=""))
-            return {"what": "tool_result", "tool_result": i + 1, "call_id": b[0], "recorded_text": _cut(a[1]), "text": _cut(b[1]),
-                    "diff": "\n".join(lines[:8])[:DIFF_CHARS * 2],
-                    "summary": f"tool result {i + 1} (call {b[0]}) differs: recorded {_cut(a[1])[:80]!r}, now {_cut(b[1])[:80]!r}"}
+            lines = list(difflib.unified_diff(a[1].splitlines(), b[1].splitlines(), "recorded", "now",
+                                              n=0, lineterm=""))
+            return {"what": "tool_result", "tool_result": i + 1, "call_id": b[0], "recorded_text": _cut(a[1]),
+                    "text": _cut(b[1]), "diff": "\n".join(lines[:8])[:DIFF_CHARS * 2],
+                    "summary": f"tool result {i + 1} (call {b[0]}) differs: recorded {_cut(a[1])[:80]!r}, now "
+                               f"{_cut(b[1])[:80]!r}"}
     if len(old) != len(new):
-        return {"what": "tool_results", "summary": f"the request carries {len(new)} tool result(s), the recorded one {len(old)}"}
+        return {"what": "tool_results",
+                "summary": f"the request carries {len(new)} tool result(s), the recorded one {len(old)}"}
     if isinstance(recorded, dict) and isinstance(now, dict):
         keys = sorted(k for k in set(recorded) | set(now) if k not in VOLATILE and recorded.get(k) != now.get(k))
         return {"what": "fields", "fields": keys, "summary": f"the tool results agree; the request differs in {keys}"}
@@ -294,7 +301,8 @@ def describe_difference(recorded: Any, now: Any) -> dict[str, Any]:
 
 
 # -- reading it back -------------------------------------------------------------
-def derive_resume(run_dir: Path, records: list[dict[str, Any]], start: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def derive_resume(run_dir: Path, records: list[dict[str, Any]],
+                  start: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """A resumed run's replay, re-derived from its record and the copy of the source's:
     the summary (``resumed``) and the problems."""
     info: dict[str, Any] = start["resume"] if isinstance(start.get("resume"), dict) else {}
@@ -323,12 +331,14 @@ def derive_resume(run_dir: Path, records: list[dict[str, Any]], start: dict[str,
         src_resp: dict[str, Any] = by_seq.get(of.get("response")) or {}
         ref = rec.get("body") or {}
         where = f"replayed response {rec.get('seq')}"
-        if not src_resp or not src_req or src_resp.get("type") != "response" or src_resp.get("request") != src_req.get("seq"):
+        if not src_resp or not src_req or src_resp.get("type") != "response" \
+                or src_resp.get("request") != src_req.get("seq"):
             problems.append(f"{where} names source records {of} that are not a request and its response")
             continue
         mine_r, theirs_r = response_digest(ref), response_digest(src_resp.get("body") or {})
         if mine_r != theirs_r or of.get("digest") != theirs_r:
-            problems.append(f"{where}: its body digests to {mine_r}, the source's response {src_resp.get('seq')} to {theirs_r}")
+            problems.append(f"{where}: its body digests to {mine_r}, the source's response "
+                            f"{src_resp.get('seq')} to {theirs_r}")
         if response_bytes(run_dir, ref) != response_bytes(source, src_resp.get("body") or {}):
             problems.append(f"{where}: its bytes are not the source's response {src_resp.get('seq')}'s")
         if rec.get("usage"):
@@ -337,7 +347,8 @@ def derive_resume(run_dir: Path, records: list[dict[str, Any]], start: dict[str,
         mine = _digest_of(run_dir, req)
         theirs = _digest_of(source, src_req)
         if mine != theirs:
-            problems.append(f"{where}: its request {req.get('seq')} digests to {mine}, the source's request {src_req.get('seq')} to {theirs}")
+            problems.append(f"{where}: its request {req.get('seq')} digests to {mine}, the source's request "
+                            f"{src_req.get('seq')} to {theirs}")
         calls: list[dict[str, Any]] = []
         try:
             parsed = parse_response(str(req.get("api")), response_bytes(run_dir, ref), bool(rec.get("streamed")))
@@ -347,8 +358,8 @@ def derive_resume(run_dir: Path, records: list[dict[str, Any]], start: dict[str,
         replayed.append({"turn": turn, "request": req.get("seq"), "source_request": src_req.get("seq"),
                          "source_response": src_resp.get("seq"), "digest": mine_r, "reexecuted": calls})
     summary = {
-        "from_run": info.get("from_run"), "source_head": info.get("source_head"), "source_turns": info.get("source_turns"),
-        "replayed_turns": len(replayed), "replayed": replayed,
+        "from_run": info.get("from_run"), "source_head": info.get("source_head"),
+        "source_turns": info.get("source_turns"), "replayed_turns": len(replayed), "replayed": replayed,
         "diverged_at": live.get("turn") if live and live.get("why") == "diverged" else None,
         "live": live, "reexecuted_calls": sum(len(r["reexecuted"]) for r in replayed),
     }
@@ -359,7 +370,8 @@ def resumed_result(summary: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """What a resumed run's result carries (``result.resumed``)."""
     info = load_resume(run_dir) or {}
     live = summary.get("live") if isinstance(summary.get("live"), dict) else None
-    return {"from_run": summary.get("from_run"), "source_run_id": info.get("run_id"), "replayed_turns": summary.get("replayed_turns"),
+    return {"from_run": summary.get("from_run"), "source_run_id": info.get("run_id"),
+            "replayed_turns": summary.get("replayed_turns"),
             "diverged_at": summary.get("diverged_at"), "live_from": live.get("turn") if live else None,
             "divergence": live.get("summary") if live and live.get("why") == "diverged" else None,
             "reexecuted_calls": summary.get("reexecuted_calls"),

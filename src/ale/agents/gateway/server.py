@@ -84,21 +84,25 @@ DEFAULT_UPSTREAMS = {
     ANTHROPIC: "https://api.anthropic.com",
     GEMINI: "https://generativelanguage.googleapis.com",
 }
-UPSTREAM_VARS = {OPENAI: "ALE_GATEWAY_OPENAI_UPSTREAM", ANTHROPIC: "ALE_GATEWAY_ANTHROPIC_UPSTREAM", GEMINI: "ALE_GATEWAY_GEMINI_UPSTREAM"}
+UPSTREAM_VARS = {OPENAI: "ALE_GATEWAY_OPENAI_UPSTREAM", ANTHROPIC: "ALE_GATEWAY_ANTHROPIC_UPSTREAM",
+                 GEMINI: "ALE_GATEWAY_GEMINI_UPSTREAM"}
 # The operator's keys, read from the controller's own environment (first set wins).
 KEY_VARS = {OPENAI: ("OPENAI_API_KEY", "CODEX_API_KEY"), ANTHROPIC: ("ANTHROPIC_API_KEY",), GEMINI: ("GEMINI_API_KEY",)}
 # Each API's path prefix on the gateway (what the harness's base URL ends with).
 PREFIXES = {OPENAI: "/openai/v1", ANTHROPIC: "/anthropic", GEMINI: "/gemini"}
-_HOP = frozenset({"host", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization",
-                  "proxy-connection", "content-length", "accept-encoding", "authorization", "x-api-key", "x-goog-api-key"})
-_HOP_RESPONSE = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "content-encoding"})
+_HOP = frozenset({"host", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
+                  "proxy-authorization", "proxy-connection", "content-length", "accept-encoding", "authorization",
+                  "x-api-key", "x-goog-api-key"})
+_HOP_RESPONSE = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
+                           "content-encoding"})
 
 
 def resolve_upstreams(config: dict[str, Any] | None = None, environ: dict[str, str] | None = None) -> dict[str, str]:
     """Config key, then the controller's environment variable, then the public endpoint."""
     env = os.environ if environ is None else environ
     c = config or {}
-    return {api: str(c.get(var) or env.get(var) or DEFAULT_UPSTREAMS[api]).rstrip("/") for api, var in UPSTREAM_VARS.items()}
+    return {api: str(c.get(var) or env.get(var) or DEFAULT_UPSTREAMS[api]).rstrip("/")
+            for api, var in UPSTREAM_VARS.items()}
 
 
 def resolve_keys(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -179,7 +183,8 @@ class ModelGateway:
             prices=self.prices,
             price_table={"version": self.price_version, "sha256": _digest(self.prices)},
             limits=self.limits.to_dict(),
-            **({"resume": {k: resume.get(k) for k in ("from_run", "run_id", "source_head", "source_turns")}} if resume else {}),
+            **({"resume": {k: resume.get(k) for k in ("from_run", "run_id", "source_head", "source_turns")}}
+               if resume else {}),
         )
 
     def end_turn(self) -> None:
@@ -199,7 +204,8 @@ class ModelGateway:
     # -- ASGI ----------------------------------------------------------------
     def _authorized(self, scope: dict[str, Any], query: list[tuple[str, str]]) -> bool:
         for k, v in scope.get("headers", []):
-            if k.lower() in (b"authorization", b"x-api-key", b"x-goog-api-key") and any(hmac.compare_digest(v, a) for a in self._auth_values):
+            if k.lower() in (b"authorization", b"x-api-key", b"x-goog-api-key") \
+                    and any(hmac.compare_digest(v, a) for a in self._auth_values):
                 return True
         return any(k == "key" and hmac.compare_digest(v.encode(), self.token.encode()) for k, v in query)
 
@@ -214,7 +220,9 @@ class ModelGateway:
             await _respond(send, 401, _error(api or OPENAI, 401, "ale gateway: this run's token is required"))
             return
         if api is None:
-            await _respond(send, 404, _error(OPENAI, 404, f"ale gateway: no API under {path!r}; use /openai/v1, /anthropic or /gemini"))
+            await _respond(send, 404,
+                           _error(OPENAI, 404,
+                                  f"ale gateway: no API under {path!r}; use /openai/v1, /anthropic or /gemini"))
             return
         chunks = []
         while True:
@@ -225,7 +233,8 @@ class ModelGateway:
         body = b"".join(chunks)
         await self._exchange(api, scope, path[len(PREFIXES[api]):] or "/", query, body, send)
 
-    async def _exchange(self, api: str, scope: dict[str, Any], rest: str, query: list[tuple[str, str]], body: bytes, send: Any) -> None:
+    async def _exchange(self, api: str, scope: dict[str, Any], rest: str, query: list[tuple[str, str]], body: bytes,
+                        send: Any) -> None:
         t0 = time.perf_counter()
         self.requests += 1
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", [])]
@@ -242,7 +251,8 @@ class ModelGateway:
             model = rest.split("/models/", 1)[1].split(":", 1)[0]
         seq = self.recorder.seq + 1
         model = model if isinstance(model, str) else None
-        blocked = None if forbidden else refusal(self.limits, model_call=model_call, model=model, body_bytes=len(body), body=parsed)
+        blocked = None if forbidden else refusal(self.limits, model_call=model_call, model=model,
+                                                 body_bytes=len(body), body=parsed)
         if self.turn_ended:
             blocked = ("turn_ended", "ale gateway: the agent's turn has ended; nothing more is forwarded")
         if blocked is None and not forbidden and model_call:
@@ -278,12 +288,15 @@ class ModelGateway:
             return
         if blocked is not None:
             kind, msg = blocked
-            status = {"endpoint": 404, "body_size": 413, "budget": 429, "concurrency": 429, "turn_ended": 409}.get(kind, 403)
+            status = {"endpoint": 404, "body_size": 413, "budget": 429, "concurrency": 429,
+                      "turn_ended": 409}.get(kind, 403)
             self.blocked.append({"seq": seq, "kind": kind, "path": rest, "model": model})
             data = _error(api, status, msg)
             await _respond(send, status, data)
-            self.recorder.append("response", request=seq, status=status, headers=[], body=self.recorder.body(seq + 1, "response", data),
-                                 streamed=False, model_call=model_call, by="gateway", seconds=round(time.perf_counter() - t0, 6))
+            self.recorder.append("response", request=seq, status=status, headers=[],
+                                 body=self.recorder.body(seq + 1, "response", data),
+                                 streamed=False, model_call=model_call, by="gateway",
+                                 seconds=round(time.perf_counter() - t0, 6))
             if kind == "budget":
                 self.budget_reason = self.budget_reason or msg.removeprefix("ale gateway: ")
                 self.budget_reached.set()
@@ -291,14 +304,18 @@ class ModelGateway:
         if forbidden:
             first = not self.answered
             self.refusals.append({"seq": seq, "forbidden": forbidden, "before_any_answer": first})
-            msg = (f"ale gateway: this request offers the model tool(s) outside the run's allowlist: {', '.join(forbidden)}. "
-                   f"Allowed: the bridge's tools {list(self.policy.allowlist)} (as mcp__ale__<tool>, mcp_ale_<tool> or <tool>)"
-                   + (f" and the harness profile {self.policy.profile.name!r}'s {sorted(self.policy.profile.allow)}" if self.policy.profile.allow else "")
+            msg = ("ale gateway: this request offers the model tool(s) outside the run's allowlist: "
+                   f"{', '.join(forbidden)}. Allowed: the bridge's tools {list(self.policy.allowlist)} (as "
+                   "mcp__ale__<tool>, mcp_ale_<tool> or <tool>)"
+                   + (f" and the harness profile {self.policy.profile.name!r}'s {sorted(self.policy.profile.allow)}"
+                      if self.policy.profile.allow else "")
                    + ". Switch the harness's own tools off; the request did not reach the model.")
             data = _error(api, 403, msg)
             await _respond(send, 403, data)
-            self.recorder.append("response", request=seq, status=403, headers=[], body=self.recorder.body(seq + 1, "response", data),
-                                 streamed=False, model_call=model_call, by="gateway", seconds=round(time.perf_counter() - t0, 6))
+            self.recorder.append("response", request=seq, status=403, headers=[],
+                                 body=self.recorder.body(seq + 1, "response", data),
+                                 streamed=False, model_call=model_call, by="gateway",
+                                 seconds=round(time.perf_counter() - t0, 6))
             self.refused.set()
             return
         if model_call:
@@ -315,13 +332,15 @@ class ModelGateway:
                 self.budget_kind, self.budget_reason = left
             self.budget_reached.set()
 
-    async def _forward(self, api: str, method: str, rest: str, query: list[tuple[str, str]], headers: list[tuple[str, str]],
+    async def _forward(self, api: str, method: str, rest: str, query: list[tuple[str, str]],
+                       headers: list[tuple[str, str]],
                        body: bytes, send: Any, seq: int, model_call: bool, t0: float) -> None:
         out_headers = [(k, v) for k, v in headers if k.lower() not in _HOP]
         out_headers.append(("accept-encoding", "identity"))  # the record reads the bytes the harness gets
         key = self._keys.get(api, "")
         if key:
-            out_headers.append({OPENAI: ("authorization", f"Bearer {key}"), ANTHROPIC: ("x-api-key", key), GEMINI: ("x-goog-api-key", key)}[api])
+            out_headers.append({OPENAI: ("authorization", f"Bearer {key}"), ANTHROPIC: ("x-api-key", key),
+                                GEMINI: ("x-goog-api-key", key)}[api])
         q = [(k, v) for k, v in query if k != "key"]
         url = self.upstreams[api] + rest + (("?" + urlencode(q)) if q else "")
         collected = bytearray()
@@ -339,7 +358,9 @@ class ModelGateway:
             except httpx.HTTPError as e:
                 transport_error = type(e).__name__
                 failure = transport_class(transport_error) if model_call else None
-                data = _error(api, 502, f"ale gateway: the upstream {self.upstreams[api]} cannot be reached: {type(e).__name__}: {e}")
+                data = _error(api, 502,
+                              f"ale gateway: the upstream {self.upstreams[api]} cannot be reached: "
+                              f"{type(e).__name__}: {e}")
                 status, resp_headers, streamed = 502, [], False
             else:
                 status = resp.status_code
@@ -361,7 +382,8 @@ class ModelGateway:
                 break
             # A transient failure of the provider's: recorded, not shown to the harness, sent again.
             self.recorder.append(
-                "upstream_attempt", request=seq, attempt=attempt + 1, status=status, headers=redact_headers(resp_headers),
+                "upstream_attempt", request=seq, attempt=attempt + 1, status=status,
+                headers=redact_headers(resp_headers),
                 body=self.recorder.body(seq, f"attempt{attempt + 1}", data), streamed=streamed,
                 failure=failure.value if failure else None, transport_error=transport_error, wait_s=round(wait, 3),
                 seconds=round(time.perf_counter() - t0, 6))
@@ -408,7 +430,8 @@ class ModelGateway:
             usage={k: v for k, v in usage.items() if k != "model"}, model=usage.get("model"),
             **({"failure": failure.value, "retries": attempt} if failure is not None else {}),
             **({"transport_error": transport_error} if transport_error else {}),
-            first_byte_s=None if first_byte is None else round(first_byte, 6), seconds=round(time.perf_counter() - t0, 6),
+            first_byte_s=None if first_byte is None else round(first_byte, 6),
+            seconds=round(time.perf_counter() - t0, 6),
         )
 
     async def _replay(self, turn: RecordedTurn, send: Any, seq: int, t0: float) -> None:
@@ -419,9 +442,10 @@ class ModelGateway:
         self.replayed += 1
         self.recorder.append(
             "response", request=seq, status=turn.status, headers=redact_headers(headers),
-            body=self.recorder.body(seq + 1, "response", turn.data), streamed=turn.streamed, model_call=True, by="replay",
-            usage={}, model=turn.model,
-            replay_of={"turn": turn.turn, "request": turn.request, "response": turn.response, "digest": turn.digest_response},
+            body=self.recorder.body(seq + 1, "response", turn.data), streamed=turn.streamed,
+            model_call=True, by="replay", usage={}, model=turn.model,
+            replay_of={"turn": turn.turn, "request": turn.request, "response": turn.response,
+                       "digest": turn.digest_response},
             seconds=round(time.perf_counter() - t0, 6))
 
     def _add_usage(self, u: dict[str, Any]) -> None:
@@ -449,8 +473,8 @@ class ModelGateway:
         return wait
 
     def summary(self) -> dict[str, Any]:
-        return {"requests": self.requests, "unauthorized": self.unauthorized, "refusals": list(self.refusals), "usage": dict(self.usage),
-                "blocked": list(self.blocked), "budget_reached": self.budget_reason}
+        return {"requests": self.requests, "unauthorized": self.unauthorized, "refusals": list(self.refusals),
+                "usage": dict(self.usage), "blocked": list(self.blocked), "budget_reached": self.budget_reason}
 
 
 async def _respond(send: Any, status: int, body: bytes, headers: list[tuple[str, str]] | None = None) -> None:
@@ -459,7 +483,8 @@ async def _respond(send: Any, status: int, body: bytes, headers: list[tuple[str,
         hs = [(b"content-type", b"application/json")]
     else:
         hs = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers if k.lower() != "content-length"]
-    await send({"type": "http.response.start", "status": status, "headers": [*hs, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*hs, (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 
 

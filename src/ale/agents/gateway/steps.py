@@ -94,11 +94,13 @@ def derive_steps(run_dir: Path, records: list[dict[str, Any]] | None = None) -> 
         seq = rec.get("seq")
         if not isinstance(seq, int):
             continue
-        if rec.get("type") == "request" and rec.get("model_call") and is_generation(str(rec.get("api")), str(rec.get("path"))):
+        if rec.get("type") == "request" and rec.get("model_call") \
+                and is_generation(str(rec.get("api")), str(rec.get("path"))):
             requests[seq] = rec
         # An answer the harness got: the model's, or a resumed run's replayed one (resume.py).
         elif rec.get("type") == "response" and rec.get("model_call") and rec.get("by") in ("upstream", "replay") \
-                and isinstance(rec.get("status"), int) and 200 <= rec["status"] < 300 and isinstance(rec.get("request"), int):
+                and isinstance(rec.get("status"), int) and 200 <= rec["status"] < 300 \
+                and isinstance(rec.get("request"), int):
             answers.setdefault(rec["request"], rec)
     # How many results each model request carries, by key (the texts are read again, once, where a step needs them:
     # a long conversation repeats its whole history in every request).
@@ -115,7 +117,8 @@ def derive_steps(run_dir: Path, records: list[dict[str, Any]] | None = None) -> 
             continue
         api = str(req.get("api"))
         try:
-            calls = parse_response(api, response_bytes(run_dir, resp.get("body") or {}), bool(resp.get("streamed")))["tool_calls"]
+            calls = parse_response(api, response_bytes(run_dir, resp.get("body") or {}),
+                                   bool(resp.get("streamed")))["tool_calls"]
         except PARSE_ERRORS as e:
             bad.add(f"response {resp.get('seq')}: unreadable ({type(e).__name__})")
             continue
@@ -189,7 +192,8 @@ def _seconds(start: Any, end: Any) -> float:
     from datetime import datetime
 
     try:
-        return max(0.0, round((datetime.fromisoformat(str(end)) - datetime.fromisoformat(str(start))).total_seconds(), 6))
+        return max(0.0,
+                   round((datetime.fromisoformat(str(end)) - datetime.fromisoformat(str(start))).total_seconds(), 6))
     except ValueError:
         return 0.0
 

@@ -196,14 +196,16 @@ class HarnessProfile:
             except (OSError, ValueError) as e:
                 raise AgentConfigError(f"harness_profile: cannot read {value!r}: {e}") from e
         if not isinstance(value, dict) or not isinstance(value.get("allow", {}), dict):
-            raise AgentConfigError("harness_profile must be {\"name\": ..., \"allow\": {tool: reason}} or a JSON file of one")
+            raise AgentConfigError("harness_profile must be {\"name\": ..., \"allow\": {tool: reason}} or a "
+                                   "JSON file of one")
         allow = {str(k): str(v) for k, v in value.get("allow", {}).items()}
         empty = sorted(k for k, v in allow.items() if not v.strip())
         if empty:
             raise AgentConfigError(f"harness_profile: every allowed tool needs its reason; none given for {empty}")
         bad = sorted(k for k in allow if k.startswith(("server:", "mcp:", "unreadable:")))
         if bad:
-            raise AgentConfigError(f"harness_profile: server-side tools and hosted connectors reach outside and are never allowed: {bad}")
+            raise AgentConfigError("harness_profile: server-side tools and hosted connectors reach outside and are "
+                                   f"never allowed: {bad}")
         return cls(name=str(value.get("name") or "custom"), allow=allow)
 
 
@@ -240,7 +242,8 @@ class ToolPolicy:
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ToolPolicy:
         prof = doc.get("profile") or {}
-        return cls(tuple(doc.get("allowlist") or ()), HarnessProfile(str(prof.get("name", "")), dict(prof.get("allow") or {})),
+        return cls(tuple(doc.get("allowlist") or ()),
+                   HarnessProfile(str(prof.get("name", "")), dict(prof.get("allow") or {})),
                    client_tools=doc.get("client_tools") is True)
 
 
@@ -266,8 +269,9 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
                                        "as above)",
         "read_mcp_resource": "reads a resource of the configured MCP servers (only the run's bridge, as above)",
         "apply_patch": "Codex's own file editor (offered with any model Codex knows; it cannot be switched off in "
-                       "0.171): in bridge mode Codex runs on the host under `--sandbox read-only` inside bubblewrap, so "
-                       "its writes are refused there, and it never reaches the sandbox (the MCP tools do)",
+                       "0.171): in bridge mode Codex runs on the host under `--sandbox read-only` "
+                       "inside bubblewrap, so its writes are refused there, and it never reaches the sandbox "
+                       "(the MCP tools do)",
         "tool_search": "searches Codex's own deferred tool list (offered with any model Codex knows; Codex answers the "
                        "model's tool_search_call itself with a tool_search_output): no file or network access",
     }},

@@ -44,7 +44,8 @@ def build_turns(run_dir: Path) -> list[dict[str, Any]]:
     records, _ = read_records(run_dir)
     steps: list[dict[str, Any]] = []
     with contextlib.suppress(OSError, ValueError):
-        steps = [json.loads(line) for line in (run_dir / layout.TRAJECTORY_LOG).read_text().splitlines() if line.strip()]
+        steps = [json.loads(line) for line in (run_dir / layout.TRAJECTORY_LOG).read_text().splitlines()
+                 if line.strip()]
     # A native harness's steps are the gateway's own (steps.py): each call joins the step derived from it.
     joins: dict[tuple[int, int], int] | None = derive_steps(run_dir, records)["joins"] if is_native(records) else None
     used: set[int] = set()
@@ -58,7 +59,8 @@ def build_turns(run_dir: Path) -> list[dict[str, Any]]:
             body, _ = read_body(run_dir, req.get("body") or {})
         except PARSE_ERRORS:
             body = None
-        parsed = parse_response(str(req.get("api")), response_bytes(run_dir, resp.get("body") or {}), bool(resp.get("streamed")))
+        parsed = parse_response(str(req.get("api")), response_bytes(run_dir, resp.get("body") or {}),
+                                bool(resp.get("streamed")))
         for pos, call in enumerate(parsed["tool_calls"]):
             call.pop("kind", None)
             call.pop("namespace", None)
@@ -73,8 +75,8 @@ def build_turns(run_dir: Path) -> list[dict[str, Any]]:
                 used.add(step["index"])
                 call["step"] = step["index"]
         turns.append({
-            "request": req.get("seq"), "time": req.get("time"), "api": req.get("api"), "model": req.get("model") or resp.get("model"),
-            "messages": _messages(body),
+            "request": req.get("seq"), "time": req.get("time"), "api": req.get("api"),
+            "model": req.get("model") or resp.get("model"), "messages": _messages(body),
             "tools_offered": req.get("tools"), "decision": req.get("decision"), "status": resp.get("status"),
             "usage": resp.get("usage") or {}, **parsed,
         })

@@ -70,7 +70,9 @@ def usage_of(api: str, body: bytes, streamed: bool) -> dict[str, Any]:
             x = msg.get("usage") if isinstance(msg.get("usage"), dict) else d.get("usage")
             if isinstance(x, dict):
                 # message_start carries the input, message_delta the (cumulative) output.
-                u["input_tokens"] = max(u["input_tokens"], _int(x.get("input_tokens")) + _int(x.get("cache_creation_input_tokens")) + _int(x.get("cache_read_input_tokens")))
+                u["input_tokens"] = max(u["input_tokens"],
+                                        _int(x.get("input_tokens")) + _int(x.get("cache_creation_input_tokens"))
+                                        + _int(x.get("cache_read_input_tokens")))
                 u["cached_input_tokens"] = max(u["cached_input_tokens"], _int(x.get("cache_read_input_tokens")))
                 u["output_tokens"] = max(u["output_tokens"], _int(x.get("output_tokens")))
         elif api == GEMINI:
@@ -95,7 +97,8 @@ def cost(usage: dict[str, Any], model: str | None, prices: dict[str, Any]) -> fl
         return None
     cached = _int(usage.get("cached_input_tokens"))
     fresh = _int(usage.get("input_tokens")) - cached
-    total = fresh * float(p.get("input_per_mtok", 0)) + _int(usage.get("output_tokens")) * float(p.get("output_per_mtok", 0))
+    total = fresh * float(p.get("input_per_mtok", 0)) \
+        + _int(usage.get("output_tokens")) * float(p.get("output_per_mtok", 0))
     total += cached * float(p.get("cached_input_per_mtok", p.get("input_per_mtok", 0)) or 0)
     return round(total / 1e6, 8)
 

@@ -26,13 +26,15 @@ async def run_agent(state: RunState) -> None:
     plan, v = state.plan, state.variant
     agent = state.prep.agent
     state.record.store.write_json(Evidence.AGENT, agent_evidence(plan.agent))
-    prompt = state.folder.run_dir / layout.agent_path(layout.Agent.PROMPT)  # what the agent was asked, signed with the run
+    # what the agent was asked, signed with the run
+    prompt = state.folder.run_dir / layout.agent_path(layout.Agent.PROMPT)
     prompt.parent.mkdir(exist_ok=True)
     prompt.write_text(v.description, encoding="utf-8", errors="surrogateescape")
-    network = {"network_mode": plan.policy.network_mode, "controller": "outside the sandbox; tools reach it only through docker exec"}
+    network = {"network_mode": plan.policy.network_mode,
+               "controller": "outside the sandbox; tools reach it only through docker exec"}
     if agent.native:  # a named harness in native mode (ale.agents.harness)
-        network["controller"] = ("the harness runs inside the sandbox; its only way out is an exec-attached stream to the "
-                                 "run's model gateway (agent/confinement.json)")
+        network["controller"] = ("the harness runs inside the sandbox; its only way out is an "
+                                 "exec-attached stream to the run's model gateway (agent/confinement.json)")
     state.record.store.write_json(Evidence.NETWORK, network)
     state.live.trajectory = TrajectoryWriter(state.folder.run_dir, plan.run_id, plan.agent.display)
     deadline = time.monotonic() + state.prep.wall_time_s
@@ -76,13 +78,15 @@ async def run_agent(state: RunState) -> None:
         else:
             state.live.agent_outcome = turn.result()
     except TimeoutError:
-        state.live.agent_outcome = AgentOutcome(AgentEnd.TIMEOUT, detail=f"wall time of {state.prep.wall_time_s:.0f}s reached",
+        state.live.agent_outcome = AgentOutcome(AgentEnd.TIMEOUT,
+                                                detail=f"wall time of {state.prep.wall_time_s:.0f}s reached",
                                                 limit=AgentLimit.WALL_TIME)
     except asyncio.CancelledError:
         turn.cancel()
         raise
     except Exception as e:
-        state.live.agent_outcome = AgentOutcome(AgentEnd.FAILED, detail=f"{type(e).__name__}: {e}\n{traceback.format_exc()[-4000:]}")
+        state.live.agent_outcome = AgentOutcome(AgentEnd.FAILED,
+                                                detail=f"{type(e).__name__}: {e}\n{traceback.format_exc()[-4000:]}")
     finally:
         watchdog.cancel()
         alive.cancel()

@@ -22,20 +22,23 @@ async def collect_deliverables(state: RunState) -> None:
     lim = state.plan.limits
     manifest = await asyncio.to_thread(
         extract_deliverables,
-        state.folder.workspace_host, state.folder.run_dir / layout.DELIVERABLES_DIR, max_files=lim.deliverable_max_files,
-        max_bytes=lim.deliverable_max_bytes, owner=(state.plan.policy.uid, state.plan.policy.gid) if os.geteuid() == 0 else None,
+        state.folder.workspace_host, state.folder.run_dir / layout.DELIVERABLES_DIR,
+        max_files=lim.deliverable_max_files, max_bytes=lim.deliverable_max_bytes,
+        owner=(state.plan.policy.uid, state.plan.policy.gid) if os.geteuid() == 0 else None,
         mount_point=state.variant.output_dir,
         # One path budget for every copy: the grader's working copies and the output
         # folder in the grading sandbox are longer bases than the run folder may be.
         also_under=[*state.folder.copy_bases(lim.grading_attempts), state.variant.output_dir],
     )
     ev.write_json_new(state.folder.run_dir / layout.DELIVERABLES, json.loads(manifest.model_dump_json()))
-    state.record.events.append("deliverables.collected", files=len(manifest.files), skipped=len(manifest.skipped), digest=manifest.digest)
+    state.record.events.append("deliverables.collected", files=len(manifest.files), skipped=len(manifest.skipped),
+                               digest=manifest.digest)
     limited = [e for e in manifest.skipped if e.limit is not None]
     if limited:
         state.record.warnings.append(
-            f"deliverables: {len(limited)} entr{'y' if len(limited) == 1 else 'ies'} of the workspace not copied at a limit "
-            f"({limited[0].reason}: {limited[0].path}); the grader saw the rest ({layout.DELIVERABLES})")
+            f"deliverables: {len(limited)} entr{'y' if len(limited) == 1 else 'ies'} of the workspace not "
+            f"copied at a limit ({limited[0].reason}: {limited[0].path}); the grader saw the rest "
+            f"({layout.DELIVERABLES})")
 
 
 async def check_input_unchanged(state: RunState) -> None:

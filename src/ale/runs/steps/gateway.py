@@ -35,8 +35,9 @@ def name_model_failure(state: RunState, gw: dict[str, Any]) -> None:
     if not_the_agents(failure):
         state.live.agent_outcome = AgentOutcome(
             AgentEnd.PROVIDER_FAILED, usage=outcome.usage, model_failure=failure,
-            detail=f"the model's provider failed: {failure.value} (HTTP {final.get('status')}) on request {final.get('request')} "
-                   f"after {final.get('retries', 0)} retries; the agent's turn ended: {(outcome.detail or '')[:500]}")
+            detail=f"the model's provider failed: {failure.value} (HTTP {final.get('status')}) on request "
+                   f"{final.get('request')} after {final.get('retries', 0)} retries; the agent's turn ended: "
+                   f"{(outcome.detail or '')[:500]}")
     else:
         outcome.model_failure = failure
         outcome.detail = f"the model's answer was {failure.value} (the agent's): {outcome.detail or ''}"
@@ -61,7 +62,8 @@ def record_model_gateway(state: RunState) -> None:
         Check("gateway.record", not problems, "an intact gateway record", problems or None, "; ".join(problems)),
         Check("gateway.tools_allowed", not refusals, "only the run's allowlisted tools offered to the model",
               [{"request": r["seq"], "forbidden": r["forbidden"]} for r in refusals] or None,
-              "; ".join(f"request {r['seq']} offered the model {', '.join(r['forbidden'])}, outside the run's allowlist; refused"
+              "; ".join(f"request {r['seq']} offered the model {', '.join(r['forbidden'])}, outside the run's "
+                        "allowlist; refused"
                         for r in refusals)),
         *channel_checks(doc.get("confinement")),  # a native harness's channel (none otherwise)
     ])

@@ -22,7 +22,8 @@ async def stage_reference(state: RunState) -> None:
     """Trusted side, candidate container gone: source reference + start()'s writes."""
     dest = state.folder.reference_host
     if state.live.source is not None:
-        await asyncio.to_thread(state.live.source.stage_reference, state.variant.data_key, dest, state.record.commitment)
+        await asyncio.to_thread(state.live.source.stage_reference, state.variant.data_key, dest,
+                                state.record.commitment)
     else:
         dest.mkdir(mode=0o700)
     setup_tree = await asyncio.to_thread(ev.hash_tree, state.folder.setup_reference_host)
@@ -97,8 +98,9 @@ def _warn_copy_problems(state: RunState, problems: list[str], attempt: int) -> N
         return
     state.record.events.append("grading.copy_incomplete", attempt=attempt, problems=problems[:50], count=len(problems))
     state.record.warnings.append(
-        f"grading: the grader's working copy left out {len(problems)} entr{'y' if len(problems) == 1 else 'ies'} of the "
-        f"deliverables (the harness's copy, not the candidate's: graded without them), first: {problems[0]}")
+        f"grading: the grader's working copy left out {len(problems)} "
+        f"entr{'y' if len(problems) == 1 else 'ies'} of the deliverables (the harness's copy, not the candidate's: "
+        f"graded without them), first: {problems[0]}")
 
 
 async def grade_step(state: RunState) -> None:
@@ -138,7 +140,8 @@ async def grade_with_retries(state: RunState) -> list[float]:
                     raise
                 state.record.events.append("grading.failed", attempt=n, error=lossless.display(str(e))[:500])
                 if engine_down(state):
-                    raise GradingEnvironmentError(f"the engine stopped answering while grading: {e}", e.traceback) from e
+                    raise GradingEnvironmentError(f"the engine stopped answering while grading: {e}",
+                                                  e.traceback) from e
                 if n == lim.grading_attempts:
                     raise GradingError(f"evaluate() failed on all {n} attempts on the same deliverables; last: {e}",
                                        e.traceback, charged=True) from e

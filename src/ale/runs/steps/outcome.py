@@ -42,7 +42,8 @@ def classify_failure(e: Exception, state: RunState) -> tuple[RunStatus, str, dic
     if isinstance(e, software.SoftwareError):  # before the sandbox: the task's software could not be provided
         return RunStatus.INFRASTRUCTURE_ERROR, str(e), ({} if e.retryable else {"retryable": False})
     if isinstance(e, TaskCallFailed):  # start() raised: the task could not be set up
-        return RunStatus.INFRASTRUCTURE_ERROR, f"start() raised {e}", {"traceback": e.traceback[-8000:], "retryable": False}
+        return RunStatus.INFRASTRUCTURE_ERROR, f"start() raised {e}", {"traceback": e.traceback[-8000:],
+                                                                       "retryable": False}
     if isinstance(e, DataError):
         if state.live.agent_started:  # the reference could not be staged: the harness's
             state.record.invalid_attribution = InvalidAttribution.GRADING_ENVIRONMENT
@@ -56,9 +57,11 @@ def classify_failure(e: Exception, state: RunState) -> tuple[RunStatus, str, dic
     detail = f"{type(e).__name__}: {e}"
     if state.live.agent_started and not engine_down(state):
         state.record.add_checks(CheckGroup.AFTER_AGENT, [Check(
-            "run.checks_completed", False, "the run's checks completed", detail, "the run's checks could not be completed")])
-        return RunStatus.INVALID_EVALUATION_ENVIRONMENT, f"the seal could not be proven after the agent started: {detail}", {
-            "traceback": traceback.format_exc()[-8000:]}
+            "run.checks_completed", False, "the run's checks completed", detail,
+            "the run's checks could not be completed")])
+        return (RunStatus.INVALID_EVALUATION_ENVIRONMENT,
+                f"the seal could not be proven after the agent started: {detail}",
+                {"traceback": traceback.format_exc()[-8000:]})
     return RunStatus.INFRASTRUCTURE_ERROR, detail, {"traceback": traceback.format_exc()[-8000:]}
 
 
@@ -73,5 +76,5 @@ def engine_down(state: RunState) -> bool:
 def status_after_agent(outcome: AgentOutcome | None) -> RunStatus:
     if outcome is None:
         return RunStatus.AGENT_FAILED
-    return {AgentEnd.FINISHED: RunStatus.SCORED, AgentEnd.FAILED: RunStatus.AGENT_FAILED, AgentEnd.TIMEOUT: RunStatus.TIMEOUT,
-            AgentEnd.PROVIDER_FAILED: RunStatus.INFRASTRUCTURE_ERROR}[outcome.end]
+    return {AgentEnd.FINISHED: RunStatus.SCORED, AgentEnd.FAILED: RunStatus.AGENT_FAILED,
+            AgentEnd.TIMEOUT: RunStatus.TIMEOUT, AgentEnd.PROVIDER_FAILED: RunStatus.INFRASTRUCTURE_ERROR}[outcome.end]

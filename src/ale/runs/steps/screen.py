@@ -45,9 +45,11 @@ async def record_screen(state: RunState, moment: str) -> None:
         width, height = png_size(png)
         name = Evidence.screen(moment)
         ev.write_new(state.record.store.path(name), png, durable=state.record.store.durable)
-        entry.update(file=layout.evidence_path(name), sha256=ev.sha256_bytes(png), bytes=len(png), width=width, height=height)
+        entry.update(file=layout.evidence_path(name), sha256=ev.sha256_bytes(png), bytes=len(png), width=width,
+                     height=height)
     except Exception as e:  # the desktop may be gone (the candidate's doing, or the sandbox stopped)
         entry["error"] = f"{type(e).__name__}: {e}"[:2000]
     entry["seconds"] = round(time.monotonic() - t0, 4)
     state.record.screens[moment] = entry
-    state.record.events.append("screen.recorded", moment=moment, **{k: entry[k] for k in ("sha256", "error") if k in entry})
+    state.record.events.append("screen.recorded", moment=moment,
+                               **{k: entry[k] for k in ("sha256", "error") if k in entry})

@@ -37,7 +37,8 @@ async def stage_input(state: RunState) -> None:
     record = {"source": spec, "key": key.relpath, "layout": state.live.source.layout_of(key),
               "location": state.live.source.location(key), "tree": tree}
     if state.live.package is not None:
-        record["shared_package"] = {"key": state.live.package.key, "created_at": state.live.package.meta.get("created_at"),
+        record["shared_package"] = {"key": state.live.package.key,
+                                    "created_at": state.live.package.meta.get("created_at"),
                                     "digest": state.live.package.meta["public_tree"]["digest"]}
     state.record.store.write_json(Evidence.INPUT_STAGED, record)
 

@@ -100,7 +100,8 @@ async def _end_turn_and_probe(state: RunState, doc: dict[str, Any]) -> None:
     v = state.variant
     doc["probes"] = {"user": PROBE_USER, "started_at": now().isoformat()}
     try:
-        probe = await state.sandbox.exec(probe_command(state.plan.policy, input_dir=v.public_root, workspace_dir=v.output_dir),
+        probe = await state.sandbox.exec(probe_command(state.plan.policy, input_dir=v.public_root,
+                                                       workspace_dir=v.output_dir),
                                          user=PROBE_USER, timeout=30)
     except SandboxError:
         if await _judged_if_stopped(state):
@@ -121,7 +122,8 @@ def judge_stopped_sandbox(state: RunState, inspect: dict[str, Any]) -> None:
     failure with that reason, and the workspace is graded as it was left."""
     st = inspect.get("State") or {}
     reason = stopped_reason(inspect) or ""
-    record = {key: st.get(key) for key in ("Status", "Running", "Pid", "OOMKilled", "ExitCode", "StartedAt", "FinishedAt")}
+    record = {key: st.get(key)
+              for key in ("Status", "Running", "Pid", "OOMKilled", "ExitCode", "StartedAt", "FinishedAt")}
     # observed_at: before the harness's own kill of the sandbox (its release follows),
     # so a FinishedAt before it is the sandbox's own end (ale verify compares the two).
     state.record.store.write_json(Evidence.SANDBOX_STOPPED, {"reason": reason, "state": record,

@@ -27,7 +27,8 @@ async def run_task_setup(state: RunState) -> None:
         return container
 
     session = RoutedSession(
-        [Route(v.input_dir, state.folder.input_host, writable=True), Route(v.reference_dir, state.folder.setup_reference_host, writable=True)],
+        [Route(v.input_dir, state.folder.input_host, writable=True),
+         Route(v.reference_dir, state.folder.setup_reference_host, writable=True)],
         factory, gui=container if state.extension.computer is not None else None,
     )
     # What start() changes in the public package is kept in the run folder (start_writes).
@@ -60,7 +61,8 @@ async def start_in_grading_sandbox(state: RunState) -> None:
             reference_dir=v.reference_dir, task_dir=v.task_dir, scratch_host=folder.scratch / "start-sandbox"),
     )
     session = RoutedSession(
-        [Route(v.input_dir, folder.input_host, writable=True), Route(v.reference_dir, folder.setup_reference_host, writable=True)],
+        [Route(v.input_dir, folder.input_host, writable=True),
+         Route(v.reference_dir, folder.setup_reference_host, writable=True)],
         sandbox._container_session,
     )
     try:

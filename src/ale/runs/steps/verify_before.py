@@ -49,7 +49,8 @@ async def verify_running(state: RunState, phase: Literal["before", "after"], pro
         if ran:
             raw, checks = judge_probes(probe, policy, input_dir=v.public_root, workspace_dir=v.output_dir, phase=phase)
         else:
-            raw, checks = await run_probes(state.sandbox, policy, input_dir=v.public_root, workspace_dir=v.output_dir, phase=phase)
+            raw, checks = await run_probes(state.sandbox, policy, input_dir=v.public_root,
+                                           workspace_dir=v.output_dir, phase=phase)
         if vm_seal.is_vm(state):  # the container's rules do not judge a VM: QEMU's view and the guest's probes do
             await vm_seal.judge_running(state, phase, raw)
             return
@@ -76,7 +77,9 @@ def _seal_input_and_workspace(state: RunState, tree: dict) -> None:
     created = state.record.workspace_at_creation or {}
     listing = workspace_listing(state.folder.workspace_host)
     state.record.store.write_json(Evidence.WORKSPACE_EMPTY, {"at_creation": created, "at_agent_start": listing})
-    state.record.add_checks(CheckGroup.AGENT_START, workspace_empty_checks(listing, expected_inode=created.get("inode")) + _public_package_checks(state))
+    state.record.add_checks(CheckGroup.AGENT_START,
+                            workspace_empty_checks(listing, expected_inode=created.get("inode"))
+                            + _public_package_checks(state))
 
 
 async def commit_reference(state: RunState) -> None:
@@ -86,12 +89,14 @@ async def commit_reference(state: RunState) -> None:
     state.record.commitment = src_commit
     setup_tree = await asyncio.to_thread(ev.hash_tree, state.folder.setup_reference_host)
     state.record.reference_commit = {
-        "source": None if src_commit is None else {"kind": src_commit.kind, "sha256": src_commit.sha256, "files": src_commit.files},
+        "source": None if src_commit is None
+                  else {"kind": src_commit.kind, "sha256": src_commit.sha256, "files": src_commit.files},
         "setup_written": setup_tree,
         "committed_at": now().isoformat(),
     }
     state.record.store.write_json(Evidence.REFERENCE_COMMIT, state.record.reference_commit)
-    state.record.events.append("reference.committed", sha256=None if src_commit is None else src_commit.sha256, setup_digest=setup_tree["digest"])
+    state.record.events.append("reference.committed", sha256=None if src_commit is None else src_commit.sha256,
+                               setup_digest=setup_tree["digest"])
 
 
 async def hash_input(state: RunState) -> None:

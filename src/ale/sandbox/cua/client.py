@@ -155,7 +155,8 @@ class CuaClient:
                     raise
             await asyncio.sleep(interval)
 
-    async def call(self, command: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> dict[str, Any]:
+    async def call(self, command: str, params: dict[str, Any] | None = None, *,
+                   timeout: float | None = None) -> dict[str, Any]:
         """One command; its answer without ``success`` (``CuaCommandFailed`` when it failed)."""
         self.calls += 1
         try:

@@ -3,8 +3,9 @@
 1. A Debian 13 (trixie) root from Debian packages (``images/bootstrap-base.sh``:
    debootstrap, then ``docker import``): cua's computer-server needs Python >=3.12
    and Debian 12 has 3.11. With it: ``python3-evdev`` (no wheel on PyPI; it needs a
-   compiler), numpy (as the tools image has it), Xvfb and ``x11-xserver-utils`` (pymonctl, which computer-server imports,
-   exits without ``xrandr`` when a display is set).
+   compiler), numpy (as the tools image has it), Xvfb and ``x11-xserver-utils``
+   (pymonctl, which computer-server imports, exits without ``xrandr`` when a display is
+   set).
 2. The wheels of ``cua-computer-server`` and its dependencies, downloaded on the
    host with the host's pip for the root's Python and platform (a build container
    cannot verify PyPI's certificate here), with an empty placeholder wheel named

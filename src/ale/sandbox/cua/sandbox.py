@@ -83,7 +83,7 @@ for p in os.listdir("/proc"):
     if any(b"computer_server" in a or a.endswith(b"Xvfb") for a in argv[:3]) and b"-c" not in argv[:2]:
         servers.append({"pid": int(p), "argv": [a.decode(errors="replace") for a in argv if a][:8], "status": status(p)})
 print(json.dumps({"self": status("self"), "servers": servers}))
-"""
+"""  # noqa: E501
 
 
 # Run through the engine as the candidate, just before the isolation probes: every
@@ -195,7 +195,8 @@ class CuaSandbox:
         api = self.client.api
         script = f'exec "$@" >>{SERVER_LOG} 2>&1'
         try:
-            ex = await asyncio.to_thread(api.exec_create, self.id, ["sh", "-c", script, "computer-server", *self.server_argv],
+            ex = await asyncio.to_thread(api.exec_create, self.id,
+                                         ["sh", "-c", script, "computer-server", *self.server_argv],
                                          user=self.policy.user, workdir="/")
             await asyncio.to_thread(api.exec_start, ex["Id"], detach=True)
         except Exception as e:  # docker raises several unrelated types here
@@ -208,9 +209,11 @@ class CuaSandbox:
             log = await self._server_log()
             await cua.aclose()
             await tunnel.close()
-            raise SandboxError(f"computer-server did not answer in {self.name} within {READY_TIMEOUT_S:.0f}s: {e}\n{log}") from e
+            raise SandboxError(f"computer-server did not answer in {self.name} within "
+                               f"{READY_TIMEOUT_S:.0f}s: {e}\n{log}") from e
         self._tunnel, self._cua = tunnel, cua
-        self.starts.append({"ready_s": round(time.perf_counter() - t0, 3), "tunnel_s": tunnel.started_s, "status": status})
+        self.starts.append({"ready_s": round(time.perf_counter() - t0, 3), "tunnel_s": tunnel.started_s,
+                            "status": status})
         if self.rights is None:
             self.rights = await self.rights_probe()
         return cua
@@ -285,7 +288,8 @@ class CuaSandbox:
         await self._drop()
         return int(n)
 
-    async def kill_user_processes_then(self, argv: list[str] | None, *, timeout: float = 60) -> tuple[int, ExecResult | None]:
+    async def kill_user_processes_then(self, argv: list[str] | None, *,
+                                       timeout: float = 60) -> tuple[int, ExecResult | None]:
         out = await self.inner.kill_user_processes_then(argv, timeout=timeout)
         await self._drop()
         return out

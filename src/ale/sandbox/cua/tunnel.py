@@ -80,7 +80,8 @@ class ExecTunnel:
         reader, self._writer = await asyncio.open_connection(sock=raw)
         self._reading = asyncio.ensure_future(self._read_stream(reader))
         ready = asyncio.ensure_future(self._ready.wait())
-        done, _ = await asyncio.wait({ready, self._reading}, timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({ready, self._reading}, timeout=READY_TIMEOUT_S,
+                                     return_when=asyncio.FIRST_COMPLETED)
         if ready not in done:
             ready.cancel()
             await self.close()

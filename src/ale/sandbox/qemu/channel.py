@@ -100,7 +100,8 @@ class Channel:
                 self._fail()
                 raise ChannelClosed(f"the VM's control channel failed: {e}") from e
 
-    async def request(self, header: dict[str, Any], payload: bytes = b"", *, timeout: float | None = None) -> tuple[dict[str, Any], bytes]:
+    async def request(self, header: dict[str, Any], payload: bytes = b"", *,
+                      timeout: float | None = None) -> tuple[dict[str, Any], bytes]:
         ch = self.new_ch()
         fut: asyncio.Future[tuple[dict[str, Any], bytes]] = self.loop.create_future()
         self._waiters[ch] = fut

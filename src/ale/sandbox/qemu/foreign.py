@@ -114,7 +114,8 @@ def foreign_inspect(ref: str) -> dict[str, Any]:
         raise ImageMissing(f"{p} is not a disk image qemu-img can read: {r.stderr.strip()[-500:]}")
     info = json.loads(r.stdout)
     if info.get("format") != "qcow2":
-        raise ImageMissing(f"{p} is a {info.get('format')} image: the qemu provider boots a qcow2 (qemu-img convert -O qcow2)")
+        raise ImageMissing(f"{p} is a {info.get('format')} image: the qemu provider boots a qcow2 (qemu-img "
+                           "convert -O qcow2)")
     if info.get("backing-filename"):
         raise ImageMissing(f"{p} has a backing file ({info['backing-filename']}): give the whole disk")
     digest = disk_digest(p)
@@ -188,7 +189,8 @@ class ForeignQemuSandbox(QemuSandbox):
         state.mkdir(mode=0o700)
         try:
             overlay = state / "overlay.qcow2"
-            r = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", disk["base"], "-F", "qcow2", str(overlay)],
+            r = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", disk["base"], "-F", "qcow2",
+                                str(overlay)],
                                capture_output=True)
             if r.returncode != 0:
                 raise SandboxError(f"qemu-img create failed: {r.stderr.decode(errors='replace')}")
@@ -210,8 +212,8 @@ class ForeignQemuSandbox(QemuSandbox):
                 "image_id": f"sha256:{disk['sha256']}", "base": disk["base"], "base_sha256": disk["sha256"],
                 "kernel": None, "initrd": None, "overlay": str(overlay), "shares": [], "copies": shares,
                 "guest_cfg": {}, "argv": argv, "accel": accel, "memory_mb": mem_mb, "vcpus": vcpus,
-                "workdir": spec.workdir, "environment": dict(spec.environment), "created": _now(), "session": FOREIGN_KIND,
-                "foreign": True, "hostfwd_port": port, "guest_port": FOREIGN_PORT,
+                "workdir": spec.workdir, "environment": dict(spec.environment), "created": _now(),
+                "session": FOREIGN_KIND, "foreign": True, "hostfwd_port": port, "guest_port": FOREIGN_PORT,
                 "control_socket": None, "qmp_socket": str(state / "qmp.sock"),
                 "policy": policy.model_dump(mode="json"),
             }
@@ -354,7 +356,8 @@ class ForeignQemuSandbox(QemuSandbox):
                         continue
                     if self._sent.get(str(p)) == (st.st_size, st.st_mtime_ns, st.st_ino):
                         continue
-                    if files >= COPY_MAX_FILES or size + st.st_size > COPY_MAX_BYTES or time.monotonic() - t0 > COPY_BOUND_S:
+                    if files >= COPY_MAX_FILES or size + st.st_size > COPY_MAX_BYTES \
+                            or time.monotonic() - t0 > COPY_BOUND_S:
                         raise SandboxError(f"VM {self.name}: the input is larger than the copy's bounds "
                                            f"({COPY_MAX_FILES} files, {COPY_MAX_BYTES} bytes, {COPY_BOUND_S:.0f}s)")
                     await client.write_bytes(posixpath.join(gdir, n), p.read_bytes())
@@ -486,7 +489,8 @@ class ForeignQemuSandbox(QemuSandbox):
         await self.halt()
         return -1
 
-    async def kill_user_processes_then(self, argv: list[str] | None, *, timeout: float = 60) -> tuple[int, ExecResult | None]:
+    async def kill_user_processes_then(self, argv: list[str] | None, *,
+                                       timeout: float = 60) -> tuple[int, ExecResult | None]:
         await self.halt()
         return -1, None
 

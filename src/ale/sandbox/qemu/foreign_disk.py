@@ -276,7 +276,8 @@ def build_foreign_test_disk(cua_image: str | None = None, say: Say = print) -> P
         (work / "disk.qcow2.sha256").write_text(f"{digest}  disk.qcow2\n")
         (work / "foreign.json").write_text(json.dumps({
             "key": key, "kind": "foreign-test", "root_from": cua_ref, "root_image_id": cua_id,
-            "kernel_package": (kernel / "done").read_text().strip(), "boot_loader": "syslinux (mbr.bin, FAT16 partition 1)",
+            "kernel_package": (kernel / "done").read_text().strip(),
+            "boot_loader": "syslinux (mbr.bin, FAT16 partition 1)",
             "server": {"port": FOREIGN_PORT, "host": "0.0.0.0", "uid": 1000},
             "sha256": digest, "built_s": round(time.monotonic() - t0, 1),
         }, indent=2) + "\n")

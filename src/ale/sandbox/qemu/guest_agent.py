@@ -399,7 +399,8 @@ class Agent:
 
         try:
             p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin or subprocess.DEVNULL, stdout=stdout,
-                                 stderr=stderr if stderr is not None else subprocess.STDOUT if stdout is not None else None,
+                                 stderr=(stderr if stderr is not None
+                                         else subprocess.STDOUT if stdout is not None else None),
                                  preexec_fn=pre, close_fds=True)
         finally:
             os.close(procs)
@@ -447,7 +448,8 @@ class Agent:
             except (OSError, ValueError):
                 pass
 
-        readers = [threading.Thread(target=pump, args=(n, f), daemon=True) for n, f in (("out", p.stdout), ("err", p.stderr))]
+        readers = [threading.Thread(target=pump, args=(n, f), daemon=True)
+                   for n, f in (("out", p.stdout), ("err", p.stderr))]
         for r in readers:
             r.start()
 
@@ -530,7 +532,8 @@ class Agent:
                 os.kill(pid, signal.SIGKILL)
         write(CAND + "/cgroup.freeze", "0")
         while True:
-            alive = [p for p in set(self._user_pids(keep)) | set(self._cgroup_pids(CAND)) if self._state(p) not in (None, "Z", "X")]
+            alive = [p for p in set(self._user_pids(keep)) | set(self._cgroup_pids(CAND))
+                     if self._state(p) not in (None, "Z", "X")]
             alive = [p for p in alive if self._uid(p) not in keep]
             for p in alive:
                 with contextlib.suppress(OSError):
@@ -540,7 +543,8 @@ class Agent:
             if time.monotonic() > deadline:
                 dying = [p for p in alive if self._state(p) == "D"]
                 res["dying"] = len(dying)
-                res["survivors"] = [f"{p}:{self._uid(p)}:{self._state(p)}:{self._name(p)}" for p in alive if p not in dying]
+                res["survivors"] = [f"{p}:{self._uid(p)}:{self._state(p)}:{self._name(p)}" for p in alive
+                                    if p not in dying]
                 break
             time.sleep(0.01)
         res["duration_s"] = round(time.monotonic() - t0, 4)

@@ -157,9 +157,10 @@ def resolve_vm_image(ref: str) -> VmImage:
                            "rebuild it with `ale image build --vm`")
     if folder is None or not VmImage(folder).complete():
         if ref.startswith("/") and Path(ref).exists():
-            raise ImageMissing(f"{ref} is not a guest built by `ale image build --vm` (no guest.json, kernel and initrd "
-                               "beside its base.qcow2); a foreign disk (ALE's published images: a whole bootable qcow2 "
-                               "whose computer-server listens on port 5000) is given as its .qcow2 file (docs/vm.md)")
+            raise ImageMissing(f"{ref} is not a guest built by `ale image build --vm` (no guest.json, "
+                               "kernel and initrd beside its base.qcow2); a foreign disk (ALE's published images: a "
+                               "whole bootable qcow2 whose computer-server listens on port 5000) is given as its "
+                               ".qcow2 file (docs/vm.md)")
         raise ImageMissing(f"no VM guest image {ref!r}: build it with `ale image build --vm`")
     return VmImage(folder)
 
@@ -204,7 +205,8 @@ def sha256_file(path: Path) -> str:
 def _run(argv: list[str], what: str, **kw: Any) -> subprocess.CompletedProcess[bytes]:
     r = subprocess.run(argv, capture_output=True, **kw)
     if r.returncode != 0:
-        raise SandboxError(f"{what} failed (exit {r.returncode}): {' '.join(argv)}\n{r.stderr.decode(errors='replace')[-2000:]}")
+        raise SandboxError(f"{what} failed (exit {r.returncode}): "
+                           f"{' '.join(argv)}\n{r.stderr.decode(errors='replace')[-2000:]}")
     return r
 
 
@@ -212,7 +214,8 @@ def kernel_package() -> str:
     """The newest ``linux-image-6.1.0-N-amd64`` apt knows (after ``apt-get update`` when none)."""
     for attempt in range(2):
         r = subprocess.run(["apt-cache", "search", "--names-only", KERNEL_PATTERN], stdout=subprocess.PIPE, text=True)
-        names = sorted((ln.split()[0] for ln in r.stdout.splitlines() if re.match(KERNEL_PATTERN, ln.split()[0] if ln.split() else "")),
+        names = sorted((ln.split()[0] for ln in r.stdout.splitlines()
+                        if re.match(KERNEL_PATTERN, ln.split()[0] if ln.split() else "")),
                        key=lambda n: int(n.split("-")[3]))
         if names:
             return names[-1]
@@ -254,7 +257,8 @@ def _kernel(say: Say) -> Path:
 def _busybox() -> Path:
     for p in ("/bin/busybox", "/usr/bin/busybox"):
         if os.path.isfile(p):
-            out = subprocess.run(["file", "-L", p], stdout=subprocess.PIPE, text=True).stdout if shutil.which("file") else "static"
+            out = subprocess.run(["file", "-L", p], stdout=subprocess.PIPE, text=True).stdout \
+                if shutil.which("file") else "static"
             if "dynamically" not in out:
                 return Path(p)
     raise SandboxError("no static busybox on the host: apt-get install busybox-static (scripts/setup.sh does)")
@@ -285,9 +289,11 @@ def make_initrd(kernel: Path, dest: Path) -> None:
     mods = [Path(m).name for m in MODULES if (kernel / "modules" / f"{Path(m).name}.ko").is_file()]
     d, x, f = stat.S_IFDIR | 0o755, stat.S_IFREG | 0o755, stat.S_IFREG | 0o644
     entries: list[tuple[str, int, bytes]] = [("bin", d, b""), ("lib", d, b""), ("lib/modules", d, b""),
-                                             ("dev", d, b""), ("dev/console", stat.S_IFCHR | 0o600, b"5:1"), ("proc", d, b""), ("sys", d, b""), ("newroot", d, b""),
+                                             ("dev", d, b""), ("dev/console", stat.S_IFCHR | 0o600, b"5:1"),
+                                             ("proc", d, b""), ("sys", d, b""), ("newroot", d, b""),
                                              ("bin/busybox", x, bb), ("bin/sh", stat.S_IFLNK | 0o777, b"busybox"),
-                                             ("init", x, INIT_SCRIPT.encode()), ("modules.list", f, "\n".join(mods).encode() + b"\n")]
+                                             ("init", x, INIT_SCRIPT.encode()),
+                                             ("modules.list", f, "\n".join(mods).encode() + b"\n")]
     entries += [(f"lib/modules/{m}.ko", f, (kernel / "modules" / f"{m}.ko").read_bytes()) for m in mods]
     dest.write_bytes(gzip.compress(_cpio_newc(entries), compresslevel=6, mtime=0))
 
@@ -369,7 +375,8 @@ def build_vm_image(cua_image: str | None = None, say: Say = print, *, root_image
     t0 = time.monotonic()
     vm_root().mkdir(parents=True, exist_ok=True)
     for tool in ("qemu-img", "mkfs.ext4", "apt-get", "dpkg-deb"):
-        if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}") and not os.path.exists(f"/sbin/{tool}"):
+        if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}") \
+                and not os.path.exists(f"/sbin/{tool}"):
             raise SandboxError(f"{tool} is missing: bash scripts/setup.sh installs it")
     client = connect()
     cua_ref = root_image or cua_image or build_cua_image(client, say=say)
@@ -381,7 +388,8 @@ def build_vm_image(cua_image: str | None = None, say: Say = print, *, root_image
     kernel = _kernel(say)
     agent_src = (Path(__file__).parent / "guest_agent.py").read_bytes()
     bb = _busybox()
-    key = _sha(cua_id, (kernel / "done").read_text(), sha256_file(bb), agent_src, INIT_SCRIPT, "\n".join(MODULES), "v4")[:12]
+    key = _sha(cua_id, (kernel / "done").read_text(), sha256_file(bb), agent_src, INIT_SCRIPT,
+               "\n".join(MODULES), "v4")[:12]
     img = VmImage(vm_root() / key)
     with flock(vm_root() / f".{key}.lock"):  # two runs wanting the same guest: one builds, the other finds it
         if img.complete():
@@ -444,9 +452,10 @@ def _build(img: VmImage, key: str, cua_ref: str, cua_id: str, of_root: dict[str,
         (work / "base.qcow2.sha256").write_text(f"{digest}  base.qcow2\n")
         (work / GUEST_MANIFEST).write_text(json.dumps({
             "key": key, "ref": f"{VM_REPO}:{key}", "root_from": cua_ref, "root_image_id": cua_id, **of_root,
-            "kernel_package": (kernel / "done").read_text().strip(), "kernel_version": (kernel / "version").read_text().strip(),
-            "base_sha256": digest, "disk_bytes": disk, "init": GUEST_INIT, "server_argv": server, "display": display, "agent_sha256": agent_digest(),
-            "candidate_uid": 1000, "built_s": round(time.monotonic() - t0, 1),
+            "kernel_package": (kernel / "done").read_text().strip(),
+            "kernel_version": (kernel / "version").read_text().strip(),
+            "base_sha256": digest, "disk_bytes": disk, "init": GUEST_INIT, "server_argv": server, "display": display,
+            "agent_sha256": agent_digest(), "candidate_uid": 1000, "built_s": round(time.monotonic() - t0, 1),
         }, indent=2) + "\n")
         for p in ("base.qcow2", "vmlinuz", "initrd.img", "base.qcow2.sha256", GUEST_MANIFEST):
             os.chmod(work / p, 0o444)

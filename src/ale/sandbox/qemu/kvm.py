@@ -49,7 +49,8 @@ def probe(kernel: Path, *, timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
         return {"works": False, "reason": "/dev/kvm is not readable and writable by this user", "probed_s": 0.0}
     with tempfile.TemporaryDirectory() as tmp:
         console = Path(tmp) / "console.log"
-        p = subprocess.Popen(["qemu-system-x86_64", "-accel", "kvm", "-nodefaults", "-nographic", "-no-reboot", "-m", "256",
+        p = subprocess.Popen(["qemu-system-x86_64", "-accel", "kvm", "-nodefaults", "-nographic",
+                              "-no-reboot", "-m", "256",
                               "-kernel", str(kernel), "-append", "console=ttyS0 earlyprintk=ttyS0 panic=-1",
                               "-serial", f"file:{console}", "-nic", "none"],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -60,7 +61,8 @@ def probe(kernel: Path, *, timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
                     break
                 seen = console.read_bytes() if console.exists() else b""
                 if all(m in seen for m in MARKERS):
-                    return {"works": True, "reason": "a guest kernel booted under KVM", "probed_s": round(time.monotonic() - t0, 2)}
+                    return {"works": True, "reason": "a guest kernel booted under KVM",
+                            "probed_s": round(time.monotonic() - t0, 2)}
                 time.sleep(0.2)
         finally:
             p.kill()
@@ -71,7 +73,8 @@ def probe(kernel: Path, *, timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
             reason = f"qemu -accel kvm failed: {err.decode(errors='replace').strip()[-300:]}"
         else:
             reason = (f"a guest kernel under KVM printed no kernel line within {timeout:.0f}s "
-                      f"(last console line: {tail[0][-160:]!r}); this host is likely a nested hypervisor that does not run it")
+                      f"(last console line: {tail[0][-160:]!r}); this host is likely a nested hypervisor "
+                      "that does not run it")
         return {"works": False, "reason": reason, "probed_s": round(time.monotonic() - t0, 2)}
 
 
@@ -86,7 +89,8 @@ def verdict(*, fresh: bool = False) -> dict[str, Any]:
     from ale.sandbox.qemu.image import resolve_vm_image
 
     kernel = resolve_vm_image("ale-vm:latest").kernel
-    v = {**probe(kernel), "boot_id": boot_id(), "kernel": str(kernel), "probed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    v = {**probe(kernel), "boot_id": boot_id(), "kernel": str(kernel),
+         "probed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(v, indent=2))
     return v

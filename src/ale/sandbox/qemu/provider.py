@@ -81,7 +81,8 @@ def windows_refusal(computer: dict[str, Any] | None) -> str | None:
     rectangles) that ale's desktop image's helper serves, not computer-server."""
     if (computer or {}).get("provider") == "simulated":
         return ("asks for cua-bench's simulated desktop (HTML windows: launch_window, execute_javascript), which "
-                "ale's desktop image serves and the qemu guest's computer-server does not: run it with --provider docker")
+                "ale's desktop image serves and the qemu guest's computer-server does not: run it with "
+                "--provider docker")
     return None
 
 
@@ -96,8 +97,8 @@ def no_display_reason(image: str, record: dict[str, Any] | None, width: int, hei
     screen = str((manifest.get("display") or {}).get("screen") or "")
     if not screen:
         return (f"the VM guest {image} ({manifest.get('ref', '?')}) has no display (built without Xvfb and cua's "
-                "entrypoint in its root): rebuild it with `ale image build --vm` from a root that has them (ale-cua's), "
-                "or run it with --provider docker")
+                "entrypoint in its root): rebuild it with `ale image build --vm` from a root that has "
+                "them (ale-cua's), or run it with --provider docker")
     w, _, rest = screen.partition("x")
     h = rest.partition("x")[0]
     if (w, h) != (str(width), str(height)):
@@ -134,7 +135,8 @@ class QemuProvider:
     def engine_record(self) -> dict[str, Any]:
         self.ping()
         version = subprocess.run([QEMU, "--version"], stdout=subprocess.PIPE, text=True).stdout.splitlines()[0]
-        return {"provider": "qemu", "version": version, "qemu": shutil.which(QEMU), "qemu_version": version, **self.accel(),
+        return {"provider": "qemu", "version": version, "qemu": shutil.which(QEMU), "qemu_version": version,
+                **self.accel(),
                 # what confines QEMU itself on the host: its own seccomp filter, as every VM is started
                 "security_options": [f"qemu -sandbox {QEMU_SECCOMP}"], "boot": self.boot,
                 "host_kernel": os.uname().release, "host_cpus": os.cpu_count(), "state_root": str(state_root())}

@@ -219,8 +219,8 @@ class QemuSandbox:
                 "image_id": f"sha256:{image.sha256}", "base": str(image.base), "base_sha256": image.sha256,
                 "kernel": str(image.kernel), "initrd": str(image.initrd), "overlay": str(state / "overlay.qcow2"),
                 "shares": shares, "guest_cfg": cfg, "argv": argv, "accel": accel, "memory_mb": mem_mb, "vcpus": vcpus,
-                "workdir": spec.workdir, "environment": {**_image_env(image), **spec.environment}, "created": _now(), "session": session,
-                "control_socket": str(state / "ctl.sock"), "qmp_socket": str(state / "qmp.sock"),
+                "workdir": spec.workdir, "environment": {**_image_env(image), **spec.environment}, "created": _now(),
+                "session": session, "control_socket": str(state / "ctl.sock"), "qmp_socket": str(state / "qmp.sock"),
                 "policy": policy.model_dump(mode="json"),
                 **({"warm": warm.record()} if warm is not None else {}), **({"template": True} if template else {}),
             }
@@ -267,7 +267,8 @@ class QemuSandbox:
             "vm": {
                 "base": meta["base"], "base_sha256": meta["base_sha256"], "overlay": meta["overlay"],
                 "overlay_exists": self.overlay.is_file(), "kernel": meta["kernel"], "initrd": meta["initrd"],
-                "shares": meta["shares"], "accel": meta["accel"], "memory_mb": meta["memory_mb"], "vcpus": meta["vcpus"],
+                "shares": meta["shares"], "accel": meta["accel"], "memory_mb": meta["memory_mb"],
+                "vcpus": meta["vcpus"],
                 "control_socket": meta["control_socket"], "qmp_socket": meta["qmp_socket"], "argv": meta["argv"],
                 "guest_cfg": meta["guest_cfg"], "boot": self.boot or meta.get("boot"),
             },
@@ -295,7 +296,8 @@ class QemuSandbox:
         argv = self.meta["argv"]
         try:
             with open(self.state / "qemu.log", "ab") as log:
-                self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+                self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                              start_new_session=True)
         except OSError as e:
             raise EngineUnreachable(f"cannot start {QEMU}: {e}") from e
         (self.state / "started").write_text(_now())
@@ -350,7 +352,8 @@ class QemuSandbox:
         """Reap our own qemu child and record when and how it ended (once)."""
         if self._proc is not None and self._proc.poll() is not None and not (self.state / "stopped.json").exists():
             with contextlib.suppress(OSError):
-                (self.state / "stopped.json").write_text(json.dumps({"exit_code": self._proc.returncode, "finished_at": _now()}))
+                (self.state / "stopped.json").write_text(json.dumps({"exit_code": self._proc.returncode,
+                                                                     "finished_at": _now()}))
 
     async def _channel(self) -> Channel:
         if not (self.state / "labels.json").is_file():
@@ -371,8 +374,8 @@ class QemuSandbox:
         env: dict[str, str] | None = None,
     ) -> ExecResult:
         uid, gid, groups = _parse_user(user or self.policy.user)
-        environment = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", **self.meta["environment"],
-                       **(env or {})}
+        environment = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                       **self.meta["environment"], **(env or {})}
         req = {"op": "exec", "argv": list(argv), "uid": uid, "gid": gid, "groups": groups,
                "cwd": workdir or self.meta["workdir"], "env": environment, "timeout": timeout, "limit": output_limit}
         t0 = time.monotonic()
@@ -392,7 +395,8 @@ class QemuSandbox:
             raise
         n = int(h.get("out_len", 0))
         return ExecResult(
-            exit_code=int(h.get("code", -1)), stdout=payload[:n], stderr=payload[n:], timed_out=bool(h.get("timed_out")),
+            exit_code=int(h.get("code", -1)), stdout=payload[:n], stderr=payload[n:],
+            timed_out=bool(h.get("timed_out")),
             stdout_truncated=bool(h.get("stdout_truncated")), stderr_truncated=bool(h.get("stderr_truncated")),
             duration_s=time.monotonic() - t0,
         )
@@ -410,7 +414,8 @@ class QemuSandbox:
             return out
         try:
             ch = await self._channel()
-            h, _ = await ch.request({"op": "halt", "uid": uid, "keep_uids": list(keep_uids), "bound": max(1.0, bound_s - 3)},
+            h, _ = await ch.request({"op": "halt", "uid": uid, "keep_uids": list(keep_uids),
+                                     "bound": max(1.0, bound_s - 3)},
                                     timeout=bound_s - 1)
             out.frozen = bool(h.get("frozen"))
             out.killed = int(h.get("killed", 0))
@@ -434,7 +439,8 @@ class QemuSandbox:
         out = await self.halt()
         return -1 if out.sandbox_stopped or out.method == "qmp" else len(out.survivors)
 
-    async def kill_user_processes_then(self, argv: list[str] | None, *, timeout: float = 60) -> tuple[int, ExecResult | None]:
+    async def kill_user_processes_then(self, argv: list[str] | None, *,
+                                       timeout: float = 60) -> tuple[int, ExecResult | None]:
         out = await self.halt()
         if out.sandbox_stopped or out.method == "qmp":
             return -1, None
@@ -472,7 +478,8 @@ class QemuSandbox:
         import shlex
 
         screen = self.meta["guest_cfg"].get("screen")
-        env = f"CUA_SCREEN={shlex.quote(screen)}" if screen else "PYNPUT_BACKEND=dummy"  # as the guest agent's server_env
+        # as the guest agent's server_env
+        env = f"CUA_SCREEN={shlex.quote(screen)}" if screen else "PYNPUT_BACKEND=dummy"
         await self.exec(["sh", "-c", f"{env} setsid {shlex.join(argv)} >>/tmp/.ale-cua-server.log 2>&1 "
                                      "</dev/null &"], timeout=30)
 

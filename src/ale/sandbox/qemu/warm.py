@@ -200,7 +200,8 @@ async def _make(warm: WarmState, spec: SandboxSpec, image: VmImage, accel: dict[
                "memory_mb": mem_mb, "vcpus": vcpus, "shares": len(spec.mounts), "qemu": qemu_version(),
                "disk_sha256": sha256_file(work / "disk.qcow2"), "state_sha256": sha256_file(state_file),
                "state_bytes": state_file.stat().st_size, "booted_s": round(booted_s, 3),
-               "saved_s": round(time.monotonic() - t0, 3), "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+               "saved_s": round(time.monotonic() - t0, 3),
+               "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         (work / "warm.json").write_text(json.dumps(doc, indent=2) + "\n")
         shutil.rmtree(empty)
         if warm.folder.exists():

@@ -56,7 +56,8 @@ def _hybrid(base: type[BaseException]) -> type[BaseException]:
     return type(base.__name__, (base, RuntimeError), {"__module__": "cua_bench.session"})
 
 
-for _name in ("FileNotFoundError", "FileExistsError", "PermissionError", "IsADirectoryError", "NotADirectoryError", "OSError"):
+for _name in ("FileNotFoundError", "FileExistsError", "PermissionError", "IsADirectoryError", "NotADirectoryError",
+              "OSError"):
     _RAISABLE[_name] = _hybrid(_RAISABLE[_name])
 
 
@@ -115,7 +116,8 @@ class _Remote:
             self._channel.send({"op": "session", "sid": sid, "method": qualified, "args": list(args), "kwargs": kwargs})
             reply = self._channel.recv()
             if reply.get("op") != "session_result" or reply.get("sid") != sid:
-                raise SessionCallError(f"protocol error: expected the result of session call {sid}, got {reply.get('op')!r}")
+                raise SessionCallError(f"protocol error: expected the result of session call {sid}, got "
+                                       f"{reply.get('op')!r}")
             if not reply.get("ok"):
                 _raise_remote(reply.get("error") or {})
             return _gui_value(qualified, reply.get("value"))
@@ -223,7 +225,8 @@ def _snapshot(roots: list[str]) -> dict[str, tuple[int, int, int]]:
                 with contextlib.suppress(OSError):
                     st = os.lstat(path)
                     # a folder is the same while it holds the same entries (each listed itself)
-                    seen[path] = (st.st_mode, 0, 0) if stat.S_ISDIR(st.st_mode) else (st.st_mode, st.st_size, st.st_mtime_ns)
+                    seen[path] = (st.st_mode, 0, 0) if stat.S_ISDIR(st.st_mode) \
+                        else (st.st_mode, st.st_size, st.st_mtime_ns)
     return seen
 
 
