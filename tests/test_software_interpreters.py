@@ -95,3 +95,13 @@ def test_a_newer_python_and_its_packages_in_a_sealed_sandbox(docker_client, py31
         assert out[0].startswith(f"Python {version}.") and out[1] == "tabulate" and "already satisfied" in out[2]
     finally:
         asyncio.run(sandbox.remove())
+
+
+def test_a_named_ubuntu_keyring_that_is_missing_is_refused_naming_it(tmp_path: Path, monkeypatch) -> None:
+    from ale.sandbox.base import SandboxError
+    from ale.sandbox.releases import ubuntu, ubuntu_keyring
+
+    monkeypatch.setenv("ALE_UBUNTU_KEYRING", str(tmp_path / "nope.gpg"))
+    with pytest.raises(SandboxError, match=r"ALE_UBUNTU_KEYRING=.*nope.gpg: no such file"):
+        ubuntu_keyring(lambda _l: None)
+    assert ubuntu("noble").label == "Ubuntu 24.04 (noble)" and ubuntu("noble").updates == "noble-updates,noble-security"
