@@ -71,6 +71,10 @@ def test_a_newer_python_and_its_packages_in_a_sealed_sandbox(docker_client, py31
     assert py313.record["python"]["version"].startswith(version + ".")
     assert py313.base.startswith("ale-tools:") and py313.base != TOOLS_IMAGE
     assert any(f["name"].startswith("tabulate-") for f in py313.record["store"]["files"])
+    release = {"3.10": ("ubuntu", "22.04"), "3.12": ("ubuntu", "24.04"), "3.13": ("debian", "13"),
+               "3.14": ("debian", "")}[version]
+    os_ = py313.record["os"]
+    assert os_["id"] == release[0] and os_["version_id"] == release[1], os_  # sid has no VERSION_ID
     workspace = tmp_path / "workspace"
     workspace.mkdir()
     policy = IsolationPolicy(memory_bytes=2 * GIB)

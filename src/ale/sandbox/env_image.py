@@ -100,6 +100,12 @@ RECORD_SCRIPT = r"""
 import hashlib, json, os, platform, shutil, subprocess, sys
 out = {"python": {"executable": sys.executable, "realpath": os.path.realpath(sys.executable),
                   "version": platform.python_version()}}
+try:  # the release the image is (Debian 12; Ubuntu 22.04 for Python 3.10, ...)
+    with open("/etc/os-release") as f:
+        rel = dict(l.rstrip("\n").split("=", 1) for l in f if "=" in l)
+    out["os"] = {k.lower(): rel.get(k, "").strip('"') for k in ("ID", "VERSION_ID", "VERSION_CODENAME", "PRETTY_NAME")}
+except OSError:
+    out["os"] = None
 p = subprocess.run(["dpkg-query", "-W", "-f=${Package}\t${Version}\t${Architecture}\n"],
                    capture_output=True, text=True)
 out["debian"] = sorted([dict(zip(("name", "version", "arch"), l.split("\t"))) for l in p.stdout.splitlines() if l],
