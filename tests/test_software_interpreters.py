@@ -109,3 +109,53 @@ def test_a_named_ubuntu_keyring_that_is_missing_is_refused_naming_it(tmp_path: P
     with pytest.raises(SandboxError, match=r"ALE_UBUNTU_KEYRING=.*nope.gpg: no such file"):
         ubuntu_keyring(lambda _l: None)
     assert ubuntu("noble").label == "Ubuntu 24.04 (noble)" and ubuntu("noble").updates == "noble-updates,noble-security"
+
+
+def test_a_package_the_distribution_installed_is_named_for_install_beside_it(tmp_path: Path) -> None:
+    """images/env/distro-replaced.py names, of what a pip plan installs, the packages whose
+    installed copy has no RECORD (the distribution's, which pip cannot uninstall), at the
+    plan's version; a pip-installed copy (with RECORD) or a new package is left to pip."""
+    import subprocess
+    import sys
+
+    from ale.sandbox.env_image import env_folder
+
+    site = tmp_path / "site"
+    for name, record in [("numpy", False), ("tabulate", True)]:
+        info = site / f"{name}-1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        if record:
+            (info / "RECORD").write_text("")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"install": [{"metadata": {"name": n, "version": "2.5.5"}}
+                                            for n in ("numpy", "tabulate", "pandas")]}))
+    r = subprocess.run([sys.executable, str(env_folder() / "distro-replaced.py"), str(plan)],
+                       capture_output=True, text=True, env={"PYTHONPATH": str(site)}, check=True)
+    assert r.stdout.splitlines() == ["numpy==2.5.5"]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("version", ["3.12", "3.13"])
+def test_a_requirement_needing_a_newer_numpy_than_the_releases_is_installed_beside_it(
+        docker_client, tmp_path_factory, version: str) -> None:
+    """Ubuntu 24.04's and trixie's pips lack Debian's hands-off patch: a requirement that
+    needs a newer numpy than the tools image's python3-numpy (1.26.4, 2.2.4) failed the
+    build ("Cannot uninstall numpy 1.26.4, RECORD file not found"). It is installed in
+    /usr/local, first on sys.path, and the distribution's copy is left as apt installed it."""
+    from ale.sandbox.software import SoftwareSpec
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ALE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "ale-cache"))
+        p = resolve_needs(tree(tmp_path_factory.mktemp("tree"), [f"Python {version}", "tabulate"]), indexes=False)
+        spec = SoftwareSpec.model_validate({**p.spec.model_dump(), "python": [*p.spec.python, "numpy>=2.3"]})
+        img = build_env_image(spec, client=docker_client, base_image=TOOLS_IMAGE, say=lambda _l: None)
+    assert not img.record["missing"]
+    out = docker_client.containers.run(
+        img.tag, ["sh", "-c", "python3 -c 'import numpy; print(numpy.__version__); print(numpy.__file__)'; "
+                              "dpkg -V python3-numpy && echo intact"],
+        network_disabled=True, remove=True, user="root").decode().splitlines()
+    major, minor = (int(x) for x in out[0].split(".")[:2])
+    assert (major, minor) >= (2, 3), out
+    assert out[1].startswith(f"/usr/local/lib/python{version}/dist-packages/numpy/"), out
+    assert out[2] == "intact", out

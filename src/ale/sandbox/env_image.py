@@ -843,7 +843,8 @@ def build_env_image(
                 f"from {project['lock']}" + (f"; {project['note']}" if project.get("note") else ""))
         _shims(ctx, spec)
         _world_readable(ctx)
-        shutil.copy(env_folder() / "Dockerfile.python", ctx / "Dockerfile.python")
+        for n in ("Dockerfile.python", "distro-replaced.py"):
+            shutil.copy(env_folder() / n, ctx / n)
         stage = _build(client, ctx, "Dockerfile.python", tag=None, buildargs={"SYSTEM": system},
                        labels={}, say=say, what=f"the Python stage of {tag}")
 
