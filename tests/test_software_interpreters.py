@@ -159,3 +159,21 @@ def test_a_requirement_needing_a_newer_numpy_than_the_releases_is_installed_besi
     assert (major, minor) >= (2, 3), out
     assert out[1].startswith(f"/usr/local/lib/python{version}/dist-packages/numpy/"), out
     assert out[2] == "intact", out
+
+
+@pytest.mark.docker
+def test_a_release_that_cannot_be_fetched_leaves_its_interpreter_missing_saying_why(
+        docker_client, tmp_path: Path, monkeypatch) -> None:
+    """A build that fails is reported, and the task's environment is built without it:
+    Ubuntu's archive unreachable, a Python 3.10 task gets the tools image's 3.11 with
+    "Python 3.10" missing, the bootstrap's failure its why."""
+    monkeypatch.setenv("ALE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ALE_UBUNTU_MIRROR", "http://127.0.0.1:9/ubuntu")  # nothing listens there
+    monkeypatch.setenv("ALE_UBUNTU_KEYRING", "/usr/share/keyrings/debian-archive-keyring.gpg")
+    p = resolve_needs(tree(tmp_path, ["Python 3.10", "tabulate"]), indexes=False)
+    said: list[str] = []
+    env = build_env_image(p.spec, client=docker_client, base_image=TOOLS_IMAGE, say=said.append)
+    assert env.base == TOOLS_IMAGE and env.record["python"]["version"].startswith("3.11.")
+    (m,) = [m for m in env.record["missing"] if m["name"] == "Python 3.10"]
+    assert "building Ubuntu 22.04 (jammy)'s tools image failed" in m["why"] and "127.0.0.1" in m["why"], m
+    assert any("built without Python 3.10" in line for line in said), said

@@ -775,11 +775,17 @@ def build_env_image(
         client = connect()
     t0 = time.monotonic()
     release = INTERPRETER_RELEASES.get(spec.python_version or "")
+    interpreter_failed: str | None = None
     if release is not None:
         say(f"Python {spec.python_version} is {release.label}'s python3: the environment is built on a tools image "
             f"bootstrapped from {release.label}" + (f", not on {base_image}" if base_image else ""))
-        base_ref = interpreter_tools_image(client, str(spec.python_version), say)
-    else:
+        try:
+            base_ref = interpreter_tools_image(client, str(spec.python_version), say)
+        except SandboxError as e:  # its archive unreachable, say: the task runs without it, saying so
+            interpreter_failed = f"building {release.label}'s tools image failed: {str(e)[-1500:]}"
+            say(f"{interpreter_failed}; the environment is built without Python {spec.python_version}")
+            release = None
+    if release is None:
         base_ref = build_tools_image(client, say=say) if base_image is None else base_image
     base_id = _has_image(client, base_ref)
     if base_id is None:
@@ -806,8 +812,8 @@ def build_env_image(
     missing: list[dict[str, str]] = []
     if spec.python_version and spec.python_version != target["python"]:
         missing.append({"name": f"Python {spec.python_version}",
-                        "why": f"the image's python3 is {target['python']}; no package here provides "
-                               f"{spec.python_version}"})
+                        "why": interpreter_failed or f"the image's python3 is {target['python']}; no package here "
+                                                     f"provides {spec.python_version}"})
     system = _system_stage(client, spec, base_ref, base_id, target, say)
 
     with tempfile.TemporaryDirectory(prefix="ale-env-") as tmp:

@@ -6,9 +6,11 @@ image by its Dockerfile and the base image's id. A second build is a lookup.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import tarfile
 import tempfile
@@ -28,6 +30,8 @@ from ale.sandbox.releases import Release, debian
 DEFAULT_BASE = "python:3.11-slim"
 BOOTSTRAP_SUITE = "bookworm"
 BOOTSTRAP_PACKAGES = "python3,python3-numpy,procps"
+#: a bootstrap (debootstrap's downloads, an Ubuntu root's upgrade) past this is stopped
+BOOTSTRAP_TIMEOUT_S = float(os.environ.get("ALE_BOOTSTRAP_TIMEOUT_S", "1800"))
 
 Say = Callable[[str], None]
 
@@ -77,11 +81,28 @@ def bootstrap_base(
         say(f"base image {tag} is cached")
         return tag
     say(f"bootstrapping a {release.label} base from {mirror} (about a minute)...")
-    proc = subprocess.run(["sh", str(script), tag, *args], capture_output=True, text=True)
+    # its own session: past the bound, the script and debootstrap's downloads are killed together
+    proc = subprocess.Popen(["sh", str(script), tag, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        _out, err = proc.communicate(timeout=BOOTSTRAP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise SandboxError(f"bootstrapping the {release.label} base image from {mirror} took over "
+                           f"{BOOTSTRAP_TIMEOUT_S:.0f} s (its mirror unreachable?); stopped") from None
+    except BaseException:  # Ctrl-C: nothing of it is left running
+        _kill_group(proc)
+        raise
     if proc.returncode != 0 or not _has_image(client, tag):
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        tail = "\n".join(err.strip().splitlines()[-15:])
         raise SandboxError(f"bootstrapping the {release.label} base image failed (exit {proc.returncode}):\n{tail}")
     return tag
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def resolve_base(client: docker.DockerClient, base: str | None, say: Say = print) -> str:
