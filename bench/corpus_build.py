@@ -14,7 +14,8 @@ Runs ``ale env build TREE --json`` twice in one process tree:
 Reports each pass's wall time, the tasks built, skipped (unsupported under Docker) and
 failed, the distinct images, the slowest builds, the disk the environment images take
 (the engine's own accounting of their unique layers: ``docker system df -v``) and the
-cache folder's size; writes ``bench/results/corpus_build.{json,md}``. Needs the
+cache folder's size; writes ``bench/results/corpus_build.{json,md}`` (and each task's row,
+as it is built, to ``--rows``). Needs the
 registries an image build uses (PyPI, the Debian and Ubuntu mirrors); run it on a quiet
 machine: it is the machine's whole time for the cold pass.
 """
@@ -111,13 +112,28 @@ def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def build_pass(tasks: Path, cache: Path) -> dict[str, Any]:
+def build_pass(tasks: Path, cache: Path, rows_file: Path) -> dict[str, Any]:
+    """One ``ale env build TREE --json``; each task's row is appended to ``rows_file`` as it
+    comes (a pass stopped part-way keeps what it built)."""
     env = {**os.environ, "ALE_CACHE_DIR": str(cache)}
     ale = [sys.executable, "-m", "ale"]
     t0 = time.monotonic()
-    proc = subprocess.run([*ale, "env", "build", str(tasks), "--json"], capture_output=True, text=True, env=env)
+    rows: list[dict[str, Any]] = []
+    with open(rows_file, "a") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([*ale, "env", "build", str(tasks), "--json"], stdout=subprocess.PIPE, stderr=err,
+                                text=True, env=env)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("{"):
+                row = json.loads(line)
+                row["at_s"] = round(time.monotonic() - t0, 1)
+                rows.append(row)
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+        proc.wait()
+        err.seek(0)
+        stderr = err.read()
     wall = time.monotonic() - t0
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     built = [r for r in rows if "image" in r]
     return {
         "wall_s": round(wall, 1), "exit": proc.returncode, "tasks": len(rows), "built": len(built),
@@ -128,7 +144,7 @@ def build_pass(tasks: Path, cache: Path) -> dict[str, Any]:
         "slowest": sorted(({"task": Path(r["task"]).name, "build_s": round(r["build_s"] or 0, 1), "image": r["image"],
                             "size": r.get("size")} for r in built if r.get("build_s")),
                           key=lambda x: -x["build_s"])[:8],
-        "stderr_tail": proc.stderr.strip().splitlines()[-6:],
+        "stderr_tail": stderr.strip().splitlines()[-6:],
     }
 
 
@@ -136,15 +152,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("tasks", type=Path)
     ap.add_argument("--keep", action="store_true", help="keep the cache folder (printed)")
+    ap.add_argument("--rows", type=Path, default=Path(tempfile.gettempdir()) / "corpus_build.rows.jsonl",
+                    help="each task's row, appended as it is built (default: %(default)s)")
     args = ap.parse_args(argv)
     cache = Path(tempfile.mkdtemp(prefix="ale-corpus-cache-"))
     removed = remove_environment_images()
     print(f"removed {removed} environment image tag(s); cache {cache}", file=sys.stderr)
-    cold = build_pass(args.tasks, cache)
+    rows_file = args.rows
+    rows_file.unlink(missing_ok=True)
+    cold = build_pass(args.tasks, cache, rows_file)
     print(f"cold: {cold['wall_s']} s", file=sys.stderr)
     disk = env_disk()
     cache_bytes = du(cache)
-    cached = build_pass(args.tasks, cache)
+    cached = build_pass(args.tasks, cache, rows_file)
     print(f"cached: {cached['wall_s']} s", file=sys.stderr)
     doc = {"tasks_dir": str(args.tasks), "cold": cold, "cached": cached, "disk": disk, "cache_bytes": cache_bytes,
            "cores": os.cpu_count()}
