@@ -115,8 +115,10 @@ def du(path: Path) -> int:
 def build_pass(tasks: Path, cache: Path, rows_file: Path) -> dict[str, Any]:
     """One ``ale env build TREE --json``; each task's row is appended to ``rows_file`` as it
     comes (a pass stopped part-way keeps what it built)."""
-    env = {**os.environ, "ALE_CACHE_DIR": str(cache)}
-    ale = [sys.executable, "-m", "ale"]
+    src = str(HERE.parent / "src")
+    env = {**os.environ, "ALE_CACHE_DIR": str(cache),
+           "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+    ale = [sys.executable, "-c", "from ale.cli import app; app()"]  # this checkout's ale
     t0 = time.monotonic()
     rows: list[dict[str, Any]] = []
     with open(rows_file, "a") as out, tempfile.TemporaryFile("w+") as err:
