@@ -197,3 +197,19 @@ def test_exact_pins() -> None:
 
     assert _exact_pin("pyradiomics==3.0.1") and _exact_pin("a===1")
     assert not any(map(_exact_pin, ["pyradiomics", "a>=1", "a==1.*", "a==1,<2", "not a requirement!"]))
+
+
+def test_an_index_giving_relative_file_urls_is_read_against_its_page(monkeypatch) -> None:
+    """A mirror of PyPI's JSON API may give a file's URL relative to the page
+    (``../../packages/...``: squidpy's, seen building ALE's corpus); it is resolved
+    against the page, not refused as "unknown url type"."""
+    from ale.sandbox import wheel_builds
+
+    page = {"releases": {"1.8.3": [{"packagetype": "sdist", "filename": "squidpy-1.8.3.tar.gz",
+                                    "url": "../../packages/a7/d8/squidpy-1.8.3.tar.gz",
+                                    "digests": {"sha256": "0" * 64}}]}}
+    monkeypatch.setattr(wheel_builds, "PYPI_JSON", "https://mirror.example/pypi")
+    monkeypatch.setattr(wheel_builds.urllib.request, "urlopen",
+                        lambda url, **_kw: contextlib.nullcontext(io.BytesIO(json.dumps(page).encode())))
+    name, url, _sha = wheel_builds.find_sdist("squidpy")
+    assert (name, url) == ("squidpy-1.8.3.tar.gz", "https://mirror.example/packages/a7/d8/squidpy-1.8.3.tar.gz")

@@ -35,6 +35,7 @@ import ssl
 import tarfile
 import tempfile
 import tomllib
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,7 +111,8 @@ def find_sdist(requirement: str) -> tuple[str, str, str]:
     if best is None:
         raise SandboxError(f"PyPI has no sdist of {requirement}")
     f = best[1]
-    return str(f["filename"]), str(f["url"]), str(f["digests"]["sha256"])
+    # a mirror of the index may give file URLs relative to the page (``../../packages/...``)
+    return str(f["filename"]), urllib.parse.urljoin(url, str(f["url"])), str(f["digests"]["sha256"])
 
 
 def fetch_sdist(requirement: str, dest: Path) -> tuple[Path, str]:
@@ -120,8 +122,12 @@ def fetch_sdist(requirement: str, dest: Path) -> tuple[Path, str]:
     if not cached.is_file():
         cached.parent.mkdir(parents=True, exist_ok=True)
         part = cached.with_suffix(".part")
-        with urllib.request.urlopen(url, timeout=300, context=_ssl_context()) as r, part.open("wb") as out:  # noqa: S310
-            shutil.copyfileobj(r, out)
+        try:
+            with urllib.request.urlopen(url, timeout=300, context=_ssl_context()) as r, part.open("wb") as out:  # noqa: S310
+                shutil.copyfileobj(r, out)
+        except (OSError, ValueError) as e:  # the build fails, reported with why; the environment goes on without it
+            part.unlink(missing_ok=True)
+            raise SandboxError(f"downloading {name} from {url} failed: {e}") from e
         got = hashlib.sha256(part.read_bytes()).hexdigest()
         if got != sha:
             part.unlink()
