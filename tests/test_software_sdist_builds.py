@@ -77,7 +77,7 @@ built_cache: list[Any] = []  # the module's cache folder and sdist fetcher, for 
 
 @pytest.fixture(scope="module")
 def built(docker_client, sdists, tmp_path_factory) -> Iterator[tuple[EnvImage, list[str]]]:
-    def fetch(requirement: str, dest: Path) -> tuple[Path, str]:
+    def fetch(requirement: str, dest: Path, python: str | None = None) -> tuple[Path, str]:
         import hashlib
         import shutil
 
@@ -153,7 +153,7 @@ def test_a_looser_requirement_is_met_by_the_wheel_built_for_an_exact_pin(tmp_pat
 
     builds: list[str] = []
 
-    def build_from_sdist(client, requirement, *, builder, extra, download, say):
+    def build_from_sdist(client, requirement, *, builder, extra, download, say, python=None):
         builds.append(requirement)
         done = wheel_builds.Built(requirement=requirement, builder=builder, sdist="demo-x.tar.gz")
         if requirement != "demo==1.0":
@@ -213,3 +213,21 @@ def test_an_index_giving_relative_file_urls_is_read_against_its_page(monkeypatch
                         lambda url, **_kw: contextlib.nullcontext(io.BytesIO(json.dumps(page).encode())))
     name, url, _sha = wheel_builds.find_sdist("squidpy")
     assert (name, url) == ("squidpy-1.8.3.tar.gz", "https://mirror.example/packages/a7/d8/squidpy-1.8.3.tar.gz")
+
+
+def test_the_sdist_taken_is_the_newest_whose_requires_python_admits_the_image(monkeypatch) -> None:
+    """squidpy 1.8.3's sdist requires Python >= 3.12: for a 3.11 image the newest
+    release that admits 3.11 is taken (ALE's spatial transcriptomics task built with
+    squidpy missing before)."""
+    from ale.sandbox import wheel_builds
+
+    def rel(v: str, rp: str | None) -> list[dict[str, Any]]:
+        return [{"packagetype": "sdist", "filename": f"squidpy-{v}.tar.gz", "url": f"https://x/squidpy-{v}.tar.gz",
+                 "digests": {"sha256": "0" * 64}, "requires_python": rp}]
+
+    page = {"releases": {"1.8.3": rel("1.8.3", ">=3.12"), "1.6.5": rel("1.6.5", ">=3.10"), "1.2.0": rel("1.2.0", None)}}
+    monkeypatch.setattr(wheel_builds.urllib.request, "urlopen",
+                        lambda url, **_kw: contextlib.nullcontext(io.BytesIO(json.dumps(page).encode())))
+    assert wheel_builds.find_sdist("squidpy", "3.11")[0] == "squidpy-1.6.5.tar.gz"
+    assert wheel_builds.find_sdist("squidpy", "3.12")[0] == "squidpy-1.8.3.tar.gz"
+    assert wheel_builds.find_sdist("squidpy")[0] == "squidpy-1.8.3.tar.gz"

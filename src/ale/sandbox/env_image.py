@@ -660,7 +660,8 @@ def _built_from_sdists(client: docker.DockerClient, spec: SoftwareSpec, system: 
 
     def build(req: str) -> tuple[Any, Path | None]:
         return build_from_sdist(client, req, builder=builder, extra=list(spec.build_requires),
-                                download=lambda reqs, dest: pip_download(reqs, dest, target, say), say=say)
+                                download=lambda reqs, dest: pip_download(reqs, dest, target, say), say=say,
+                                python=target.get("python"))
 
     for m in todo:
         req = m["name"]

@@ -44,6 +44,7 @@ from typing import Any
 import docker
 import docker.errors
 from packaging.requirements import Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -87,9 +88,10 @@ def _ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=cert) if cert and Path(cert).is_file() else ssl.create_default_context()
 
 
-def find_sdist(requirement: str) -> tuple[str, str, str]:
+def find_sdist(requirement: str, python: str | None = None) -> tuple[str, str, str]:
     """(file name, URL, sha256) of the newest sdist PyPI has that meets
-    ``requirement``; SandboxError when there is none."""
+    ``requirement`` (and whose ``Requires-Python`` admits ``python``, the image's
+    interpreter, when given); SandboxError when there is none."""
     req = Requirement(requirement)
     url = f"{PYPI_JSON}/{canonicalize_name(req.name)}/json"
     try:
@@ -105,7 +107,8 @@ def find_sdist(requirement: str) -> tuple[str, str, str]:
             continue
         if not req.specifier.contains(version, prereleases=bool(req.specifier) and version.is_prerelease):
             continue
-        sdist = next((f for f in files if f.get("packagetype") == "sdist" and not f.get("yanked")), None)
+        sdist = next((f for f in files if f.get("packagetype") == "sdist" and not f.get("yanked")
+                      and _admits(f.get("requires_python"), python)), None)
         if sdist is not None and (best is None or version > best[0]):
             best = (version, sdist)
     if best is None:
@@ -115,9 +118,18 @@ def find_sdist(requirement: str) -> tuple[str, str, str]:
     return str(f["filename"]), urllib.parse.urljoin(url, str(f["url"])), str(f["digests"]["sha256"])
 
 
-def fetch_sdist(requirement: str, dest: Path) -> tuple[Path, str]:
+def _admits(requires_python: str | None, python: str | None) -> bool:
+    if not requires_python or not python:
+        return True
+    try:
+        return SpecifierSet(requires_python).contains(Version(python), prereleases=True)
+    except (InvalidSpecifier, InvalidVersion):
+        return True  # a malformed marker: the build itself will say
+
+
+def fetch_sdist(requirement: str, dest: Path, python: str | None = None) -> tuple[Path, str]:
     """The sdist for ``requirement`` in ``dest`` (cached on the host by its sha256)."""
-    name, url, sha = find_sdist(requirement)
+    name, url, sha = find_sdist(requirement, python)
     cached = cache_dir() / "sdists" / sha / name
     if not cached.is_file():
         cached.parent.mkdir(parents=True, exist_ok=True)
@@ -188,13 +200,13 @@ def build_wheel(client: docker.DockerClient, builder: str, sdist: Path, deps: Pa
 
 
 def build_from_sdist(client: docker.DockerClient, requirement: str, *, builder: str, extra: list[str],
-                     download: Any, say: Say) -> tuple[Built, Path | None]:
+                     download: Any, say: Say, python: str | None = None) -> tuple[Built, Path | None]:
     """Build ``requirement``'s sdist into a wheel (cached); (what happened, the folder
     holding the wheel). ``download(reqs, dest)`` fetches wheels for the image."""
     done = Built(requirement=requirement, builder=builder)
     with tempfile.TemporaryDirectory(prefix="ale-sdist-") as tmp:
         try:
-            sdist, sha = fetch_sdist(requirement, Path(tmp) / "src")
+            sdist, sha = fetch_sdist(requirement, Path(tmp) / "src", python)
         except (SandboxError, OSError) as e:
             done.error = str(e)
             return done, None
