@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ale.provision.needs import listing_software, resolve_needs, software_summary
+from ale.provision.needs import Provisioning, listing_software, resolve_needs, software_summary
 from ale.provision.sources import ProvisionError, load_overlay, parse_overlay
 
 MAIN = """\
@@ -120,30 +120,29 @@ async def grade(session, meta):
     assert [n.origin for n in p.needs if n.name == "pandas"] == ["task_card.json:software"]  # already there: no second need
 
 
+def _requiring_python(tmp_path: Path, spec: str) -> Provisioning:
+    """What a task with no software of its own resolves to when its variant's
+    runtime_env/pyproject.toml says ``requires-python = spec``."""
+    d = task(tmp_path, "py", {"vm": LINUX})
+    write(tmp_path / "input" / "runtime_env" / "pyproject.toml",
+          f'[project]\nname = "x"\nversion = "0"\nrequires-python = "{spec}"\n')
+    return resolve_needs(d, input_dir=tmp_path / "input")
+
+
 def test_runtime_env_asking_for_another_python_is_missing(tmp_path: Path) -> None:
-    d = task(tmp_path, "py39", {"vm": LINUX})
-    inp = tmp_path / "input"
-    write(inp / "runtime_env" / "pyproject.toml", '[project]\nname = "x"\nversion = "0"\nrequires-python = "==3.9.*"\n')
-    p = resolve_needs(d, input_dir=inp)
+    p = _requiring_python(tmp_path, "==3.9.*")
     assert [m.kind for m in p.missing] == ["version"] and "3.11" in p.missing[0].why
 
 
 def test_runtime_env_asking_for_an_older_python_gets_an_ubuntu_releases(tmp_path: Path) -> None:
-    d = task(tmp_path, "py310", {"vm": LINUX})
-    inp = tmp_path / "input"
-    write(inp / "runtime_env" / "pyproject.toml", '[project]\nname = "x"\nversion = "0"\nrequires-python = "==3.10.*"\n')
-    p = resolve_needs(d, input_dir=inp)
+    p = _requiring_python(tmp_path, "==3.10.*")
     assert p.complete and p.spec.python_version == "3.10"
 
 
 def test_runtime_env_asking_for_a_newer_python_gets_the_oldest_release_that_meets_it(tmp_path: Path) -> None:
-    d = task(tmp_path, "py312", {"vm": LINUX})
-    inp = tmp_path / "input"
-    write(inp / "runtime_env" / "pyproject.toml", '[project]\nname = "x"\nversion = "0"\nrequires-python = ">=3.12"\n')
-    p = resolve_needs(d, input_dir=inp)
+    p = _requiring_python(tmp_path, ">=3.12")
     assert p.complete and p.spec.python_version == "3.12"
-    write(inp / "runtime_env" / "pyproject.toml", '[project]\nname = "x"\nversion = "0"\nrequires-python = ">=3.13"\n')
-    assert resolve_needs(d, input_dir=inp).spec.python_version == "3.13"
+    assert _requiring_python(tmp_path, ">=3.13").spec.python_version == "3.13"
 
 
 def test_an_environment_block_is_read(tmp_path: Path) -> None:

@@ -739,7 +739,7 @@ def interpreter_tools_image(client: docker.DockerClient, version: str, say: Say 
     """The tools image on a base whose default ``python3`` is ``version``
     (``INTERPRETER_RELEASES``), bootstrapped from that release's packages; cached by content."""
     release = INTERPRETER_RELEASES[version]
-    base = bootstrap_base(client, say, suite=release)
+    base = bootstrap_base(client, say, release=release)
     ref = build_tools_image(client, base=base, tag=f"ale-tools:python{version}", say=say)
     got = probe_platform(client, ref)["python"]
     if got != version:

@@ -59,13 +59,12 @@ def _sha(*parts: bytes | str) -> str:
 
 
 def bootstrap_base(
-    client: docker.DockerClient, say: Say = print, *, suite: str | Release = BOOTSTRAP_SUITE,
+    client: docker.DockerClient, say: Say = print, *, release: Release = debian(BOOTSTRAP_SUITE),
     packages: str = BOOTSTRAP_PACKAGES,
 ) -> str:
-    """A base image made from a release's packages (debootstrap + docker import): a
-    Debian ``suite`` (or any ``Release``: Ubuntu's too) with ``packages``
-    (comma-separated), cached by that recipe."""
-    release = suite if isinstance(suite, Release) else debian(suite)
+    """A base image made from a release's packages (debootstrap + docker import):
+    ``release`` (Debian's or Ubuntu's) with ``packages`` (comma-separated), cached by
+    that recipe."""
     script = images_dir() / "bootstrap-base.sh"
     mirror = release.mirror
     args = [release.suite, mirror, packages]

@@ -40,6 +40,7 @@ from ale.sandbox.env_image import (
     probe_platform,
 )
 from ale.sandbox.image import Say, _dir_digest, _has_image, _sha, bootstrap_base, images_dir
+from ale.sandbox.releases import debian
 
 CUA_REPO = "ale-cua"
 DEFAULT_CUA_IMAGE = f"{CUA_REPO}:latest"
@@ -75,7 +76,7 @@ def build_cua_image(client: docker.DockerClient | None = None, tag: str = DEFAUL
     """Build (or find cached) the cua-compatible image; returns its content tag."""
     if client is None:
         client = connect()
-    base_ref = bootstrap_base(client, say, suite=CUA_SUITE, packages=CUA_PACKAGES)
+    base_ref = bootstrap_base(client, say, release=debian(CUA_SUITE), packages=CUA_PACKAGES)
     base_id = _has_image(client, base_ref) or ""
     folder = images_dir() / "cua"
     key = _sha(_dir_digest(folder), base_id, *CUA_REQUIREMENTS)[:12]
